@@ -1,0 +1,5 @@
+"""``python -m tierkv`` is the ``tierkv`` command."""
+
+from tierkv.cli import app
+
+app()

@@ -1,0 +1,169 @@
+"""Sans-IO pieces shared by the sync and asyncio clients: channel setup, request building, reply
+assembly and the one place where gRPC status codes become tierkv exceptions."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from tierkv.client.types import VaultStats
+from tierkv.config import TLSConfig
+from tierkv.errors import (
+    AuthError,
+    InvalidRequest,
+    ResourceExhausted,
+    VaultError,
+    VaultUnavailable,
+)
+from tierkv.wire import SERVICE, Blob, FrameDecoder, FrameError, encode_frames, pb
+from tierkv.wire.framing import FOUND, Buffer
+
+MiB = 1024 * 1024
+
+_UNAVAILABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.ABORTED,
+}
+_MAPPED: dict[grpc.StatusCode, type[VaultError]] = {
+    grpc.StatusCode.UNAUTHENTICATED: AuthError,
+    grpc.StatusCode.PERMISSION_DENIED: AuthError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
+}
+
+Items = Mapping[bytes, Buffer] | Iterable[tuple[bytes, Buffer]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientOptions:
+    """Knobs common to both clients. ``min_bytes_per_s`` stretches a Put's deadline with its size."""
+
+    timeout: float = 2.0
+    token: str | None = None
+    tls: TLSConfig | None = None
+    max_message_bytes: int = 64 * MiB
+    frame_bytes: int = 4 * MiB
+    max_batch_bytes: int = 64 * MiB
+    min_bytes_per_s: float = 100e6
+
+    def channel_options(self) -> list[tuple[str, Any]]:
+        return [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.enable_retries", 0),
+        ]
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        tls = self.tls
+        if tls is None or not tls.enabled:
+            return None
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(tls.ca_file),
+            private_key=_read(tls.key_file),
+            certificate_chain=_read(tls.cert_file),
+        )
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    def put_deadline(self, nbytes: int) -> float:
+        return self.timeout + nbytes / self.min_bytes_per_s
+
+
+def _read(path: str) -> bytes | None:
+    return Path(path).expanduser().read_bytes() if path else None
+
+
+def method(name: str) -> str:
+    return f"/{SERVICE}/{name}"
+
+
+def identity(value: Any) -> Any:
+    return value
+
+
+def map_error(exc: grpc.RpcError, address: str) -> VaultError:
+    """Translate a gRPC failure into the tierkv exception tree (the only place this happens)."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
+    name = code.name if code is not None else "UNKNOWN"
+    if code in _UNAVAILABLE:
+        return VaultUnavailable(f"{name}: {details}", address=address, code=name)
+    cls = _MAPPED.get(code, VaultError) if code is not None else VaultError
+    return cls(f"{name}: {details}", address=address, code=name)
+
+
+def put_batches(items: Items, options: ClientOptions, priority: int) -> Iterator[list[Blob]]:
+    """Split a put into RPC-sized batches (each one write transaction on the vault)."""
+    pairs = items.items() if isinstance(items, Mapping) else items
+    batch: list[Blob] = []
+    size = 0
+    for i, (key, data) in enumerate(pairs):
+        n = len(data)
+        if batch and size + n > options.max_batch_bytes:
+            yield batch
+            batch, size = [], 0
+        batch.append(Blob(key=key, data=data, index=i, priority=priority))
+        size += n
+    if batch:
+        yield batch
+
+
+def put_frames(namespace: bytes, batch: Sequence[Blob], options: ClientOptions) -> Iterator[bytes]:
+    return encode_frames(batch, frame_bytes=options.frame_bytes, namespace=namespace)
+
+
+def batch_bytes(batch: Sequence[Blob]) -> int:
+    return sum(len(b.data) for b in batch if b.data is not None)
+
+
+def keys_request(message: type[pb.BatchGetRequest | pb.PrefixLookupRequest | pb.DeleteRequest],
+                 namespace: bytes, keys: Sequence[bytes]) -> bytes:
+    return message(namespace=namespace, keys=list(keys)).SerializeToString()
+
+
+class GetAssembler:
+    """Collects BatchGet frames into one result per requested key, in request order."""
+
+    def __init__(self, n_keys: int, options: ClientOptions) -> None:
+        self.results: list[Buffer | None] = [None] * n_keys
+        self._decoder = FrameDecoder(max_item_bytes=1 << 40)
+        self.received_bytes = 0
+
+    def feed(self, frame: bytes, address: str) -> None:
+        self.received_bytes += len(frame)
+        try:
+            blobs = self._decoder.feed(frame)
+        except FrameError as exc:
+            raise VaultError(f"malformed BatchGet reply: {exc}", address=address) from exc
+        for blob in blobs:
+            if not 0 <= blob.index < len(self.results):
+                raise VaultError("BatchGet reply names a key that was not asked for", address=address)
+            if blob.status == FOUND:
+                self.results[blob.index] = blob.data
+
+    def finish(self, address: str) -> list[Buffer | None]:
+        try:
+            self._decoder.close()
+        except FrameError as exc:
+            raise VaultError(f"truncated BatchGet reply: {exc}", address=address) from exc
+        return self.results
+
+
+def as_bytes(results: Sequence[Buffer | None]) -> list[bytes | None]:
+    return [None if r is None else bytes(r) for r in results]
+
+
+def stats_from_reply(raw: bytes) -> VaultStats:
+    r = pb.StatsReply.FromString(raw)
+    return VaultStats(
+        version=r.version, role=r.role, keys=r.keys, used_bytes=r.used_bytes, max_bytes=r.max_bytes,
+        hits=r.hits, misses=r.misses, evictions=r.evictions, corrupt=r.corrupt, bytes_in=r.bytes_in,
+        bytes_out=r.bytes_out, uptime_s=r.uptime_s, sync_mode=r.sync_mode, policy=r.policy, path=r.path,
+    )

@@ -1,0 +1,33 @@
+"""Client-side Prometheus metrics of a :class:`~tierkv.client.cluster.Cluster`, one registry per cluster."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class ClusterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.latency = Histogram(
+            "tierkv_client_call_seconds", "Vault call latency", ["vault", "method"],
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.bytes = Counter(
+            "tierkv_client_bytes", "Blob bytes moved", ["vault", "direction"], registry=self.registry
+        )
+        self.failures = Counter(
+            "tierkv_client_failures", "Vault calls that failed (became misses)", ["vault", "method"],
+            registry=self.registry,
+        )
+        self.skipped = Counter(
+            "tierkv_client_skipped", "Calls not made because the vault's breaker was open", ["vault"],
+            registry=self.registry,
+        )
+        self.breaker = Gauge(
+            "tierkv_client_breaker_state", "0 closed, 1 half-open, 2 open", ["vault"], registry=self.registry
+        )
+        self.keys = Counter(
+            "tierkv_client_keys", "Keys looked up, by outcome", ["role", "outcome"], registry=self.registry
+        )

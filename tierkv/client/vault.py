@@ -1,0 +1,148 @@
+"""The synchronous client of one vault.
+
+Every call has a deadline; every failure is a :class:`~tierkv.errors.VaultError` (unreachable, slow or
+draining vaults raise :class:`~tierkv.errors.VaultUnavailable`). Engines should not call this directly on
+the serving path: :class:`tierkv.client.cluster.Cluster` turns failures into misses.
+
+>>> with VaultClient("127.0.0.1:50051", timeout=2.0) as c:      # doctest: +SKIP
+...     c.put(b"ns", {b"key": b"blob"})
+...     c.get(b"ns", [b"key", b"other"])                        # [b"blob", None]
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tierkv.client import _rpc
+from tierkv.client._rpc import ClientOptions, Items
+from tierkv.client.types import VaultStats
+from tierkv.config import TLSConfig
+from tierkv.errors import VaultError
+from tierkv.wire import pb
+from tierkv.wire.framing import Buffer
+
+log = logging.getLogger(__name__)
+
+
+class VaultClient:
+    """One vault over one gRPC channel. Thread-safe; use as a context manager or call :meth:`close`."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 2.0,
+        token: str | None = None,
+        tls: TLSConfig | None = None,
+        **options: Any,
+    ) -> None:
+        self.address = address
+        self.options = ClientOptions(timeout=timeout, token=token, tls=tls, **options)
+        creds = self.options.credentials()
+        opts = self.options.channel_options()
+        self._channel = (
+            grpc.secure_channel(address, creds, options=opts) if creds
+            else grpc.insecure_channel(address, options=opts)
+        )
+        ident = _rpc.identity
+        self._put = self._channel.stream_unary(_rpc.method("Put"), ident, ident)
+        self._get = self._channel.unary_stream(_rpc.method("BatchGet"), ident, ident)
+        self._unary = {
+            name: self._channel.unary_unary(_rpc.method(name), ident, ident)
+            for name in ("PrefixLookup", "Delete", "Stats", "Flush")
+        }
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    @property
+    def timeout(self) -> float:
+        return self.options.timeout
+
+    # -- data --------------------------------------------------------------------------------------
+
+    def put(self, namespace: bytes, items: Items, *, priority: int = 0) -> int:
+        """Store blobs; returns how many the vault acknowledged (one write transaction per batch)."""
+        stored = 0
+        for batch in _rpc.put_batches(items, self.options, priority):
+            frames = _rpc.put_frames(namespace, batch, self.options)
+            deadline = self.options.put_deadline(_rpc.batch_bytes(batch))
+            try:
+                reply = pb.PutReply.FromString(
+                    self._put(frames, timeout=deadline, metadata=self.options.metadata())
+                )
+            except grpc.RpcError as exc:
+                raise _rpc.map_error(exc, self.address) from None
+            stored += reply.stored
+            if reply.rejected:
+                log.warning("vault %s rejected %d blobs larger than its budget", self.address, reply.rejected)
+        return stored
+
+    def get_buffers(self, namespace: bytes, keys: Sequence[bytes]) -> list[Buffer | None]:
+        """Like :meth:`get` without the final copy: memoryviews into the received frames."""
+        if not keys:
+            return []
+        assembler = _rpc.GetAssembler(len(keys), self.options)
+        request = _rpc.keys_request(pb.BatchGetRequest, namespace, keys)
+        try:
+            for frame in self._get(request, timeout=self.timeout, metadata=self.options.metadata()):
+                assembler.feed(frame, self.address)
+        except grpc.RpcError as exc:
+            raise _rpc.map_error(exc, self.address) from None
+        return assembler.finish(self.address)
+
+    def get(self, namespace: bytes, keys: Sequence[bytes]) -> list[bytes | None]:
+        """One BatchGet: a blob per key, None where missing or corrupt (the vault verified checksums)."""
+        return _rpc.as_bytes(self.get_buffers(namespace, keys))
+
+    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes]) -> int:
+        """How many leading keys of a chain the vault holds."""
+        raw = self._call("PrefixLookup", _rpc.keys_request(pb.PrefixLookupRequest, namespace, keys))
+        return pb.PrefixLookupReply.FromString(raw).count
+
+    def delete(self, namespace: bytes, keys: Sequence[bytes]) -> int:
+        raw = self._call("Delete", _rpc.keys_request(pb.DeleteRequest, namespace, keys))
+        return pb.DeleteReply.FromString(raw).deleted
+
+    def flush(self, namespace: bytes = b"") -> int:
+        """Delete a namespace (everything when empty); returns entries deleted."""
+        raw = self._call("Flush", pb.FlushRequest(namespace=namespace).SerializeToString())
+        return pb.FlushReply.FromString(raw).deleted
+
+    def stats(self) -> VaultStats:
+        return _rpc.stats_from_reply(self._call("Stats", b""))
+
+    def health(self, service: str = "") -> bool:
+        """Standard grpc.health.v1 check: True when SERVING, False otherwise (never raises)."""
+        try:
+            reply = self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def _call(self, name: str, request: bytes) -> bytes:
+        try:
+            result: bytes = self._unary[name](request, timeout=self.timeout, metadata=self.options.metadata())
+        except grpc.RpcError as exc:
+            raise _rpc.map_error(exc, self.address) from None
+        return result
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> VaultClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"VaultClient({self.address!r}, timeout={self.timeout})"
+
+
+__all__ = ["VaultClient", "VaultError"]

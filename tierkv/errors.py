@@ -1,0 +1,82 @@
+"""The one exception tree of tierkv.
+
+Everything tierkv raises on purpose derives from :class:`TierKVError`. gRPC status codes are mapped to
+these classes once, at the client boundary (``tierkv.client``); nothing above that layer ever sees a
+``grpc.RpcError``. The engine hooks catch :class:`VaultUnavailable` (and its parent
+:class:`VaultError`) and turn it into a cache miss, so a vault failure never reaches the serving path.
+
+::
+
+    TierKVError
+    ├── ConfigError            malformed tierkv.toml / flags: names file, key and what was expected
+    ├── CodecError             a blob cannot be encoded or decoded
+    │   └── CorruptBlobError   header or checksum does not verify: never restore, recompute instead
+    └── VaultError             a vault call failed
+        ├── VaultUnavailable   unreachable, deadline exceeded, shutting down, circuit open: a miss
+        ├── AuthError          the vault refused our token (UNAUTHENTICATED / PERMISSION_DENIED)
+        ├── ResourceExhausted  a message or batch over a limit, or the vault's disk full (RESOURCE_EXHAUSTED)
+        └── InvalidRequest     the vault rejected the request as malformed (INVALID_ARGUMENT)
+"""
+
+from __future__ import annotations
+
+
+class TierKVError(Exception):
+    """Base class of every error tierkv raises on purpose."""
+
+
+class ConfigError(TierKVError):
+    """A configuration value is missing, unknown, of the wrong type or out of range."""
+
+    def __init__(self, source: str, key: str, problem: str) -> None:
+        self.source = source
+        self.key = key
+        self.problem = problem
+        super().__init__(f"{source}: {key}: {problem}")
+
+
+class CodecError(TierKVError):
+    """A blob could not be encoded or decoded."""
+
+
+class CorruptBlobError(CodecError):
+    """A blob's header or payload checksum does not verify; the block must be recomputed."""
+
+
+class VaultError(TierKVError):
+    """A call to a vault failed. ``address`` names the vault, ``code`` the gRPC status name if any."""
+
+    def __init__(self, message: str, *, address: str = "", code: str = "") -> None:
+        self.address = address
+        self.code = code
+        prefix = f"vault {address}: " if address else ""
+        super().__init__(f"{prefix}{message}")
+
+
+class VaultUnavailable(VaultError):
+    """The vault could not answer in time (down, unreachable, deadline, draining, breaker open)."""
+
+
+class AuthError(VaultError):
+    """The vault refused the call's credentials."""
+
+
+class ResourceExhausted(VaultError):
+    """A message or batch exceeds a configured size limit, or the vault cannot make room on disk."""
+
+
+class InvalidRequest(VaultError):
+    """The vault rejected the request as malformed."""
+
+
+__all__ = [
+    "AuthError",
+    "CodecError",
+    "ConfigError",
+    "CorruptBlobError",
+    "InvalidRequest",
+    "ResourceExhausted",
+    "TierKVError",
+    "VaultError",
+    "VaultUnavailable",
+]

@@ -1,0 +1,42 @@
+"""Logging setup for the command line: quiet by default, ``-v`` for info, ``-vv`` for debug.
+
+Library modules only ever call ``logging.getLogger(__name__)``; only the CLI configures handlers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+class JSONFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg (and exc when there is one)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(verbosity: int = 0, *, level: str = "warning", json_lines: bool = False) -> None:
+    """Configure the root logger once: the config's level, lowered by each ``-v``."""
+    base = _LEVELS.get(level, logging.WARNING)
+    effective = max(logging.DEBUG, base - 10 * verbosity)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JSONFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(effective)
+    logging.getLogger("grpc").setLevel(max(effective, logging.WARNING))

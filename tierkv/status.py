@@ -1,0 +1,63 @@
+"""``tierkv status``: ask every configured vault over RPC how it is doing."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from tierkv.client.vault import VaultClient
+from tierkv.config import Config
+from tierkv.errors import VaultError
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeStatus:
+    role: str
+    address: str
+    reachable: bool
+    rtt_ms: float | None = None
+    error: str = ""
+    serving_role: str = ""
+    version: str = ""
+    keys: int = 0
+    used_bytes: int = 0
+    max_bytes: int = 0
+    hits: int = 0
+    misses: int = 0
+    hit_rate: float | None = None
+    evictions: int = 0
+    corrupt: int = 0
+    uptime_s: float = 0.0
+    sync_mode: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def probe(role: str, address: str, config: Config, timeout: float) -> NodeStatus:
+    token = config.auth.load_token()
+    tls = config.tls if config.tls.enabled else None
+    with VaultClient(address, timeout=timeout, token=token, tls=tls) as client:
+        start = time.perf_counter()
+        try:
+            s = client.stats()
+        except VaultError as exc:
+            return NodeStatus(role=role, address=address, reachable=False, error=str(exc))
+        rtt = (time.perf_counter() - start) * 1000
+    return NodeStatus(
+        role=role, address=address, reachable=True, rtt_ms=round(rtt, 2), serving_role=s.role,
+        version=s.version, keys=s.keys, used_bytes=s.used_bytes, max_bytes=s.max_bytes, hits=s.hits,
+        misses=s.misses, hit_rate=s.hit_rate, evictions=s.evictions, corrupt=s.corrupt,
+        uptime_s=round(s.uptime_s, 1), sync_mode=s.sync_mode,
+    )
+
+
+def cluster_status(config: Config, timeout: float | None = None) -> list[NodeStatus]:
+    """One Stats RPC per configured vault, in parallel."""
+    t = timeout or config.cluster.timeout
+    nodes = [("kv_cold", e.address) for e in config.cluster.kv_cold]
+    nodes += [("ssm_cold", e.address) for e in config.cluster.ssm_cold]
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        return list(pool.map(lambda n: probe(n[0], n[1], config, t), nodes))

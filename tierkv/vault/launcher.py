@@ -1,0 +1,97 @@
+"""Run a vault as a child process (for the demo, the self-hosting bench and the tests).
+
+The child is a real ``tierkv vault`` process; readiness is the ready file it writes once it serves, so no
+port is guessed and no sleep is needed. Only the process started here is ever signalled, by its PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+class VaultProcess:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_bytes: str | int = "1GiB",
+        role: str = "kv_cold",
+        sync: str = "durable",
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        log_file: str | Path | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.host = host
+        self.port = port
+        self.args = [
+            sys.executable, "-m", "tierkv", "vault", "--host", host, "--port", str(port),
+            "--path", str(self.path), "--max-bytes", str(max_bytes), "--role", role, "--sync", sync,
+            *extra_args,
+        ]
+        self.env = {**os.environ, **(env or {})}
+        self.log_file = Path(log_file) if log_file else self.path.parent / f"{self.path.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> VaultProcess:
+        self.path.mkdir(parents=True, exist_ok=True)
+        ready = self.path.parent / f"{self.path.name}.ready"
+        ready.unlink(missing_ok=True)
+        with open(self.log_file, "ab") as log:
+            self.proc = subprocess.Popen(
+                [*self.args, "--ready-file", str(ready)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready.exists():
+                self.port = int(ready.read_text().strip())
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vault exited with {self.proc.returncode} at start-up:\n{self.log_tail()}")
+            time.sleep(0.02)
+        self.kill()
+        raise TimeoutError(f"vault not ready after {timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM and wait; returns the exit status (SIGKILL after ``timeout``)."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: the crash case (nothing is flushed by the vault)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> VaultProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,1 @@
+"""Code generated from proto/ by scripts/gen-proto.sh; do not edit."""
