@@ -16,14 +16,22 @@ from tierkv.errors import ConfigError, TierKVError
 from tierkv.logs import setup_logging
 
 app = typer.Typer(
-    name="tierkv", help="KV-cache tiering for LLM inference.", no_args_is_help=True, add_completion=False,
+    name="tierkv",
+    help="KV-cache tiering for LLM inference.",
+    no_args_is_help=True,
+    add_completion=False,
     pretty_exceptions_enable=False,
 )
 out = Console()
 err = Console(stderr=True)
 
 ConfigOpt = Annotated[
-    str | None, typer.Option("--config", "-c", help="tierkv.toml (default: $TIERKV_CONFIG, ./tierkv.toml, ~/.config/tierkv/tierkv.toml)")
+    str | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="tierkv.toml (default: $TIERKV_CONFIG, ./tierkv.toml, ~/.config/tierkv/tierkv.toml)",
+    ),
 ]
 Verbose = Annotated[int, typer.Option("--verbose", "-v", count=True, help="More log output (-vv for debug).")]
 
@@ -72,7 +80,14 @@ def vault(
     try:
         size = None if max_bytes is None else max_bytes
         cfg = with_overrides(
-            cfg, "vault", host=host, port=port, path=path, max_bytes=size, sync=sync, policy=policy,
+            cfg,
+            "vault",
+            host=host,
+            port=port,
+            path=path,
+            max_bytes=size,
+            sync=sync,
+            policy=policy,
             metrics_port=metrics_port,
         )
         if role is not None:
@@ -106,18 +121,39 @@ def status(
         print(json.dumps({"config": cfg.source, "nodes": [n.as_dict() for n in nodes]}, indent=2))
     else:
         table = Table(title=f"tierkv status ({cfg.source})")
-        for col in ("role", "vault", "state", "rtt ms", "version", "keys", "used / capacity", "hit rate",
-                    "evictions", "corrupt"):
+        for col in (
+            "role",
+            "vault",
+            "state",
+            "rtt ms",
+            "version",
+            "keys",
+            "used / capacity",
+            "hit rate",
+            "evictions",
+            "corrupt",
+        ):
             table.add_column(col, justify="right" if col not in ("role", "vault", "state") else "left")
         for n in nodes:
             if not n.reachable:
                 table.add_row(n.role, n.address, "[red]unreachable[/red]", "", "", "", "", "", "", "")
                 continue
-            state = "[green]ok[/green]" if n.serving_role == n.role else f"[yellow]serves {n.serving_role}[/yellow]"
+            state = (
+                "[green]ok[/green]"
+                if n.serving_role == n.role
+                else f"[yellow]serves {n.serving_role}[/yellow]"
+            )
             rate = "—" if n.hit_rate is None else f"{n.hit_rate:.1%}"
             table.add_row(
-                n.role, n.address, state, f"{n.rtt_ms:.2f}", n.version, f"{n.keys:,}",
-                f"{_size(n.used_bytes)} / {_size(n.max_bytes)}", rate, f"{n.evictions:,}",
+                n.role,
+                n.address,
+                state,
+                f"{n.rtt_ms:.2f}",
+                n.version,
+                f"{n.keys:,}",
+                f"{_size(n.used_bytes)} / {_size(n.max_bytes)}",
+                rate,
+                f"{n.evictions:,}",
                 f"[red]{n.corrupt}[/red]" if n.corrupt else "0",
             )
         out.print(table)

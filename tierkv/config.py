@@ -95,7 +95,7 @@ class AuthConfig:
     token_env: str = "TIERKV_TOKEN"
 
     def load_token(self) -> str | None:
-        """The token from ``token_file`` (first line) or else from ``$token_env``; None when neither is set."""
+        """The token from ``token_file`` (first line), else from ``$token_env``; None if neither is set."""
         if self.token_file:
             try:
                 token = Path(self.token_file).expanduser().read_text().strip()
@@ -226,9 +226,16 @@ def with_overrides(cfg: Config, section: str, **values: Any) -> Config:
     if not given:
         return cfg
     current = getattr(cfg, section)
-    merged = {f.name: getattr(current, f.name) for f in dataclasses.fields(current)}
-    merged.update(given)
-    new = _build(type(current), merged, "command line", section)
+    hints = typing.get_type_hints(type(current))
+    coerced = {}
+    for key, value in given.items():
+        if key not in hints:
+            raise ConfigError("command line", f"{section}.{key}", "unknown setting")
+        coerced[key] = _coerce(hints[key], value, "command line", f"{section}.{key}")
+    new = dataclasses.replace(current, **coerced)
+    validate = getattr(new, "_validate", None)
+    if validate is not None:
+        validate("command line", section)
     return dataclasses.replace(cfg, **{section: new})
 
 
@@ -257,7 +264,9 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
     origin = get_origin(tp)
     if tp is ByteSize:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ConfigError(source, key, f"expected a byte size (integer or '10GiB'), got {_describe(value)}")
+            raise ConfigError(
+                source, key, f"expected a byte size (integer or '10GiB'), got {_describe(value)}"
+            )
         try:
             size = parse_size(value) if isinstance(value, str) else int(value)
         except ValueError as exc:

@@ -18,7 +18,8 @@ class JSONFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -34,7 +35,9 @@ def setup_logging(verbosity: int = 0, *, level: str = "warning", json_lines: boo
     effective = max(logging.DEBUG, base - 10 * verbosity)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        JSONFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        JSONFormatter()
+        if json_lines
+        else logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -47,10 +47,22 @@ def probe(role: str, address: str, config: Config, timeout: float) -> NodeStatus
             return NodeStatus(role=role, address=address, reachable=False, error=str(exc))
         rtt = (time.perf_counter() - start) * 1000
     return NodeStatus(
-        role=role, address=address, reachable=True, rtt_ms=round(rtt, 2), serving_role=s.role,
-        version=s.version, keys=s.keys, used_bytes=s.used_bytes, max_bytes=s.max_bytes, hits=s.hits,
-        misses=s.misses, hit_rate=s.hit_rate, evictions=s.evictions, corrupt=s.corrupt,
-        uptime_s=round(s.uptime_s, 1), sync_mode=s.sync_mode,
+        role=role,
+        address=address,
+        reachable=True,
+        rtt_ms=round(rtt, 2),
+        serving_role=s.role,
+        version=s.version,
+        keys=s.keys,
+        used_bytes=s.used_bytes,
+        max_bytes=s.max_bytes,
+        hits=s.hits,
+        misses=s.misses,
+        hit_rate=s.hit_rate,
+        evictions=s.evictions,
+        corrupt=s.corrupt,
+        uptime_s=round(s.uptime_s, 1),
+        sync_mode=s.sync_mode,
     )
 
 

@@ -123,8 +123,11 @@ def batch_bytes(batch: Sequence[Blob]) -> int:
     return sum(len(b.data) for b in batch if b.data is not None)
 
 
-def keys_request(message: type[pb.BatchGetRequest | pb.PrefixLookupRequest | pb.DeleteRequest],
-                 namespace: bytes, keys: Sequence[bytes]) -> bytes:
+def keys_request(
+    message: type[pb.BatchGetRequest | pb.PrefixLookupRequest | pb.DeleteRequest],
+    namespace: bytes,
+    keys: Sequence[bytes],
+) -> bytes:
     return message(namespace=namespace, keys=list(keys)).SerializeToString()
 
 
@@ -163,7 +166,19 @@ def as_bytes(results: Sequence[Buffer | None]) -> list[bytes | None]:
 def stats_from_reply(raw: bytes) -> VaultStats:
     r = pb.StatsReply.FromString(raw)
     return VaultStats(
-        version=r.version, role=r.role, keys=r.keys, used_bytes=r.used_bytes, max_bytes=r.max_bytes,
-        hits=r.hits, misses=r.misses, evictions=r.evictions, corrupt=r.corrupt, bytes_in=r.bytes_in,
-        bytes_out=r.bytes_out, uptime_s=r.uptime_s, sync_mode=r.sync_mode, policy=r.policy, path=r.path,
+        version=r.version,
+        role=r.role,
+        keys=r.keys,
+        used_bytes=r.used_bytes,
+        max_bytes=r.max_bytes,
+        hits=r.hits,
+        misses=r.misses,
+        evictions=r.evictions,
+        corrupt=r.corrupt,
+        bytes_in=r.bytes_in,
+        bytes_out=r.bytes_out,
+        uptime_s=r.uptime_s,
+        sync_mode=r.sync_mode,
+        policy=r.policy,
+        path=r.path,
     )

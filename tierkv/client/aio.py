@@ -39,7 +39,8 @@ class AsyncVaultClient:
         creds = self.options.credentials()
         opts = self.options.channel_options()
         self._channel = (
-            grpc.aio.secure_channel(address, creds, options=opts) if creds
+            grpc.aio.secure_channel(address, creds, options=opts)
+            if creds
             else grpc.aio.insecure_channel(address, options=opts)
         )
         ident = _rpc.identity
@@ -61,7 +62,8 @@ class AsyncVaultClient:
             deadline = self.options.put_deadline(_rpc.batch_bytes(batch))
             try:
                 raw = await self._put(
-                    _frames(namespace, batch, self.options), timeout=deadline,
+                    _frames(namespace, batch, self.options),
+                    timeout=deadline,
                     metadata=self.options.metadata(),
                 )
             except grpc.RpcError as exc:
@@ -121,7 +123,7 @@ class AsyncVaultClient:
         return result
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._channel.close(None)
 
     async def __aenter__(self) -> AsyncVaultClient:
         return self

@@ -20,6 +20,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeVar
 
 from tierkv.client._rpc import Items, as_bytes
@@ -176,8 +177,9 @@ class Cluster:
             for v in self._owners(role, key):
                 per_vault[v].append((key, data))
         results = self._fan_out(
-            role, "put",
-            {v: (lambda c, b=batch: c.put(namespace, b, priority=priority)) for v, batch in per_vault.items()},
+            role,
+            "put",
+            {v: partial(_put, namespace=namespace, items=b, priority=priority) for v, b in per_vault.items()},
         )
         acked: set[bytes] = set()
         for v, outcome in results.items():
@@ -188,7 +190,9 @@ class Cluster:
                 )
         return len(acked)
 
-    def get_buffers(self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD) -> list[Buffer | None]:
+    def get_buffers(
+        self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD
+    ) -> list[Buffer | None]:
         """One BatchGet per vault per replica pass; None for keys no healthy owner has."""
         role = self._resolve(role)
         results: list[Buffer | None] = [None] * len(keys)
@@ -202,9 +206,10 @@ class Cluster:
             if not per_vault:
                 break
             got = self._fan_out(
-                role, "get",
+                role,
+                "get",
                 {
-                    v: (lambda c, idx=idx: c.get_buffers(namespace, [keys[i] for i in idx]))
+                    v: partial(_get_buffers, namespace=namespace, keys=[keys[i] for i in idx])
                     for v, idx in per_vault.items()
                 },
             )
@@ -239,8 +244,9 @@ class Cluster:
                 per_vault[v].append(key)
             positions.append(where)
         counts = self._fan_out(
-            role, "prefix_lookup",
-            {v: (lambda c, ks=ks: c.prefix_lookup(namespace, ks)) for v, ks in per_vault.items()},
+            role,
+            "prefix_lookup",
+            {v: partial(_prefix_lookup, namespace=namespace, keys=ks) for v, ks in per_vault.items()},
         )
         for n, where in enumerate(positions):
             if not any(
@@ -257,7 +263,7 @@ class Cluster:
             for v in self._owners(role, key):
                 per_vault[v].append(key)
         done = self._fan_out(
-            role, "delete", {v: (lambda c, ks=ks: c.delete(namespace, ks)) for v, ks in per_vault.items()}
+            role, "delete", {v: partial(_delete, namespace=namespace, keys=ks) for v, ks in per_vault.items()}
         )
         return sum(n for n in done.values() if n is not FAILED)
 
@@ -287,3 +293,19 @@ def _stats_or_error(client: VaultClient) -> VaultStats | VaultError:
         return client.stats()
     except VaultError as exc:
         return exc
+
+
+def _put(client: VaultClient, *, namespace: bytes, items: Items, priority: int) -> int:
+    return client.put(namespace, items, priority=priority)
+
+
+def _get_buffers(client: VaultClient, *, namespace: bytes, keys: Sequence[bytes]) -> list[Buffer | None]:
+    return client.get_buffers(namespace, keys)
+
+
+def _prefix_lookup(client: VaultClient, *, namespace: bytes, keys: Sequence[bytes]) -> int:
+    return client.prefix_lookup(namespace, keys)
+
+
+def _delete(client: VaultClient, *, namespace: bytes, keys: Sequence[bytes]) -> int:
+    return client.delete(namespace, keys)

@@ -11,18 +11,25 @@ class ClusterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.latency = Histogram(
-            "tierkv_client_call_seconds", "Vault call latency", ["vault", "method"],
-            buckets=_LATENCY_BUCKETS, registry=self.registry,
+            "tierkv_client_call_seconds",
+            "Vault call latency",
+            ["vault", "method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.bytes = Counter(
             "tierkv_client_bytes", "Blob bytes moved", ["vault", "direction"], registry=self.registry
         )
         self.failures = Counter(
-            "tierkv_client_failures", "Vault calls that failed (became misses)", ["vault", "method"],
+            "tierkv_client_failures",
+            "Vault calls that failed (became misses)",
+            ["vault", "method"],
             registry=self.registry,
         )
         self.skipped = Counter(
-            "tierkv_client_skipped", "Calls not made because the vault's breaker was open", ["vault"],
+            "tierkv_client_skipped",
+            "Calls not made because the vault's breaker was open",
+            ["vault"],
             registry=self.registry,
         )
         self.breaker = Gauge(

@@ -46,7 +46,8 @@ class VaultClient:
         creds = self.options.credentials()
         opts = self.options.channel_options()
         self._channel = (
-            grpc.secure_channel(address, creds, options=opts) if creds
+            grpc.secure_channel(address, creds, options=opts)
+            if creds
             else grpc.insecure_channel(address, options=opts)
         )
         ident = _rpc.identity

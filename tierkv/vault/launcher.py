@@ -33,8 +33,22 @@ class VaultProcess:
         self.host = host
         self.port = port
         self.args = [
-            sys.executable, "-m", "tierkv", "vault", "--host", host, "--port", str(port),
-            "--path", str(self.path), "--max-bytes", str(max_bytes), "--role", role, "--sync", sync,
+            sys.executable,
+            "-m",
+            "tierkv",
+            "vault",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--path",
+            str(self.path),
+            "--max-bytes",
+            str(max_bytes),
+            "--role",
+            role,
+            "--sync",
+            sync,
             *extra_args,
         ]
         self.env = {**os.environ, **(env or {})}
@@ -51,7 +65,10 @@ class VaultProcess:
         ready.unlink(missing_ok=True)
         with open(self.log_file, "ab") as log:
             self.proc = subprocess.Popen(
-                [*self.args, "--ready-file", str(ready)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                [*self.args, "--ready-file", str(ready)],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
         deadline = time.monotonic() + timeout
@@ -60,7 +77,9 @@ class VaultProcess:
                 self.port = int(ready.read_text().strip())
                 return self
             if self.proc.poll() is not None:
-                raise RuntimeError(f"vault exited with {self.proc.returncode} at start-up:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"vault exited with {self.proc.returncode} at start-up:\n{self.log_tail()}"
+                )
             time.sleep(0.02)
         self.kill()
         raise TimeoutError(f"vault not ready after {timeout}s:\n{self.log_tail()}")

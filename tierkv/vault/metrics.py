@@ -1,7 +1,7 @@
 """Prometheus metrics. Each server or cluster owns its own registry, so several can live in one process.
 
 Hit rate is not exported as a gauge (it would lie after a restart): derive it from the counters, e.g.
-``rate(tierkv_vault_hits_total[5m]) / (rate(tierkv_vault_hits_total[5m]) + rate(tierkv_vault_misses_total[5m]))``.
+``rate(tierkv_vault_hits_total[5m])`` over the sum of the hits and misses rates.
 """
 
 from __future__ import annotations
@@ -27,10 +27,18 @@ class _StoreCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         s = self._stats()
         yield CounterMetricFamily("tierkv_vault_hits", "Blobs found by BatchGet", value=s.hits)
-        yield CounterMetricFamily("tierkv_vault_misses", "Keys missing or corrupt in BatchGet", value=s.misses)
-        yield CounterMetricFamily("tierkv_vault_evictions", "Entries evicted to stay in budget", value=s.evictions)
-        yield CounterMetricFamily("tierkv_vault_corrupt", "Entries whose checksum failed on read", value=s.corrupt)
-        yield GaugeMetricFamily("tierkv_vault_used_bytes", "Bytes charged against the budget", value=s.used_bytes)
+        yield CounterMetricFamily(
+            "tierkv_vault_misses", "Keys missing or corrupt in BatchGet", value=s.misses
+        )
+        yield CounterMetricFamily(
+            "tierkv_vault_evictions", "Entries evicted to stay in budget", value=s.evictions
+        )
+        yield CounterMetricFamily(
+            "tierkv_vault_corrupt", "Entries whose checksum failed on read", value=s.corrupt
+        )
+        yield GaugeMetricFamily(
+            "tierkv_vault_used_bytes", "Bytes charged against the budget", value=s.used_bytes
+        )
         yield GaugeMetricFamily("tierkv_vault_max_bytes", "The byte budget", value=s.max_bytes)
         yield GaugeMetricFamily("tierkv_vault_keys", "Entries stored", value=s.keys)
         yield GaugeMetricFamily("tierkv_vault_map_bytes", "LMDB map size", value=s.map_size)
@@ -45,14 +53,22 @@ class VaultMetrics:
             "tierkv_vault_requests", "RPCs handled", ["method", "code"], registry=self.registry
         )
         self.latency = Histogram(
-            "tierkv_vault_request_seconds", "RPC latency", ["method"], buckets=_LATENCY_BUCKETS,
+            "tierkv_vault_request_seconds",
+            "RPC latency",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.bytes_in = Counter("tierkv_vault_bytes_in", "Blob bytes received by Put", registry=self.registry)
-        self.bytes_out = Counter("tierkv_vault_bytes_out", "Blob bytes sent by BatchGet", registry=self.registry)
+        self.bytes_out = Counter(
+            "tierkv_vault_bytes_out", "Blob bytes sent by BatchGet", registry=self.registry
+        )
         self.batch_bytes = Histogram(
-            "tierkv_vault_batch_bytes", "Blob bytes per Put or BatchGet call", ["method"],
-            buckets=_SIZE_BUCKETS, registry=self.registry,
+            "tierkv_vault_batch_bytes",
+            "Blob bytes per Put or BatchGet call",
+            ["method"],
+            buckets=_SIZE_BUCKETS,
+            registry=self.registry,
         )
         self.registry.register(_StoreCollector(stats))
 

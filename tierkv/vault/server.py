@@ -14,6 +14,7 @@ import threading
 from concurrent import futures
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -42,21 +43,26 @@ class VaultServer:
         self.config = config
         vc = config.vault
         self.store = Store(
-            vc.resolved_path(), vc.max_bytes, sync_mode=vc.sync, policy=make_policy(vc.policy),
+            vc.resolved_path(),
+            vc.max_bytes,
+            sync_mode=vc.sync,
+            policy=make_policy(vc.policy),
             maintenance_interval_s=vc.sync_interval_s,
         )
         self.metrics = VaultMetrics(self.store.stats)
         role = config.cluster.role if config.cluster.role != "inference" else "kv_cold"
         frame_bytes = min(4 * 1024 * 1024, vc.max_message_bytes // 2)
         self.service = VaultService(
-            self.store, role=role, metrics=self.metrics,
+            self.store,
+            role=role,
+            metrics=self.metrics,
             limits=Limits(
                 frame_bytes=frame_bytes, max_item_bytes=vc.max_batch_bytes, max_batch_bytes=vc.max_batch_bytes
             ),
         )
         self.health = health.HealthServicer()
         token = config.auth.load_token()
-        interceptors = [TokenAuthInterceptor(token)] if token else []
+        interceptors: list[grpc.ServerInterceptor[Any, Any]] = [TokenAuthInterceptor(token)] if token else []
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=vc.workers, thread_name_prefix="tierkv-rpc"),
             interceptors=interceptors,
@@ -93,9 +99,15 @@ class VaultServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if vc.metrics_port:
             self.metrics.serve_http(vc.metrics_host or vc.host, vc.metrics_port)
-        log.info("vault serving on %s (store %s, budget %d bytes, sync %s, auth %s, tls %s)",
-                 _join(vc.host, port), self.store.path, vc.max_bytes, vc.sync,
-                 "on" if self.authenticated else "off", "on" if self.config.tls.enabled else "off")
+        log.info(
+            "vault serving on %s (store %s, budget %d bytes, sync %s, auth %s, tls %s)",
+            _join(vc.host, port),
+            self.store.path,
+            vc.max_bytes,
+            vc.sync,
+            "on" if self.authenticated else "off",
+            "on" if self.config.tls.enabled else "off",
+        )
         return port
 
     def stop(self, grace: float | None = None) -> None:
@@ -146,4 +158,6 @@ def _server_credentials(config: Config) -> grpc.ServerCredentials:
     key = Path(tls.key_file).expanduser().read_bytes()
     cert = Path(tls.cert_file).expanduser().read_bytes()
     ca = Path(tls.ca_file).expanduser().read_bytes() if tls.ca_file else None
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+    )

@@ -60,7 +60,7 @@ class VaultService:
 
     # -- registration ------------------------------------------------------------------------------
 
-    def handler(self) -> grpc.GenericRpcHandler:
+    def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         ident: Callable[[Any], Any] = _identity
         return grpc.method_handlers_generic_handler(
             SERVICE,
@@ -165,7 +165,9 @@ class VaultService:
         self._count_io(bytes_in=nbytes)
         self.metrics.batch_bytes.labels("Put").observe(nbytes)
         return pb.PutReply(
-            stored=outcome.stored, rejected=len(outcome.rejected), evicted=outcome.evicted,
+            stored=outcome.stored,
+            rejected=len(outcome.rejected),
+            evicted=outcome.evicted,
             rejected_index=outcome.rejected,
         )
 
@@ -200,10 +202,21 @@ class VaultService:
         with self._io_lock:
             bytes_in, bytes_out = self._bytes_in, self._bytes_out
         return pb.StatsReply(
-            version=__version__, role=self.role, keys=s.keys, used_bytes=s.used_bytes, max_bytes=s.max_bytes,
-            hits=s.hits, misses=s.misses, evictions=s.evictions, corrupt=s.corrupt, bytes_in=bytes_in,
-            bytes_out=bytes_out, uptime_s=time.monotonic() - self.started, sync_mode=self.store.sync_mode,
-            policy=self.store.policy.name, path=str(self.store.path),
+            version=__version__,
+            role=self.role,
+            keys=s.keys,
+            used_bytes=s.used_bytes,
+            max_bytes=s.max_bytes,
+            hits=s.hits,
+            misses=s.misses,
+            evictions=s.evictions,
+            corrupt=s.corrupt,
+            bytes_in=bytes_in,
+            bytes_out=bytes_out,
+            uptime_s=time.monotonic() - self.started,
+            sync_mode=self.store.sync_mode,
+            policy=self.store.policy.name,
+            path=str(self.store.path),
         )
 
     def _count_io(self, *, bytes_in: int = 0, bytes_out: int = 0) -> None:
@@ -235,7 +248,9 @@ def _check_keys(namespace: bytes, keys: Iterable[bytes]) -> list[bytes]:
         raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"more than {MAX_KEYS_PER_CALL} keys in one call")
     for key in out:
         if not key or len(key) > MAX_KEY_BYTES:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"key length {len(key)} outside 1..{MAX_KEY_BYTES}")
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"key length {len(key)} outside 1..{MAX_KEY_BYTES}"
+            )
     return out
 
 

@@ -29,6 +29,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import xxhash
@@ -189,8 +190,11 @@ class Store:
             clock = _get_u64(txn, self._meta, b"clock")
             stored_policy = txn.get(b"policy", db=self._meta)
             if stored_policy is not None and stored_policy.decode() != self.policy.name:
-                log.info("eviction policy changed from %s to %s: re-ranking", stored_policy.decode(),
-                         self.policy.name)
+                log.info(
+                    "eviction policy changed from %s to %s: re-ranking",
+                    stored_policy.decode(),
+                    self.policy.name,
+                )
                 self._rerank(txn)
             txn.put(b"policy", self.policy.name.encode(), db=self._meta)
         return used, count, clock
@@ -247,8 +251,11 @@ class Store:
                         count -= 1
                     while used + charge > self.max_bytes and order.first():
                         victim_fkey = bytes(order.key()[self._rank_len :])
-                        victim = _Index.unpack(txn.get(victim_fkey, db=self._index))
+                        victim_raw = txn.get(victim_fkey, db=self._index)
                         order.delete()
+                        if victim_raw is None:
+                            continue
+                        victim = _Index.unpack(victim_raw)
                         txn.delete(victim_fkey, db=self._index)
                         txn.delete(victim_fkey, db=self._data)
                         used -= victim.charge
@@ -360,8 +367,10 @@ class Store:
                     data = txn.get(fkey, db=self._data) if raw is not None else None
                     if raw is None:
                         results.append((Lookup.MISSING, None))
-                    elif data is None or len(raw) != _INDEX.size or (
-                        checksum(fkey, data) != _Index.unpack(raw).checksum
+                    elif (
+                        data is None
+                        or len(raw) != _INDEX.size
+                        or (checksum(fkey, data) != _Index.unpack(raw).checksum)
                     ):
                         corrupt.append(fkey)
                         results.append((Lookup.CORRUPT, None))
@@ -459,8 +468,13 @@ class Store:
     def stats(self) -> StoreStats:
         with self._counter_lock:
             return StoreStats(
-                keys=self._count, used_bytes=self._used, max_bytes=self.max_bytes, hits=self.hits,
-                misses=self.misses, evictions=self.evictions, corrupt=self.corrupt,
+                keys=self._count,
+                used_bytes=self._used,
+                max_bytes=self.max_bytes,
+                hits=self.hits,
+                misses=self.misses,
+                evictions=self.evictions,
+                corrupt=self.corrupt,
                 map_size=self._env.info()["map_size"],
             )
 
@@ -486,11 +500,10 @@ class Store:
         self.close()
 
 
-def _get_u64(txn: lmdb.Transaction, db: object, key: bytes) -> int:
+def _get_u64(txn: lmdb.Transaction, db: Any, key: bytes) -> int:
     raw = txn.get(key, db=db)
     return 0 if raw is None else int(_U64.unpack(raw)[0])
 
 
 def _round_up(value: int, step: int) -> int:
     return -(-value // step) * step
-

@@ -93,22 +93,20 @@ def parse_frame(data: Buffer) -> tuple[pb.FrameHeader, memoryview]:
         if len(view) >= 2 and view[0] == 0x0A:
             head_len, pos = _read_varint(view, 1)
             head_end = pos + head_len
-            header.ParseFromString(view[pos:head_end])
+            header.ParseFromString(bytes(view[pos:head_end]))
             if head_end == len(view):
                 return header, _EMPTY
             if view[head_end] == 0x12:
                 body_len, body_pos = _read_varint(view, head_end + 1)
                 if body_pos + body_len == len(view):
                     return header, view[body_pos:]
-        frame = pb.Frame.FromString(view)
+        frame = pb.Frame.FromString(bytes(view))
     except DecodeError as exc:
         raise FrameError(f"not a tierkv.v1.Frame: {exc}") from exc
     return frame.header, memoryview(frame.body)
 
 
-def encode_frames(
-    blobs: Iterable[Blob], *, frame_bytes: int, namespace: bytes = b""
-) -> Iterator[bytes]:
+def encode_frames(blobs: Iterable[Blob], *, frame_bytes: int, namespace: bytes = b"") -> Iterator[bytes]:
     """Pack blobs into frames whose body is at most ``frame_bytes``; larger blobs span several frames.
 
     Whole blobs are never split needlessly: a blob that fits in an empty frame starts a new frame rather
@@ -137,7 +135,11 @@ def encode_frames(
                 yield flush()
             take = min(size - offset, frame_bytes - used)
             header.segments.add(
-                key=blob.key, index=blob.index, status=blob.status, size=size, length=take,
+                key=blob.key,
+                index=blob.index,
+                status=blob.status,
+                size=size,
+                length=take,
                 priority=blob.priority,
             )
             if take:

@@ -1,0 +1,58 @@
+# The two commands a new machine needs: `make demo` and `make test`. Everything else is a building block.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test lint typecheck proto proto-check test-fast test-vllm bench bench-redis clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned, so the [hf] extra never pulls a multi-GB CUDA build
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e '.[dev,hf]'
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/tierkv demo
+
+test: $(STAMP) lint typecheck proto-check
+	$(PY) -m pytest -q -p no:cacheprovider
+	$(MAKE) test-vllm
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not vllm"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check tierkv tests benchmarks scripts
+	$(VENV)/bin/ruff format --check tierkv tests benchmarks scripts
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy tierkv
+
+proto: $(STAMP)
+	PYTHON=$(PY) scripts/gen-proto.sh
+
+# generated code must match proto/: regenerate into a temp dir and compare
+proto-check: $(STAMP)
+	@tmp=$$(mktemp -d) && PYTHON=$(PY) scripts/gen-proto.sh $$tmp && \
+	  diff -q $$tmp/vault_pb2.py tierkv/wire/_proto/vault_pb2.py && \
+	  diff -q $$tmp/vault_pb2.pyi tierkv/wire/_proto/vault_pb2.pyi && rm -rf $$tmp && \
+	  echo "generated protobuf code is up to date"
+
+test-vllm: $(STAMP)
+	@if [ -x scripts/setup-vllm-env.sh ]; then \
+	  scripts/setup-vllm-env.sh && .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/connectors/vllm; \
+	else echo "vLLM tier not present"; fi
+
+bench: $(STAMP)
+	$(VENV)/bin/tierkv bench
+
+bench-redis: $(STAMP)
+	benchmarks/setup-redis.sh
+	$(PY) benchmarks/vault_vs_redis.py
+
+clean:
+	rm -rf $(VENV) .venv-vllm .state build *.egg-info

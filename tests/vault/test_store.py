@@ -1,0 +1,181 @@
+"""The LMDB store on its own: budget, accounting against a model, recency, corruption, persistence."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from tierkv.vault.policy import PriorityLRUPolicy
+from tierkv.vault.store import Lookup, Store, full_key
+
+
+def blob(n: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+def live_entries(store: Store) -> dict[bytes, bytes]:
+    """Read every stored entry straight from LMDB (independent of the store's own counters)."""
+    env = store._env
+    with env.begin() as txn:
+        return {bytes(k): bytes(v) for k, v in txn.cursor(db=store._data)}
+
+
+def test_roundtrip_and_missing(tmp_path: Path) -> None:
+    with Store(tmp_path, 1 << 20) as s:
+        s.put_many(b"ns", [(b"a", b"hello", 0), (b"b", b"", 0)])
+        assert s.get_many(b"ns", [b"a", b"b", b"c"]) == [b"hello", b"", None]
+        assert s.get_many(b"other", [b"a"]) == [None]
+
+
+def test_budget_holds_and_accounting_matches_a_model(tmp_path: Path) -> None:
+    budget = 200_000
+    rng = random.Random(7)
+    model: dict[bytes, int] = {}
+    with Store(tmp_path, budget) as s:
+        for step in range(400):
+            op = rng.random()
+            key = f"k{rng.randrange(60)}".encode()
+            if op < 0.7:
+                data = blob(rng.randrange(0, 30_000), step)
+                s.put_many(b"ns", [(key, data, 0)])
+            elif op < 0.85:
+                s.delete(b"ns", [key])
+            else:
+                s.get_many(b"ns", [key])
+            entries = live_entries(s)
+            model = {k: len(k) - 1 + len(v) for k, v in entries.items()}
+            stats = s.stats()
+            assert stats.used_bytes == sum(model.values()) <= budget
+            assert stats.keys == len(model)
+
+
+def test_putting_ten_times_the_budget_keeps_the_newest(tmp_path: Path) -> None:
+    budget = 1 << 20
+    with Store(tmp_path, budget) as s:
+        keys = [f"block-{i:04d}".encode() for i in range(160)]
+        for i in range(0, 160, 8):
+            s.put_many(b"ns", [(k, blob(64 * 1024, j), 0) for j, k in enumerate(keys[i : i + 8], start=i)])
+            assert s.stats().used_bytes <= budget
+        got = s.get_many(b"ns", keys[-14:])
+        assert all(g is not None for g in got), "the most recent blocks must survive"
+        assert s.get_many(b"ns", keys[:10]) == [None] * 10
+        assert s.stats().evictions > 100
+
+
+def test_reput_replaces_without_double_counting(tmp_path: Path) -> None:
+    with Store(tmp_path, 1 << 20) as s:
+        s.put_many(b"ns", [(b"k", b"x" * 1000, 0)])
+        s.put_many(b"ns", [(b"k", b"y" * 400, 0)])
+        s.put_many(b"ns", [(b"k", b"y" * 400, 0)])
+        assert s.stats().used_bytes == len(b"ns") + 1 + 400
+        assert s.stats().keys == 1
+        assert s.get_many(b"ns", [b"k"]) == [b"y" * 400]
+
+
+def test_recency_protects_a_hot_key(tmp_path: Path) -> None:
+    with Store(tmp_path, 100_000, maintenance_interval_s=60) as s:
+        s.put_many(b"ns", [(b"hot", b"h" * 10_000, 0)])
+        for i in range(30):
+            s.put_many(b"ns", [(f"cold{i}".encode(), b"c" * 10_000, 0)])
+            assert s.get_many(b"ns", [b"hot"]) == [b"h" * 10_000], f"hot key evicted at step {i}"
+        assert s.stats().evictions >= 20
+
+
+def test_without_reads_the_oldest_goes_first(tmp_path: Path) -> None:
+    with Store(tmp_path, 50_000) as s:
+        for i in range(10):
+            s.put_many(b"ns", [(f"k{i}".encode(), b"v" * 9_000, 0)])
+        present = [g is not None for g in s.get_many(b"ns", [f"k{i}".encode() for i in range(10)])]
+        assert present == [False] * 5 + [True] * 5
+
+
+def test_priority_policy_evicts_low_priority_first(tmp_path: Path) -> None:
+    with Store(tmp_path, 50_000, policy=PriorityLRUPolicy()) as s:
+        s.put_many(b"ns", [(b"system", b"s" * 9_000, 5)])
+        for i in range(10):
+            s.put_many(b"ns", [(f"tool{i}".encode(), b"t" * 9_000, 0)])
+        assert s.get_many(b"ns", [b"system"]) == [b"s" * 9_000]
+
+
+def test_blob_larger_than_budget_is_rejected(tmp_path: Path) -> None:
+    with Store(tmp_path, 2 << 20) as s:
+        s.put_many(b"ns", [(b"small", b"x", 0)])
+        outcome = s.put_many(b"ns", [(b"huge", b"x" * (3 << 20), 0), (b"ok", b"y", 0)])
+        assert outcome.rejected == [0] and outcome.stored == 1
+        assert s.get_many(b"ns", [b"small", b"ok", b"huge"]) == [b"x", b"y", None]
+
+
+def test_flipped_byte_is_corrupt_counted_and_dropped(tmp_path: Path) -> None:
+    with Store(tmp_path, 1 << 20) as s:
+        s.put_many(b"ns", [(b"a", b"A" * 5000, 0), (b"b", b"B" * 5000, 0)])
+        fkey = full_key(b"ns", b"a")
+        with s._env.begin(write=True) as txn:
+            data = bytearray(txn.get(fkey, db=s._data))
+            data[1234] ^= 0x01
+            txn.put(fkey, bytes(data), db=s._data)
+        with s.view_many(b"ns", [b"a", b"b"]) as views:
+            assert [status for status, _ in views] == [Lookup.CORRUPT, Lookup.FOUND]
+        assert s.stats().corrupt == 1
+        assert s.stats().keys == 1
+        assert s.get_many(b"ns", [b"a"]) == [None]
+        assert s.stats().used_bytes == len(b"ns") + 1 + 5000
+
+
+def test_blob_swapped_between_keys_is_corrupt(tmp_path: Path) -> None:
+    with Store(tmp_path, 1 << 20) as s:
+        s.put_many(b"ns", [(b"a", b"A" * 100, 0), (b"b", b"B" * 100, 0)])
+        with s._env.begin(write=True) as txn:
+            txn.put(full_key(b"ns", b"a"), b"B" * 100, db=s._data)
+        assert s.get_many(b"ns", [b"a", b"b"]) == [None, b"B" * 100]
+
+
+def test_state_survives_reopen(tmp_path: Path) -> None:
+    with Store(tmp_path, 1 << 20) as s:
+        s.put_many(b"ns", [(b"a", b"1" * 100, 0), (b"b", b"2" * 200, 0)])
+        used = s.stats().used_bytes
+    with Store(tmp_path, 1 << 20) as s:
+        assert s.get_many(b"ns", [b"a", b"b"]) == [b"1" * 100, b"2" * 200]
+        assert s.stats().used_bytes == used and s.stats().keys == 2
+
+
+def test_map_grows_instead_of_failing(tmp_path: Path) -> None:
+    with Store(tmp_path, 32 << 20, map_size=4 << 20) as s:
+        for i in range(12):
+            s.put_many(b"ns", [(f"k{i}".encode(), os.urandom(1 << 20), 0)])
+        assert s.stats().map_size > 4 << 20
+        assert s.stats().keys == 12
+
+
+def test_map_at_cap_is_a_clear_error(tmp_path: Path) -> None:
+    from tierkv.vault.store import StoreFullError
+
+    with Store(tmp_path, 64 << 20, map_size=2 << 20, max_map_size=2 << 20) as s:
+        with pytest.raises(StoreFullError, match=r"cannot grow|cap"):
+            s.put_many(b"ns", [(b"k", os.urandom(4 << 20), 0)])
+        s.put_many(b"ns", [(b"small", b"ok", 0)])
+        assert s.get_many(b"ns", [b"small"]) == [b"ok"]
+
+
+def test_flush_namespace_and_everything(tmp_path: Path) -> None:
+    with Store(tmp_path, 1 << 20) as s:
+        s.put_many(b"a", [(b"1", b"x", 0), (b"2", b"y", 0)])
+        s.put_many(b"b", [(b"1", b"z", 0)])
+        assert s.flush(b"a") == 2
+        assert s.get_many(b"b", [b"1"]) == [b"z"]
+        assert s.stats().keys == 1 and s.stats().used_bytes == len(b"b") + 1 + 1
+        assert s.flush() == 1
+        assert s.stats().used_bytes == 0
+
+
+def test_policy_change_reranks_existing_entries(tmp_path: Path) -> None:
+    with Store(tmp_path, 1 << 20) as s:
+        s.put_many(b"ns", [(b"a", b"x", 3)])
+    with Store(tmp_path, 1 << 20, policy=PriorityLRUPolicy()) as s:
+        with s._env.begin() as txn:
+            ranks = [bytes(k) for k, _ in txn.cursor(db=s._order)]
+        assert len(ranks) == 1 and ranks[0][:2] == (3).to_bytes(2, "big")
+    assert isinstance(lmdb.version(), tuple)

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb
+from tierkv.wire.framing import MISSING, FrameLimitError, build_frame, parse_frame
+
+
+def roundtrip(blobs: list[Blob], frame_bytes: int) -> tuple[list[Blob], int]:
+    frames = list(encode_frames(blobs, frame_bytes=frame_bytes, namespace=b"ns"))
+    dec = FrameDecoder(max_item_bytes=1 << 30)
+    out: list[Blob] = []
+    for f in frames:
+        out.extend(dec.feed(f))
+    dec.close()
+    assert dec.namespace == b"ns"
+    return out, len(frames)
+
+
+@pytest.mark.parametrize("frame_bytes", [1, 7, 1000, 1 << 20])
+def test_blobs_survive_any_frame_size(frame_bytes: int) -> None:
+    blobs = [
+        Blob(key=f"k{i}".encode(), data=os.urandom(n), index=i) for i, n in enumerate([0, 1, 999, 5000, 3])
+    ]
+    out, _ = roundtrip(blobs, frame_bytes)
+    assert [(b.key, b.index, bytes(b.data or b"")) for b in out] == [
+        (b.key, b.index, bytes(b.data or b"")) for b in blobs
+    ]
+
+
+def test_whole_blobs_are_not_split_when_they_fit() -> None:
+    blobs = [Blob(key=bytes([i + 1]), data=b"x" * 600, index=i) for i in range(4)]
+    frames = list(encode_frames(blobs, frame_bytes=1000))
+    assert len(frames) == 4
+    for f in frames:
+        header, body = parse_frame(f)
+        assert [s.length for s in header.segments] == [600] and len(body) == 600
+
+
+def test_frames_are_valid_protobuf() -> None:
+    frame = next(encode_frames([Blob(key=b"k", data=b"payload")], frame_bytes=100, namespace=b"ns"))
+    parsed = pb.Frame.FromString(frame)
+    assert parsed.body == b"payload" and parsed.header.namespace == b"ns"
+    assert parsed.header.segments[0].key == b"k"
+
+
+def test_decoder_accepts_frames_built_by_plain_protobuf() -> None:
+    header = pb.FrameHeader(namespace=b"n")
+    header.segments.add(key=b"a", index=0, status=pb.FOUND, size=3, length=3)
+    frame = pb.Frame(header=header, body=b"abc").SerializeToString()
+    [blob] = FrameDecoder(max_item_bytes=10).feed(frame)
+    assert bytes(blob.data or b"") == b"abc"
+
+
+def test_missing_entries_carry_no_bytes() -> None:
+    frame = build_frame(pb.FrameHeader(segments=[pb.Segment(key=b"a", status=MISSING)]), [])
+    [blob] = FrameDecoder(max_item_bytes=10).feed(frame)
+    assert blob.status == MISSING and blob.data is None
+    bad = build_frame(
+        pb.FrameHeader(segments=[pb.Segment(key=b"a", status=MISSING, size=1, length=1)]), [b"x"]
+    )
+    with pytest.raises(FrameError):
+        FrameDecoder(max_item_bytes=10).feed(bad)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\xff" * 20,
+        b"\x0a\x05abc",
+        b"\x0a\x02\x12\x05\x12\x09abc",
+        os.urandom(64) + b"\xff\xff\xff\xff\xff\xff",
+    ],
+)
+def test_garbage_is_a_frame_error(garbage: bytes) -> None:
+    with pytest.raises(FrameError):
+        FrameDecoder(max_item_bytes=1 << 20).feed(garbage)
+
+
+def test_body_and_segments_must_agree() -> None:
+    header = pb.FrameHeader(segments=[pb.Segment(key=b"a", size=10, length=10)])
+    with pytest.raises(FrameError, match="segment lengths"):
+        FrameDecoder(max_item_bytes=100).feed(build_frame(header, [b"short"]))
+    with pytest.raises(FrameError, match="longer than"):
+        FrameDecoder(max_item_bytes=100).feed(build_frame(header, [b"x" * 12]))
+
+
+def test_limits_are_errors_not_truncation() -> None:
+    frames = list(encode_frames([Blob(key=b"k", data=b"x" * 100)], frame_bytes=30))
+    dec = FrameDecoder(max_item_bytes=50)
+    with pytest.raises(FrameLimitError):
+        dec.feed(frames[0])
+    dec = FrameDecoder(max_item_bytes=1000, max_total_bytes=64)
+    with pytest.raises(FrameLimitError):
+        for f in frames:
+            dec.feed(f)
+
+
+def test_stream_ending_mid_blob_is_detected() -> None:
+    frames = list(encode_frames([Blob(key=b"k", data=b"x" * 100)], frame_bytes=30))
+    dec = FrameDecoder(max_item_bytes=1000)
+    for f in frames[:-1]:
+        dec.feed(f)
+    with pytest.raises(FrameError, match="middle of a blob"):
+        dec.close()
+
+
+def test_interleaved_continuation_is_rejected() -> None:
+    first = build_frame(pb.FrameHeader(segments=[pb.Segment(key=b"a", size=10, length=5)]), [b"12345"])
+    other = build_frame(pb.FrameHeader(segments=[pb.Segment(key=b"b", size=5, length=5)]), [b"12345"])
+    dec = FrameDecoder(max_item_bytes=100)
+    dec.feed(first)
+    with pytest.raises(FrameError, match="interrupted"):
+        dec.feed(other)
