@@ -22,8 +22,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+# rich assumes 80 columns when output is piped; tables of figures read better unwrapped
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 ConfigOpt = Annotated[
     str | None,

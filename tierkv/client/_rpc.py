@@ -57,6 +57,10 @@ class ClientOptions:
             ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.enable_retries", 0),
+            # reconnect quickly after a vault restarts; our circuit breaker is what limits hammering
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2000),
         ]
 
     def credentials(self) -> grpc.ChannelCredentials | None:

@@ -1,0 +1,171 @@
+"""Cluster against real vault processes: sharding, replication, failures as misses, routing."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tests.conftest import VaultFactory
+from tierkv import VaultClient
+from tierkv.client.breaker import BreakerState, CircuitBreaker
+from tierkv.client.cluster import Cluster
+from tierkv.client.sharding import Rendezvous
+from tierkv.config import config_from_dict
+
+
+def keys(n: int, tag: str = "k") -> list[bytes]:
+    return [f"{tag}{i:05d}".encode() for i in range(n)]
+
+
+def test_rendezvous_moves_about_one_nth_when_a_vault_is_added() -> None:
+    ks = keys(20_000)
+    before = Rendezvous(["a:1", "b:1", "c:1", "d:1"])
+    after = Rendezvous(["a:1", "b:1", "c:1", "d:1", "e:1"])
+    moved = [k for k in ks if before.nodes[before.owners(k)[0]] != after.nodes[after.owners(k)[0]]]
+    assert 0.15 < len(moved) / len(ks) < 0.25
+    assert all(after.nodes[after.owners(k)[0]] == "e:1" for k in moved), "keys only move to the new vault"
+    shares = [sum(before.owners(k)[0] == i for k in ks) / len(ks) for i in range(4)]
+    assert all(0.2 < s < 0.3 for s in shares)
+
+
+def test_rendezvous_replicas_are_distinct_and_independent_of_list_order() -> None:
+    ring = Rendezvous(["a:1", "b:1", "c:1"])
+    shuffled = Rendezvous(["c:1", "a:1", "b:1"])
+    for k in keys(100):
+        owners = [ring.nodes[i] for i in ring.owners(k, 2)]
+        assert len(set(owners)) == 2
+        assert owners == [shuffled.nodes[i] for i in shuffled.owners(k, 2)]
+
+
+def test_sharded_roundtrip_with_one_batch_call_per_vault(vault_factory: VaultFactory) -> None:
+    vaults = [vault_factory(name=f"v{i}") for i in range(3)]
+    ks = keys(300)
+    blobs = {k: os.urandom(1000) for k in ks}
+    with Cluster({"kv_cold": [v.address for v in vaults]}) as cluster:
+        assert cluster.put(b"ns", blobs) == 300
+        assert cluster.get(b"ns", ks) == list(blobs.values())
+        assert cluster.prefix_lookup(b"ns", ks) == 300
+    counts = []
+    for v in vaults:
+        with VaultClient(v.address) as c:
+            counts.append(c.stats().keys)
+    assert sum(counts) == 300 and min(counts) > 50
+
+
+def test_prefix_lookup_across_shards_stops_at_the_first_gap(vault_factory: VaultFactory) -> None:
+    vaults = [vault_factory(name=f"v{i}") for i in range(3)]
+    ks = keys(60)
+    with Cluster({"kv_cold": [v.address for v in vaults]}) as cluster:
+        cluster.put(b"ns", {k: b"x" for k in ks})
+        cluster.delete(b"ns", [ks[37]])
+        assert cluster.prefix_lookup(b"ns", ks) == 37
+        assert cluster.prefix_lookup(b"ns", ks[:30]) == 30
+        assert cluster.prefix_lookup(b"ns", []) == 0
+
+
+def test_replication_two_survives_a_killed_vault(vault_factory: VaultFactory) -> None:
+    vaults = [vault_factory(name=f"v{i}") for i in range(3)]
+    ks = keys(200)
+    blobs = {k: os.urandom(500) for k in ks}
+    with Cluster({"kv_cold": [v.address for v in vaults]}, replication=2, timeout=1.0) as cluster:
+        assert cluster.put(b"ns", blobs) == 200
+        vaults[1].kill()
+        assert cluster.get(b"ns", ks) == list(blobs.values())
+        assert cluster.prefix_lookup(b"ns", ks) == 200
+
+
+def test_replication_one_loses_only_the_dead_vaults_share_within_the_deadline(
+    vault_factory: VaultFactory,
+) -> None:
+    vaults = [vault_factory(name=f"v{i}") for i in range(3)]
+    ks = keys(300)
+    blobs = {k: os.urandom(200) for k in ks}
+    with Cluster({"kv_cold": [v.address for v in vaults]}, timeout=0.5) as cluster:
+        cluster.put(b"ns", blobs)
+        ring = Rendezvous([v.address for v in vaults])
+        on_dead = {k for k in ks if ring.owners(k)[0] == 2}
+        vaults[2].kill()
+        start = time.monotonic()
+        got = cluster.get(b"ns", ks)
+        assert time.monotonic() - start < 3.0
+        for k, g in zip(ks, got, strict=True):
+            assert (g is None) == (k in on_dead)
+            assert g is None or g == blobs[k]
+
+
+def test_breaker_stops_calling_a_dead_vault_and_probes_later(vault_factory: VaultFactory) -> None:
+    v = vault_factory()
+    with Cluster(
+        {"kv_cold": [v.address]}, timeout=0.5, breaker_threshold=2, breaker_backoff_s=0.3
+    ) as cluster:
+        cluster.put(b"ns", {b"k": b"v"})
+        v.kill()
+        for _ in range(3):
+            assert cluster.get(b"ns", [b"k"]) == [None]
+        member = cluster._members["kv_cold"][0]
+        assert member.breaker.state is BreakerState.OPEN
+        skipped = cluster.metrics.skipped.labels(v.address)._value.get()
+        assert skipped >= 1
+        restarted = vault_factory(name=v.path.name, port=v.port)
+        deadline = time.monotonic() + 10
+        while cluster.get(b"ns", [b"k"]) != [b"v"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cluster.get(b"ns", [b"k"]) == [b"v"]
+        assert member.breaker.state is BreakerState.CLOSED
+        restarted.stop()
+
+
+def test_breaker_state_machine() -> None:
+    now = [0.0]
+    b = CircuitBreaker(threshold=2, backoff_s=1.0, max_backoff_s=4.0, clock=lambda: now[0])
+    b.failure()
+    assert b.allow()
+    b.failure()
+    assert not b.allow() and b.state is BreakerState.OPEN
+    now[0] = 1.0
+    assert b.allow() and not b.allow(), "one probe at a time"
+    b.failure()
+    now[0] = 2.5
+    assert not b.allow(), "backoff doubled after a failed probe"
+    now[0] = 3.0
+    assert b.allow()
+    b.success()
+    assert b.state is BreakerState.CLOSED and b.allow()
+
+
+def test_layer_groups_route_to_their_roles(vault_factory: VaultFactory) -> None:
+    kv = vault_factory(name="kv")
+    ssm = vault_factory(name="ssm", role="ssm_cold")
+    with Cluster({"kv_cold": [kv.address], "ssm_cold": [ssm.address]}) as cluster:
+        assert cluster.role_for("attention") == "kv_cold" and cluster.role_for("SSM") == "ssm_cold"
+        cluster.put(b"ns", {b"a": b"kv-block"}, role=cluster.role_for("attention"))
+        cluster.put(b"ns", {b"s": b"ssm-state"}, role=cluster.role_for("conv"))
+    with VaultClient(kv.address) as c:
+        assert c.get(b"ns", [b"a", b"s"]) == [b"kv-block", None]
+    with VaultClient(ssm.address) as c:
+        assert c.get(b"ns", [b"a", b"s"]) == [None, b"ssm-state"]
+
+
+def test_without_ssm_vaults_ssm_state_falls_back_to_kv(
+    vault_factory: VaultFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    kv = vault_factory(name="kv")
+    with caplog.at_level("INFO"), Cluster({"kv_cold": kv.address}) as cluster:
+        cluster.put(b"ns", {b"s": b"state"}, role="ssm_cold")
+        assert cluster.get(b"ns", [b"s"], role="ssm_cold") == [b"state"]
+    assert "no ssm_cold vault" in caplog.text
+
+
+def test_cluster_from_config_uses_roles_and_token(
+    vault_factory: VaultFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v = vault_factory(env={"TIERKV_TOKEN": "tok"})
+    monkeypatch.setenv("TIERKV_TOKEN", "tok")
+    cfg = config_from_dict({"cluster": {"kv_cold": {"host": "127.0.0.1", "port": v.port}, "timeout": 1.0}})
+    with Cluster.from_config(cfg) as cluster:
+        assert cluster.put(b"ns", {b"k": b"v"}) == 1
+        assert cluster.get(b"ns", [b"k"]) == [b"v"]
+        [(role, address, stats)] = cluster.stats()
+        assert role == "kv_cold" and address == v.address and not isinstance(stats, Exception)
