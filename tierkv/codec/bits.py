@@ -1,0 +1,92 @@
+"""Bit-level dtype conversions in numpy, which has no bfloat16 and slow float16 arithmetic.
+
+Integer ufuncs with ``out=`` run at memory speed, so the hot conversions are done on raw bits:
+bfloat16 -> float32 is a 16-bit left shift, finite float16 -> float32 a shift, a mask and an exact
+multiplication by 2**112, and float32 -> bfloat16 an integer round-to-nearest-even. Everything here is
+exact (or correctly rounded) so that the numpy and torch codecs produce identical bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+logger = logging.getLogger(__name__)
+
+_F16_TO_F32_MASK = np.int32(-0x7000_0001)  # 0x8FFFFFFF: keep the sign, drop sign-extension bits 28..30
+_TWO_POW_112 = np.float32(2.0**112)  # rebias a float16 exponent placed in a float32
+_BF16_HALF = np.uint32(0x7FFF)
+_BF16_QUIET = np.uint16(0x0040)
+
+
+def f16_bits_to_f32_finite(bits: npt.NDArray[np.int16], out: npt.NDArray[np.float32]) -> None:
+    """Widen float16 bits (viewed as ``int16``) to float32, exactly, for finite values only.
+
+    inf/NaN come out as large finite numbers: callers must not use those rows (the int8 codec stores
+    such groups raw). ``out`` must have the shape of ``bits``.
+    """
+    as_int = out.view(np.int32)
+    np.left_shift(bits, 13, out=as_int, dtype=np.int32)
+    np.bitwise_and(as_int, _F16_TO_F32_MASK, out=as_int)
+    np.multiply(out, _TWO_POW_112, out=out)
+
+
+def bf16_bits_to_f32(
+    bits: npt.NDArray[Any], out: npt.NDArray[np.float32] | None = None
+) -> npt.NDArray[np.float32]:
+    """Widen bfloat16 bits (``uint16`` or ``int16``) to float32 exactly, inf and NaN included."""
+    if out is None:
+        out = np.empty(bits.shape, np.float32)
+    np.left_shift(bits.view(np.int16), 16, out=out.view(np.int32), dtype=np.int32)
+    return out
+
+
+def f32_to_bf16_bits(
+    values: npt.NDArray[np.float32], out: npt.NDArray[np.uint16] | None = None, *, finite: bool = False
+) -> npt.NDArray[np.uint16]:
+    """Round float32 to bfloat16 bits, to nearest even (as torch does). ``finite`` skips the NaN fix-up."""
+    if out is None:
+        out = np.empty(values.shape, np.uint16)
+    word = values.view(np.uint32)
+    tmp = np.right_shift(word, 16)
+    np.bitwise_and(tmp, 1, out=tmp)
+    np.add(tmp, _BF16_HALF, out=tmp)
+    np.add(tmp, word, out=tmp)
+    np.right_shift(tmp, 16, out=tmp)
+    np.copyto(out, tmp, casting="unsafe")
+    if not finite:
+        nan = np.isnan(values)
+        if nan.any():
+            # Rounding could carry a NaN's mantissa into the exponent (inf) or the sign: keep it a quiet NaN.
+            out[nan] = (word[nan] >> 16).astype(np.uint16) | _BF16_QUIET
+    return out
+
+
+def to_float32(values: npt.NDArray[Any], dtype: str) -> npt.NDArray[np.float32]:
+    """Stored values of ``dtype`` (bfloat16 as ``uint16`` bits) -> float32, exactly."""
+    if dtype == "bfloat16":
+        return bf16_bits_to_f32(values)
+    return values.astype(np.float32)
+
+
+def from_float32(
+    values: npt.NDArray[np.float32], dtype: str, out: npt.NDArray[Any] | None = None, *, finite: bool = False
+) -> npt.NDArray[Any]:
+    """float32 -> ``dtype`` storage (bfloat16 as ``uint16`` bits), rounding to nearest even."""
+    if dtype == "bfloat16":
+        return f32_to_bf16_bits(values, out, finite=finite)
+    with np.errstate(over="ignore"):  # values beyond float16's range become inf, as IEEE says
+        if out is None:
+            return values.astype(dtype)
+        np.copyto(out, values, casting="unsafe")
+    return out
+
+
+def convert(values: npt.NDArray[Any], src: str, dst: str) -> npt.NDArray[Any]:
+    """Stored values of dtype ``src`` -> storage of ``dst``; a copy of the bits when they are equal."""
+    if src == dst:
+        return values.copy()
+    return from_float32(to_float32(values, src), dst)

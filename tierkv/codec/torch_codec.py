@@ -1,0 +1,243 @@
+"""Torch twin of the numpy codec: quantize and dequantize on the tensor's own device.
+
+On a GPU only the int8 values and their scales cross PCIe (about half the bytes of bf16/fp16). The
+arithmetic is the numpy codec's, operation for operation (integer max of the masked bits, true
+float32 division by tensors -- never by a Python scalar, which CUDA turns into a reciprocal multiply --,
+round half to even, clamp), so a tensor and its numpy twin encode to identical blobs. Framing, checksums
+and the exception table are shared with :mod:`tierkv.codec.blob`; this module only adds the tensor math.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from tierkv.codec import blob as np_blob
+from tierkv.codec import int8 as int8_codec
+from tierkv.codec.bits import convert
+from tierkv.codec.header import (
+    FLAG_EXCEPTIONS,
+    SCALE_BYTES,
+    BlobHeader,
+    Buffer,
+    DTypeInfo,
+    LayerGroup,
+    dtype_info,
+)
+from tierkv.errors import CodecError
+
+logger = logging.getLogger(__name__)
+
+TORCH_DTYPES: Final = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+"""Blob dtype name -> torch dtype."""
+_NAMES: Final = {v: k for k, v in TORCH_DTYPES.items()}
+_BITS: Final = {"float32": torch.int32, "float16": torch.int16, "bfloat16": torch.int16}
+CPU_CHUNK_VALUES: Final = 1 << 19
+"""Values per step on CPU: torch's ops are multi-threaded, so a larger chunk than numpy's still fits L2."""
+
+TorchDTypeArg = torch.dtype | str | None
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """The blob dtype name of a torch dtype (or of a name/alias)."""
+    if isinstance(dtype, torch.dtype):
+        name = _NAMES.get(dtype)
+        if name is None:
+            raise CodecError(f"unsupported tensor dtype {dtype}; expected one of {sorted(TORCH_DTYPES)}")
+        return name
+    return dtype_info(dtype).name
+
+
+def numpy_view(t: torch.Tensor) -> npt.NDArray[Any]:
+    """Zero-copy numpy view of a contiguous CPU tensor in blob storage (bfloat16 as uint16 bits)."""
+    if t.dtype == torch.bfloat16:
+        return np.asarray(t.view(torch.int16).numpy()).view(np.uint16)
+    return np.asarray(t.numpy())
+
+
+def _quantize_rows(src: torch.Tensor, info: DTypeInfo) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(scales f32 (n,), q int8 (n, width), non-finite mask (n,)) of ``src`` (n, width), on its device."""
+    magnitude = src.view(_BITS[info.name]) & info.abs_mask
+    amax = magnitude.amax(dim=1)
+    nonfinite = amax >= info.inf_bits
+    amax = amax.masked_fill(nonfinite, 0)
+    amax_f32 = amax.view(TORCH_DTYPES[info.name]).float()
+    scale = torch.div(amax_f32, torch.full_like(amax_f32, float(int8_codec.QMAX)))
+    divisor = torch.where(scale == 0, torch.ones_like(scale), scale)
+    x = src.float()
+    if x.data_ptr() == src.data_ptr():
+        x = x.clone()
+    x.div_(divisor[:, None]).round_().clamp_(-int8_codec.QMAX, int8_codec.QMAX)
+    q = x.to(torch.int8)
+    # Non-finite rows hold garbage here; zero them (on CPU only when needed, elsewhere without a sync).
+    if src.device.type != "cpu" or bool(nonfinite.any()):
+        q.masked_fill_(nonfinite[:, None], 0)
+    return scale, q, nonfinite
+
+
+def _quantize(
+    flat: torch.Tensor, info: DTypeInfo, layout: int8_codec.Int8Layout, region: npt.NDArray[np.uint8]
+) -> int8_codec.IntArray:
+    """Fill the host ``region`` from ``flat`` (quantized on its device); return the non-finite groups."""
+    on_cpu = flat.device.type == "cpu"
+    host = torch.from_numpy(region)
+    work = host if on_cpu else torch.empty(layout.groups_len, dtype=torch.uint8, device=flat.device)
+    nonfinite = torch.zeros(layout.groups, dtype=torch.bool, device=flat.device)
+    g = layout.group_size
+    step = max(1, CPU_CHUNK_VALUES // g) if on_cpu else max(1, layout.full_groups)
+    pieces = [(0, layout.full_groups, g)] if layout.full_groups else []
+    if layout.tail:
+        pieces.append((layout.full_groups, 1, layout.tail))
+    offset = 0
+    for first, n, width in pieces:
+        records = work[offset : offset + n * (SCALE_BYTES + width)].view(n, SCALE_BYTES + width)
+        src = flat[first * g : first * g + n * width].view(n, width)
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            scale, q, bad = _quantize_rows(src[r0:r1], info)
+            records[r0:r1, :SCALE_BYTES].copy_(scale.view(torch.uint8).view(r1 - r0, SCALE_BYTES))
+            records[r0:r1, SCALE_BYTES:].copy_(q.view(torch.uint8))
+            nonfinite[first + r0 : first + r1] = bad
+        offset += n * (SCALE_BYTES + width)
+    if not on_cpu:
+        host.copy_(work)
+    return np.asarray(nonfinite.nonzero().flatten().cpu().numpy(), dtype=np.int64)
+
+
+def encode_tensor(
+    t: torch.Tensor,
+    codec: str = "raw",
+    group_size: int | None = None,
+    tokens: int = 0,
+    layer_group: LayerGroup = LayerGroup.ATTENTION,
+) -> bytes:
+    """Encode a tensor into the blob ``encode`` makes of its numpy twin; int8 is computed on ``t.device``."""
+    if not isinstance(t, torch.Tensor):
+        raise CodecError(f"encode_tensor takes a torch.Tensor, got {type(t).__name__}")
+    info = dtype_info(dtype_name(t.dtype))
+    shape = tuple(t.shape)
+    size, group = np_blob.check_encode_args(codec, shape, group_size, tokens, layer_group)
+    flat = t.detach().contiguous().view(-1)
+    if codec == "raw":
+        values = numpy_view(flat.cpu())
+        parts: list[Buffer] = [values.data.cast("B")]
+        flags = 0
+    else:
+        layout = int8_codec.Int8Layout(flat.numel(), size)
+        region = np.empty(layout.groups_len, np.uint8)
+        exceptions = _quantize(flat, info, layout, region)
+        parts = [region.data]
+        flags = 0
+        if exceptions.size:
+            flags = FLAG_EXCEPTIONS
+            raw = torch.cat(
+                [flat[int(i) * size : int(i) * size + layout.group_len(int(i))] for i in exceptions]
+            )
+            parts.append(int8_codec.pack_exceptions(exceptions, numpy_view(raw.cpu()), info))
+    return np_blob.finish_blob(
+        codec=codec,
+        dtype=info.name,
+        shape=shape,
+        group_size=size,
+        tokens=tokens,
+        layer_group=group,
+        flags=flags,
+        parts=parts,
+    )
+
+
+def _dequantize(
+    header: BlobHeader, payload: npt.NDArray[np.uint8], target: str, device: torch.device
+) -> torch.Tensor:
+    """int8 payload -> tensor on ``device``: only int8 + scales are copied there, the multiply runs there."""
+    layout = int8_codec.Int8Layout(header.value_count, header.group_size)
+    indices, raw = int8_codec.parse_exceptions(payload, layout, header.dtype_info)
+    on_cpu = device.type == "cpu"
+    staging = torch.empty(
+        layout.groups_len, dtype=torch.uint8, pin_memory=not on_cpu and torch.cuda.is_available()
+    )
+    numpy_view(staging)[:] = payload[: layout.groups_len]
+    region = staging if on_cpu else staging.to(device, non_blocking=True)
+    out = torch.empty(header.value_count, dtype=TORCH_DTYPES[target], device=device)
+    g = layout.group_size
+    step = max(1, CPU_CHUNK_VALUES // g) if on_cpu else max(1, layout.full_groups)
+    offset = 0
+    for first, n, width in ((0, layout.full_groups, g), (layout.full_groups, 1, layout.tail)):
+        if n == 0 or width == 0:
+            continue
+        records = region[offset : offset + n * (SCALE_BYTES + width)].view(n, SCALE_BYTES + width)
+        scales = records[:, :SCALE_BYTES].clone(memory_format=torch.contiguous_format).view(torch.float32)
+        q = records[:, SCALE_BYTES:].view(torch.int8)
+        dst = out[first * g : first * g + n * width].view(n, width)
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            if target == "float32":
+                torch.mul(q[r0:r1], scales[r0:r1], out=dst[r0:r1])
+            else:
+                dst[r0:r1].copy_(q[r0:r1] * scales[r0:r1])
+        offset += n * (SCALE_BYTES + width)
+    pos = 0
+    for index in indices:
+        start = int(index) * g
+        n = layout.group_len(int(index))
+        host = torch.empty(n, dtype=TORCH_DTYPES[target])
+        numpy_view(host)[:] = convert(raw[pos : pos + n], header.dtype, target)
+        out[start : start + n].copy_(host)
+        pos += n
+    return out.view(header.shape)
+
+
+def decode_tensor(
+    blob: Buffer,
+    device: torch.device | str = "cpu",
+    dtype: TorchDTypeArg = None,
+    *,
+    out: torch.Tensor | None = None,
+    expect_shape: Sequence[int] | None = None,
+    expect_dtype: TorchDTypeArg = None,
+    expect_codec: str | None = None,
+    expect_tokens: int | None = None,
+    expect_layer_group: LayerGroup | None = None,
+) -> tuple[BlobHeader, torch.Tensor]:
+    """Verify and decode a blob into a tensor on ``device``.
+
+    ``dtype`` defaults to the blob's own dtype (bfloat16 included), for raw and int8 alike, since the
+    tensor usually goes straight back into a KV cache of that dtype. ``out`` (any device and layout, the
+    blob's shape and the resulting dtype) receives the values instead of a new tensor. int8 payloads are
+    dequantized on ``device`` (only int8 + scales travel); raw payloads are copied, on CPU straight into
+    the tensor's memory.
+    """
+    header, payload = np_blob.open_blob(blob)
+    np_blob.check_expectations(
+        header,
+        expect_shape=expect_shape,
+        expect_dtype=None if expect_dtype is None else dtype_name(expect_dtype),
+        expect_codec=expect_codec,
+        expect_tokens=expect_tokens,
+        expect_layer_group=expect_layer_group,
+    )
+    target = header.dtype if dtype is None else dtype_name(dtype)
+    torch_dtype = TORCH_DTYPES[target]
+    dev = torch.device(device) if out is None else out.device
+    if out is not None and (tuple(out.shape) != header.shape or out.dtype != torch_dtype):
+        raise CodecError(
+            f"out is {out.dtype}{list(out.shape)}, blob decodes to {torch_dtype}{list(header.shape)}"
+        )
+    if header.codec == "int8":
+        result = _dequantize(header, payload, target, dev)
+    else:
+        direct = out is not None and out.device.type == "cpu" and out.is_contiguous()
+        host = out if direct and out is not None else torch.empty(header.shape, dtype=torch_dtype)
+        np_blob.decode_payload(header, payload, dtype_info(target), out=numpy_view(host))
+        if direct:
+            return header, host
+        result = host.to(dev)
+    if out is None:
+        return header, result
+    out.copy_(result)
+    return header, out
