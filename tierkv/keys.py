@@ -122,29 +122,31 @@ def model_fingerprint(config: Mapping[str, Any], *, block_size: int | None = Non
 
 @dataclass(frozen=True)
 class Namespace:
-    """Everything that must match for a stored block to be reusable. Build with :meth:`from_config`.
+    """Everything that must match for a stored block to be reusable. :meth:`from_config` fills it in.
 
-    ``model`` names the weights (checkpoint path or hub id), ``model_fingerprint`` digests the config
-    fields that shape KV (see :func:`model_fingerprint`), ``kv_layout`` versions the block layout of
-    the connectors, ``salt`` separates tenants or caches that must never share blocks.
+    ``model`` names the weights (checkpoint path or hub id) and ``model_fingerprint`` digests the config
+    fields that shape KV (see :func:`model_fingerprint`; leave it empty only when ``model`` alone pins
+    the weights and geometry). ``layout`` versions or describes the connector's block layout (e.g.
+    ``"hf-v1/bs16/..."``), ``tenant`` and ``salt`` separate tenants or caches that must never share
+    blocks, ``extra`` carries any further identity (an engine version, a LoRA set ...).
     """
 
     model: str
-    model_fingerprint: str
     dtype: str
     codec: str
-    kv_layout: int = KV_LAYOUT_VERSION
+    layout: str | int = KV_LAYOUT_VERSION
+    model_fingerprint: str = ""
     tp_rank: int = 0
     tp_world: int = 1
+    tenant: str = ""
     salt: str = ""
     pp_rank: int = 0
     pp_world: int = 1
     extra: Mapping[str, str] = field(default_factory=dict)
-    """Further identity (e.g. an engine version whose KV layout matters): keys and values are hashed."""
 
     def __post_init__(self) -> None:
-        if not self.model or not self.model_fingerprint or not self.dtype or not self.codec:
-            raise ValueError("a namespace needs a model, a model fingerprint, a dtype and a codec")
+        if not self.model or not self.dtype or not self.codec:
+            raise ValueError("a namespace needs a model, a dtype and a codec")
         if not 0 <= self.tp_rank < self.tp_world or not 0 <= self.pp_rank < self.pp_world:
             raise ValueError(
                 f"rank out of range: tp {self.tp_rank}/{self.tp_world}, pp {self.pp_rank}/{self.pp_world}"
@@ -190,11 +192,12 @@ class Namespace:
         dtype: object = None,
         codec: str = "raw",
         block_size: int | None = None,
-        kv_layout: int = KV_LAYOUT_VERSION,
+        layout: str | int = KV_LAYOUT_VERSION,
         tp_rank: int = 0,
         tp_world: int = 1,
         pp_rank: int = 0,
         pp_world: int = 1,
+        tenant: str = "",
         salt: str = "",
         extra: Mapping[str, str] | None = None,
     ) -> Namespace:
@@ -216,9 +219,10 @@ class Namespace:
             model_fingerprint=model_fingerprint(config, block_size=block_size),
             dtype=canonical_dtype(chosen),
             codec=codec,
-            kv_layout=kv_layout,
+            layout=layout,
             tp_rank=tp_rank,
             tp_world=tp_world,
+            tenant=tenant,
             salt=salt,
             pp_rank=pp_rank,
             pp_world=pp_world,
