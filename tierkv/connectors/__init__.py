@@ -1,0 +1,1 @@
+"""Engine hooks: they decide what to store and restore, and never speak gRPC themselves."""

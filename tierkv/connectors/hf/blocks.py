@@ -1,0 +1,153 @@
+"""Blobs of one model's cache: one per (block, layer group).
+
+- attention KV of block ``i``: all attention layers at once, ``[layers, 2, kv_heads, block, head_dim]``,
+  in the session's codec (raw or int8), layer group ``ATTENTION``, ``tokens = block_size``;
+- recurrent (SSM / linear-attention) states at a block boundary: every layer's state flattened into
+  one vector, layer group ``SSM``, ``tokens = boundary position``; conv states likewise as ``CONV``.
+  States are always stored raw: they are small next to the KV, and an error in a recurrent state
+  does not stay local to one block but carries into every later token.
+
+Every decoded blob is checked against the layout (group, token count, shape, dtype) besides the
+codec's own header and payload checksums; a mismatch is a miss, never a restore.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tierkv.codec import LayerGroup
+from tierkv.codec.torch_codec import decode_tensor, encode_tensor
+from tierkv.connectors.hf.layout import KV, CacheLayout, StateSnapshot, StateSpec
+from tierkv.errors import CodecError
+
+logger = logging.getLogger(__name__)
+
+STATE_CODEC = "raw"
+
+
+@dataclass
+class DecodeResult:
+    """Leading valid blocks of a batch, concatenated: ``[layers, 2, kv_heads, n * block, head_dim]``."""
+
+    kv: torch.Tensor | None
+    blocks: int
+    rejected: int
+
+
+class BlockCodec:
+    """Encodes and decodes one model's blocks and state snapshots (see the module docstring)."""
+
+    def __init__(self, layout: CacheLayout, block_size: int, codec: str) -> None:
+        self.layout = layout
+        self.block_size = block_size
+        self.codec = codec
+        self.rejected = 0
+
+    def encode_kv_block(self, kv: Sequence[KV], block: int) -> bytes:
+        """Blob of block ``block`` taken from per-layer KV tensors ``[1, heads, seq, dim]``."""
+        s, e = block * self.block_size, (block + 1) * self.block_size
+        t = torch.stack([torch.stack((k[0, :, s:e], v[0, :, s:e])) for k, v in kv])
+        return encode_tensor(t, codec=self.codec, tokens=self.block_size, layer_group=LayerGroup.ATTENTION)
+
+    def decode_kv_blocks(
+        self, blobs: Sequence[bytes | memoryview | None], device: torch.device
+    ) -> DecodeResult:
+        """Decode the leading run of blobs that are present and verify; stop at the first that is not."""
+        expected = self.layout.block_shape(self.block_size)
+        tensors: list[torch.Tensor] = []
+        rejected = 0
+        for i, blob in enumerate(blobs):
+            if blob is None:
+                break
+            try:
+                _, t = decode_tensor(
+                    blob,
+                    device=device,
+                    dtype=self.layout.kv_dtype,
+                    expect_shape=expected,
+                    expect_dtype=self.layout.kv_dtype,
+                    expect_codec=self.codec,
+                    expect_tokens=self.block_size,
+                    expect_layer_group=LayerGroup.ATTENTION,
+                )
+            except CodecError as exc:
+                logger.warning("KV block %d rejected: %s", i, exc)
+                rejected = 1
+                break
+            tensors.append(t)
+        self.rejected += rejected
+        if not tensors:
+            return DecodeResult(None, 0, rejected)
+        kv = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=3)
+        return DecodeResult(kv, len(tensors), rejected)
+
+    def encode_states(self, snapshot: StateSnapshot, position: int) -> dict[LayerGroup, bytes]:
+        """The SSM and CONV blobs of a snapshot taken after ``position`` tokens."""
+        out: dict[LayerGroup, bytes] = {}
+        for group, tensors in ((LayerGroup.SSM, snapshot.recurrent), (LayerGroup.CONV, snapshot.conv)):
+            if tensors:
+                flat = torch.cat([t.reshape(-1) for t in tensors])
+                out[group] = encode_tensor(flat, codec=STATE_CODEC, tokens=position, layer_group=group)
+        return out
+
+    def state_groups(self) -> list[LayerGroup]:
+        """The state groups this layout stores, in key order."""
+        groups = []
+        if self.layout.recurrent:
+            groups.append(LayerGroup.SSM)
+        if self.layout.conv:
+            groups.append(LayerGroup.CONV)
+        return groups
+
+    def decode_states(
+        self, blobs: dict[LayerGroup, bytes | memoryview | None], position: int, device: torch.device
+    ) -> StateSnapshot | None:
+        """The snapshot at ``position`` if every group's blob is present and verifies, else None."""
+        parts: dict[LayerGroup, tuple[torch.Tensor, ...]] = {LayerGroup.SSM: (), LayerGroup.CONV: ()}
+        for group, specs in ((LayerGroup.SSM, self.layout.recurrent), (LayerGroup.CONV, self.layout.conv)):
+            if not specs:
+                continue
+            blob = blobs.get(group)
+            if blob is None:
+                return None
+            split = self._decode_group(blob, group, specs, position, device)
+            if split is None:
+                self.rejected += 1
+                return None
+            parts[group] = split
+        return StateSnapshot(conv=parts[LayerGroup.CONV], recurrent=parts[LayerGroup.SSM])
+
+    @staticmethod
+    def _decode_group(
+        blob: bytes | memoryview,
+        group: LayerGroup,
+        specs: Sequence[StateSpec],
+        position: int,
+        device: torch.device,
+    ) -> tuple[torch.Tensor, ...] | None:
+        try:
+            _, flat = decode_tensor(
+                blob,
+                device=device,
+                expect_shape=(sum(s.numel for s in specs),),
+                expect_dtype=specs[0].dtype,
+                expect_codec=STATE_CODEC,
+                expect_tokens=position,
+                expect_layer_group=group,
+            )
+        except CodecError as exc:
+            logger.warning("%s state at %d rejected: %s", group.name, position, exc)
+            return None
+        out = []
+        offset = 0
+        for s in specs:
+            out.append(flat[offset : offset + s.numel].reshape(s.shape))
+            offset += s.numel
+        return tuple(out)
+
+
+__all__ = ["STATE_CODEC", "BlockCodec", "DecodeResult"]
