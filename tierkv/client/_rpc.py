@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from tierkv._malloc import tune_malloc
 from tierkv.client.types import VaultStats
 from tierkv.config import TLSConfig
 from tierkv.errors import (
@@ -53,6 +54,7 @@ class ClientOptions:
     min_bytes_per_s: float = 100e6
 
     def channel_options(self) -> list[tuple[str, Any]]:
+        tune_malloc()
         return [
             ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.max_send_message_length", self.max_message_bytes),

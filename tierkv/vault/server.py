@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from tierkv._malloc import tune_malloc
 from tierkv.config import Config
 from tierkv.errors import ConfigError
 from tierkv.vault.auth import TokenAuthInterceptor
@@ -42,6 +43,7 @@ class VaultServer:
     def __init__(self, config: Config) -> None:
         self.config = config
         vc = config.vault
+        tune_malloc()
         self.store = Store(
             vc.resolved_path(),
             vc.max_bytes,
