@@ -50,8 +50,9 @@ def f32_to_bf16_bits(
     """Round float32 to bfloat16 bits, to nearest even (as torch does). ``finite`` skips the NaN fix-up."""
     if out is None:
         out = np.empty(values.shape, np.uint16)
-    word = values.view(np.uint32)
-    tmp = np.right_shift(word, 16)
+    word = np.asarray(values).view(np.uint32)
+    tmp = np.empty_like(word)
+    np.right_shift(word, 16, out=tmp)
     np.bitwise_and(tmp, 1, out=tmp)
     np.add(tmp, _BF16_HALF, out=tmp)
     np.add(tmp, word, out=tmp)

@@ -140,6 +140,8 @@ def encode(
     ``dtype="bfloat16"`` declares a ``uint16`` array to hold bfloat16 bits (numpy has no bfloat16).
     ``group_size`` (int8 only) defaults to the last dimension; groups run along the flattened array.
     """
+    if isinstance(array, np.generic):
+        array = np.asarray(array)
     if not isinstance(array, np.ndarray):
         raise CodecError(f"encode takes a numpy array, got {type(array).__name__} (torch: use encode_tensor)")
     info = source_info(array, dtype)

@@ -93,9 +93,10 @@ class DTypeInfo:
     """How one value dtype is stored and inspected bit-wise.
 
     ``storage`` is the numpy dtype of stored values (bfloat16 has none in numpy, so its raw bits are
-    ``uint16``); ``bits`` is the unsigned integer of the same width, ``abs_mask`` clears the sign bit and
-    any magnitude at or above ``inf_bits`` is inf or NaN, which lets the int8 codec find group maxima and
-    non-finite groups with one integer max.
+    ``uint16``); ``bits`` is the unsigned integer of the same width and ``abs_mask`` clears the sign bit,
+    so the int8 codec finds group maxima with one integer max. A group whose largest magnitude bits
+    reach ``raw_bits`` is stored raw: inf and NaN, and for float32/bfloat16 also magnitudes of 2**127 and
+    more, where ``q * scale`` could round past the largest finite float.
     """
 
     name: str
@@ -103,7 +104,7 @@ class DTypeInfo:
     storage: np.dtype[Any]
     bits: np.dtype[Any]
     abs_mask: int
-    inf_bits: int
+    raw_bits: int
 
     @property
     def itemsize(self) -> int:
@@ -112,9 +113,9 @@ class DTypeInfo:
 
 DTYPES: Final[Mapping[str, DTypeInfo]] = MappingProxyType(
     {
-        "float32": DTypeInfo("float32", 1, np.dtype("<f4"), np.dtype("<u4"), 0x7FFF_FFFF, 0x7F80_0000),
+        "float32": DTypeInfo("float32", 1, np.dtype("<f4"), np.dtype("<u4"), 0x7FFF_FFFF, 0x7F00_0000),
         "float16": DTypeInfo("float16", 2, np.dtype("<f2"), np.dtype("<u2"), 0x7FFF, 0x7C00),
-        "bfloat16": DTypeInfo("bfloat16", 3, np.dtype("<u2"), np.dtype("<u2"), 0x7FFF, 0x7F80),
+        "bfloat16": DTypeInfo("bfloat16", 3, np.dtype("<u2"), np.dtype("<u2"), 0x7FFF, 0x7F00),
     }
 )
 """Value dtypes a blob can carry, by canonical name."""

@@ -15,12 +15,13 @@ Quantization, in float32 arithmetic: ``scale = max|x| / 127`` (division, correct
 ``q = clip(round_half_even(x / scale), -127, 127)``; an all-zero group has ``scale = 0`` and ``q = 0``
 (dividing by 1 instead; a float32/bfloat16 group whose scale underflows to 0 decodes as zeros, an error
 below 1e-44). A group holding inf or NaN is never quantized: its record is all zeros (scale 0, q 0) and
-its exact values go to the exception table. Dequantization is ``q * scale`` in float32, then the
+its exact values go to the exception table. So does a float32/bfloat16 group whose largest magnitude is
+2**127 or more, where ``q * scale`` could round past the largest finite float (see ``DTypeInfo``). Dequantization is ``q * scale`` in float32, then the
 exception groups are overwritten with their raw values. The torch codec follows the same arithmetic to
 the bit, so both produce identical blobs.
 
 Speed: the group maxima are an integer max over the values' bits with the sign masked off (exact for
-finite values; a maximum at or above the infinity pattern marks a non-finite group), float16/bfloat16
+finite values; a maximum at or above ``DTypeInfo.raw_bits`` marks a group to keep raw), float16/bfloat16
 are widened by bit shifts, and the work runs in chunks of ``CHUNK_VALUES`` values so that the float32
 scratch stays in the L2 cache.
 """
@@ -115,16 +116,16 @@ def _quantize_rows(
     abs_scratch: npt.NDArray[Any],
     f32_scratch: npt.NDArray[np.float32],
 ) -> npt.NDArray[np.bool_]:
-    """Quantize ``src`` (n, width) into ``scales`` and ``q``; return the mask of non-finite rows."""
+    """Quantize ``src`` (n, width) into ``scales`` and ``q``; return the mask of rows to keep raw."""
     rows, width = src.shape
     bits = src.view(info.bits)
     magnitude = abs_scratch[: rows * width].reshape(rows, width)
     np.bitwise_and(bits, info.abs_mask, out=magnitude)
     amax = magnitude.max(axis=1)
-    nonfinite = amax >= info.inf_bits
-    any_nonfinite = bool(nonfinite.any())
-    if any_nonfinite:
-        amax[nonfinite] = 0
+    keep_raw = amax >= info.raw_bits
+    any_keep_raw = bool(keep_raw.any())
+    if any_keep_raw:
+        amax[keep_raw] = 0
     scale = _amax_to_f32(amax, info)
     np.divide(scale, _QMAX_F32, out=scale)
     scales[:] = scale
@@ -138,20 +139,20 @@ def _quantize_rows(
         np.divide(x, divisor, out=x)
     else:
         np.divide(src, divisor, out=x)
-    if any_nonfinite:
-        x[nonfinite] = 0
+    if any_keep_raw:
+        x[keep_raw] = 0
     np.rint(x, out=x)
     if ((scale > 0) & (scale < _F32_TINY)).any():
         # Only a subnormal scale is inexact enough for |x / scale| to round past 127.
         np.clip(x, -_QMAX_F32, _QMAX_F32, out=x)
     np.copyto(q, x, casting="unsafe")
-    return np.asarray(nonfinite, dtype=np.bool_)
+    return np.asarray(keep_raw, dtype=np.bool_)
 
 
 def quantize(
     values: npt.NDArray[Any], info: DTypeInfo, layout: Int8Layout, region: npt.NDArray[np.uint8]
 ) -> IntArray:
-    """Fill the group region from the flat ``values`` (blob dtype storage); return the non-finite groups."""
+    """Fill the group region from the flat ``values`` (blob dtype storage); return the groups to keep raw."""
     rows = min(layout.chunk_rows, max(layout.full_groups, 1))
     scratch_values = max(rows * layout.group_size, layout.tail)
     abs_scratch = np.empty(scratch_values, info.bits)
@@ -163,7 +164,7 @@ def quantize(
         first_group = start // layout.group_size
         for r0 in range(0, n, rows):
             r1 = min(n, r0 + rows)
-            nonfinite = _quantize_rows(
+            keep_raw = _quantize_rows(
                 src[r0:r1],
                 info,
                 scales=scales[r0:r1],
@@ -171,8 +172,8 @@ def quantize(
                 abs_scratch=abs_scratch,
                 f32_scratch=f32_scratch,
             )
-            if nonfinite.any():
-                found.append(np.flatnonzero(nonfinite) + (first_group + r0))
+            if keep_raw.any():
+                found.append(np.flatnonzero(keep_raw) + (first_group + r0))
     return np.concatenate(found) if found else np.empty(0, np.int64)
 
 
@@ -180,17 +181,19 @@ def dequantize(region: npt.NDArray[np.uint8], layout: Int8Layout, out: npt.NDArr
     """Write ``q * scale`` of every group into the flat ``out`` (storage of ``dtype``)."""
     rows = min(layout.chunk_rows, max(layout.full_groups, 1))
     scratch = None if dtype == "float32" else np.empty(max(rows * layout.group_size, layout.tail), np.float32)
-    for start, scales, q in layout.parts(region):
-        n, width = q.shape
-        dst = out[start : start + n * width].reshape(n, width)
-        for r0 in range(0, n, rows):
-            r1 = min(n, r0 + rows)
-            if scratch is None:
-                np.multiply(q[r0:r1], scales[r0:r1, None], out=dst[r0:r1])
-            else:
-                tmp = scratch[: (r1 - r0) * width].reshape(r1 - r0, width)
-                np.multiply(q[r0:r1], scales[r0:r1, None], out=tmp)
-                from_float32(tmp, dtype, out=dst[r0:r1], finite=True)
+    # Our encoder never writes scales that overflow; a foreign writer's blob decodes without warnings.
+    with np.errstate(over="ignore", invalid="ignore"):
+        for start, scales, q in layout.parts(region):
+            n, width = q.shape
+            dst = out[start : start + n * width].reshape(n, width)
+            for r0 in range(0, n, rows):
+                r1 = min(n, r0 + rows)
+                if scratch is None:
+                    np.multiply(q[r0:r1], scales[r0:r1, None], out=dst[r0:r1])
+                else:
+                    tmp = scratch[: (r1 - r0) * width].reshape(r1 - r0, width)
+                    np.multiply(q[r0:r1], scales[r0:r1, None], out=tmp)
+                    from_float32(tmp, dtype, out=dst[r0:r1], finite=True)
 
 
 def gather_groups(values: npt.NDArray[Any], layout: Int8Layout, indices: IntArray) -> npt.NDArray[Any]:

@@ -61,11 +61,11 @@ def numpy_view(t: torch.Tensor) -> npt.NDArray[Any]:
 
 
 def _quantize_rows(src: torch.Tensor, info: DTypeInfo) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(scales f32 (n,), q int8 (n, width), non-finite mask (n,)) of ``src`` (n, width), on its device."""
+    """(scales f32 (n,), q int8 (n, width), keep-raw mask (n,)) of ``src`` (n, width), on its device."""
     magnitude = src.view(_BITS[info.name]) & info.abs_mask
     amax = magnitude.amax(dim=1)
-    nonfinite = amax >= info.inf_bits
-    amax = amax.masked_fill(nonfinite, 0)
+    keep_raw = amax >= info.raw_bits
+    amax = amax.masked_fill(keep_raw, 0)
     amax_f32 = amax.view(TORCH_DTYPES[info.name]).float()
     scale = torch.div(amax_f32, torch.full_like(amax_f32, float(int8_codec.QMAX)))
     divisor = torch.where(scale == 0, torch.ones_like(scale), scale)
@@ -74,20 +74,20 @@ def _quantize_rows(src: torch.Tensor, info: DTypeInfo) -> tuple[torch.Tensor, to
         x = x.clone()
     x.div_(divisor[:, None]).round_().clamp_(-int8_codec.QMAX, int8_codec.QMAX)
     q = x.to(torch.int8)
-    # Non-finite rows hold garbage here; zero them (on CPU only when needed, elsewhere without a sync).
-    if src.device.type != "cpu" or bool(nonfinite.any()):
-        q.masked_fill_(nonfinite[:, None], 0)
-    return scale, q, nonfinite
+    # Rows kept raw hold garbage here; zero them (on CPU only when needed, elsewhere without a sync).
+    if src.device.type != "cpu" or bool(keep_raw.any()):
+        q.masked_fill_(keep_raw[:, None], 0)
+    return scale, q, keep_raw
 
 
 def _quantize(
     flat: torch.Tensor, info: DTypeInfo, layout: int8_codec.Int8Layout, region: npt.NDArray[np.uint8]
 ) -> int8_codec.IntArray:
-    """Fill the host ``region`` from ``flat`` (quantized on its device); return the non-finite groups."""
+    """Fill the host ``region`` from ``flat`` (quantized on its device); return the groups to keep raw."""
     on_cpu = flat.device.type == "cpu"
     host = torch.from_numpy(region)
     work = host if on_cpu else torch.empty(layout.groups_len, dtype=torch.uint8, device=flat.device)
-    nonfinite = torch.zeros(layout.groups, dtype=torch.bool, device=flat.device)
+    keep_raw = torch.zeros(layout.groups, dtype=torch.bool, device=flat.device)
     g = layout.group_size
     step = max(1, CPU_CHUNK_VALUES // g) if on_cpu else max(1, layout.full_groups)
     pieces = [(0, layout.full_groups, g)] if layout.full_groups else []
@@ -102,11 +102,11 @@ def _quantize(
             scale, q, bad = _quantize_rows(src[r0:r1], info)
             records[r0:r1, :SCALE_BYTES].copy_(scale.view(torch.uint8).view(r1 - r0, SCALE_BYTES))
             records[r0:r1, SCALE_BYTES:].copy_(q.view(torch.uint8))
-            nonfinite[first + r0 : first + r1] = bad
+            keep_raw[first + r0 : first + r1] = bad
         offset += n * (SCALE_BYTES + width)
     if not on_cpu:
         host.copy_(work)
-    return np.asarray(nonfinite.nonzero().flatten().cpu().numpy(), dtype=np.int64)
+    return np.asarray(keep_raw.nonzero().flatten().cpu().numpy(), dtype=np.int64)
 
 
 def encode_tensor(
