@@ -24,26 +24,18 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 * 1024 * 1024
 TRIM_THRESHOLD = 512 * 1024 * 1024
-_lock = threading.Lock()
-_done = False
 
 
+@functools.cache
 def tune_malloc() -> bool:
     """Apply the thresholds once; True if they are in force (False off glibc or when disabled)."""
-    global _done
-    with _lock:
-        if _done:
-            return True
-        if os.environ.get("TIERKV_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
-            return False
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            mallopt = libc.mallopt
-        except (OSError, AttributeError):
-            return False
-        ok = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-            mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-        )
-        log.debug("malloc tuning %s", "applied" if ok else "refused")
-        _done = ok
-        return ok
+    if os.environ.get("TIERKV_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    ok = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    log.debug("malloc tuning %s", "applied" if ok else "refused")
+    return ok
