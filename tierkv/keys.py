@@ -286,7 +286,7 @@ def block_keys(
     return keys
 
 
-def wrap_engine_hashes(namespace: Namespace, hashes: Sequence[bytes]) -> list[bytes]:
+def wrap_engine_hashes(namespace: Namespace, hashes: Sequence[bytes | bytearray | memoryview]) -> list[bytes]:
     """Move an engine's own chained block hashes (vLLM ``request.block_hashes``) into our keyspace.
 
     Engine hashes cover tokens and extra keys but not model, dtype, rank or tenant: the namespace
