@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from tierkv import __version__
 from tierkv.config import Config, load_config, with_overrides
@@ -113,7 +112,7 @@ def status(
     verbose: Verbose = 0,
 ) -> None:
     """Ask every vault in tierkv.toml over RPC; exit 1 if any is unreachable."""
-    from tierkv.status import cluster_status
+    from tierkv.status import cluster_status, status_table
 
     cfg = _load(config)
     setup_logging(verbose, level=cfg.log.level)
@@ -121,42 +120,7 @@ def status(
     if as_json:
         print(json.dumps({"config": cfg.source, "nodes": [n.as_dict() for n in nodes]}, indent=2))
     else:
-        table = Table(title=f"tierkv status ({cfg.source})")
-        for col in (
-            "role",
-            "vault",
-            "state",
-            "rtt ms",
-            "version",
-            "keys",
-            "used / capacity",
-            "hit rate",
-            "evictions",
-            "corrupt",
-        ):
-            table.add_column(col, justify="right" if col not in ("role", "vault", "state") else "left")
-        for n in nodes:
-            if not n.reachable:
-                table.add_row(n.role, n.address, "[red]unreachable[/red]", "", "", "", "", "", "", "")
-                continue
-            state = (
-                "[green]ok[/green]"
-                if n.serving_role == n.role
-                else f"[yellow]serves {n.serving_role}[/yellow]"
-            )
-            rate = "—" if n.hit_rate is None else f"{n.hit_rate:.1%}"
-            table.add_row(
-                n.role,
-                n.address,
-                state,
-                f"{n.rtt_ms:.2f}",
-                n.version,
-                f"{n.keys:,}",
-                f"{_size(n.used_bytes)} / {_size(n.max_bytes)}",
-                rate,
-                f"{n.evictions:,}",
-                f"[red]{n.corrupt}[/red]" if n.corrupt else "0",
-            )
+        table = status_table(nodes, f"tierkv status ({cfg.source})")
         out.print(table)
         for n in nodes:
             if not n.reachable:
@@ -165,13 +129,23 @@ def status(
         raise typer.Exit(1)
 
 
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
+@app.command()
+def demo(
+    state_dir: Annotated[
+        str, typer.Option(help="Where the demo vaults keep their LMDB files.")
+    ] = ".state/demo",
+    tokens: Annotated[int, typer.Option(help="Prompt length of the synthetic workload.")] = 4096,
+    verbose: Verbose = 0,
+) -> None:
+    """Start two vaults on loopback, store and restore a synthetic KV workload, stop them."""
+    from pathlib import Path
+
+    from tierkv.demo import run_demo
+
+    setup_logging(verbose)
+    result = run_demo(Path(state_dir), out, tokens=tokens)
+    if not result.ok:
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

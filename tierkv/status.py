@@ -7,6 +7,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rich.table import Table
+
 from tierkv.client.vault import VaultClient
 from tierkv.config import Config
 from tierkv.errors import VaultError
@@ -73,3 +75,41 @@ def cluster_status(config: Config, timeout: float | None = None) -> list[NodeSta
     nodes += [("ssm_cold", e.address) for e in config.cluster.ssm_cold]
     with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
         return list(pool.map(lambda n: probe(n[0], n[1], config, t), nodes))
+
+
+def status_table(nodes: list[NodeStatus], title: str) -> Table:
+    table = Table(title=title)
+    for col in ("role", "vault", "state"):
+        table.add_column(col)
+    for col in ("rtt ms", "version", "keys", "used / capacity", "hit rate", "evictions", "corrupt"):
+        table.add_column(col, justify="right")
+    for n in nodes:
+        if not n.reachable:
+            table.add_row(n.role, n.address, "[red]unreachable[/red]", *[""] * 7)
+            continue
+        state = (
+            "[green]ok[/green]" if n.serving_role == n.role else f"[yellow]serves {n.serving_role}[/yellow]"
+        )
+        rate = "—" if n.hit_rate is None else f"{n.hit_rate:.1%}"
+        table.add_row(
+            n.role,
+            n.address,
+            state,
+            f"{n.rtt_ms:.2f}",
+            n.version,
+            f"{n.keys:,}",
+            f"{human_bytes(n.used_bytes)} / {human_bytes(n.max_bytes)}",
+            rate,
+            f"{n.evictions:,}",
+            f"[red]{n.corrupt}[/red]" if n.corrupt else "0",
+        )
+    return table
+
+
+def human_bytes(n: float) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"

@@ -1,0 +1,1 @@
+"""Measurements: synthetic KV workloads shaped like real models, and the benchmark runners."""
