@@ -138,3 +138,28 @@ def test_cross_decoding_between_twins() -> None:
     _, a = decode_tensor(blob, dtype=torch.float32)
     _, b = decode(encode_tensor(t, "int8"))
     assert np.array_equal(a.numpy(), b)
+
+
+@pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=lambda d: NAMES[d])
+def test_accelerator_code_path_gives_the_same_bits(dtype: torch.dtype) -> None:
+    """The GPU variant (one pass in device memory, no data-dependent syncs) run on CPU tensors."""
+    from tierkv.codec import int8 as int8_codec
+    from tierkv.codec.blob import open_blob
+    from tierkv.codec.header import DTYPES
+    from tierkv.codec.torch_codec import _dequantize, _quantize
+
+    t = tensor((70, 37), dtype, seed=8)
+    t[3, 3] = float("nan")
+    t[69, 36] = float("inf")
+    flat = t.reshape(-1)
+    blob = numpy_encode(t, "int8", group_size=16)
+    header, payload = open_blob(blob)
+    layout = int8_codec.Int8Layout(flat.numel(), 16)
+    for accelerator in (False, True):
+        region = np.empty(layout.groups_len, np.uint8)
+        raw = _quantize(flat, DTYPES[NAMES[dtype]], layout, region, accelerator=accelerator)
+        assert region.tobytes() == bytes(payload[: layout.groups_len])
+        assert raw.tolist() == [(3 * 37 + 3) // 16, (70 * 37 - 1) // 16]
+        for target in NAMES.values():
+            got = _dequantize(header, payload, target, torch.device("cpu"), accelerator=accelerator)
+            assert numpy_view(got).tobytes() == decode(blob, out_dtype=target)[1].tobytes()

@@ -14,11 +14,12 @@ last group may be short)::
 Quantization, in float32 arithmetic: ``scale = max|x| / 127`` (division, correctly rounded),
 ``q = clip(round_half_even(x / scale), -127, 127)``; an all-zero group has ``scale = 0`` and ``q = 0``
 (dividing by 1 instead; a float32/bfloat16 group whose scale underflows to 0 decodes as zeros, an error
-below 1e-44). A group holding inf or NaN is never quantized: its record is all zeros (scale 0, q 0) and
-its exact values go to the exception table. So does a float32/bfloat16 group whose largest magnitude is
-2**127 or more, where ``q * scale`` could round past the largest finite float (see ``DTypeInfo``). Dequantization is ``q * scale`` in float32, then the
-exception groups are overwritten with their raw values. The torch codec follows the same arithmetic to
-the bit, so both produce identical blobs.
+below 1e-44). A group holding inf or NaN is never quantized: its record is all zeros (scale 0, q 0)
+and its exact values go to the exception table. So does a float32/bfloat16 group whose largest
+magnitude is 2**127 or more, where ``q * scale`` could round past the largest finite float (see
+``DTypeInfo``). Dequantization is ``q * scale`` in float32, then the exception groups are overwritten
+with their raw values. The torch codec follows the same arithmetic to the bit, so both produce
+identical blobs.
 
 Speed: the group maxima are an integer max over the values' bits with the sign masked off (exact for
 finite values; a maximum at or above ``DTypeInfo.raw_bits`` marks a group to keep raw), float16/bfloat16
@@ -189,10 +190,13 @@ def dequantize(region: npt.NDArray[np.uint8], layout: Int8Layout, out: npt.NDArr
             for r0 in range(0, n, rows):
                 r1 = min(n, r0 + rows)
                 if scratch is None:
-                    np.multiply(q[r0:r1], scales[r0:r1, None], out=dst[r0:r1])
+                    # widen in place, then scale: faster than numpy's mixed int8 * float32 loop
+                    np.copyto(dst[r0:r1], q[r0:r1], casting="unsafe")
+                    np.multiply(dst[r0:r1], scales[r0:r1, None], out=dst[r0:r1])
                 else:
                     tmp = scratch[: (r1 - r0) * width].reshape(r1 - r0, width)
-                    np.multiply(q[r0:r1], scales[r0:r1, None], out=tmp)
+                    np.copyto(tmp, q[r0:r1], casting="unsafe")
+                    np.multiply(tmp, scales[r0:r1, None], out=tmp)
                     from_float32(tmp, dtype, out=dst[r0:r1], finite=True)
 
 

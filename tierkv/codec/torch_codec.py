@@ -60,31 +60,49 @@ def numpy_view(t: torch.Tensor) -> npt.NDArray[Any]:
     return np.asarray(t.numpy())
 
 
-def _quantize_rows(src: torch.Tensor, info: DTypeInfo) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(scales f32 (n,), q int8 (n, width), keep-raw mask (n,)) of ``src`` (n, width), on its device."""
+def _quantize_rows(
+    src: torch.Tensor, info: DTypeInfo, *, accelerator: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(scales f32 (n,), q int8 (n, width), keep-raw mask (n,)) of ``src`` (n, width), on its device.
+
+    ``accelerator`` selects the sync-free variant (no data-dependent branch) that also never divides by
+    a Python scalar; it is what runs on GPUs and gives the same bits on CPU.
+    """
     magnitude = src.view(_BITS[info.name]) & info.abs_mask
     amax = magnitude.amax(dim=1)
     keep_raw = amax >= info.raw_bits
     amax = amax.masked_fill(keep_raw, 0)
     amax_f32 = amax.view(TORCH_DTYPES[info.name]).float()
-    scale = torch.div(amax_f32, torch.full_like(amax_f32, float(int8_codec.QMAX)))
-    divisor = torch.where(scale == 0, torch.ones_like(scale), scale)
+    if not accelerator:
+        scale = amax_f32 / float(int8_codec.QMAX)  # a true float32 division on CPU
+    else:
+        scale = torch.div(amax_f32, torch.full_like(amax_f32, float(int8_codec.QMAX)))
+    divisor = scale.masked_fill(scale == 0, 1.0)
     x = src.float()
     if x.data_ptr() == src.data_ptr():
         x = x.clone()
     x.div_(divisor[:, None]).round_().clamp_(-int8_codec.QMAX, int8_codec.QMAX)
     q = x.to(torch.int8)
     # Rows kept raw hold garbage here; zero them (on CPU only when needed, elsewhere without a sync).
-    if src.device.type != "cpu" or bool(keep_raw.any()):
+    if accelerator or bool(keep_raw.any()):
         q.masked_fill_(keep_raw[:, None], 0)
     return scale, q, keep_raw
 
 
 def _quantize(
-    flat: torch.Tensor, info: DTypeInfo, layout: int8_codec.Int8Layout, region: npt.NDArray[np.uint8]
+    flat: torch.Tensor,
+    info: DTypeInfo,
+    layout: int8_codec.Int8Layout,
+    region: npt.NDArray[np.uint8],
+    *,
+    accelerator: bool,
 ) -> int8_codec.IntArray:
-    """Fill the host ``region`` from ``flat`` (quantized on its device); return the groups to keep raw."""
-    on_cpu = flat.device.type == "cpu"
+    """Fill the host ``region`` from ``flat`` (quantized on its device); return the groups to keep raw.
+
+    On an ``accelerator`` the records are built in device memory in one pass and copied to the host
+    once; on CPU they are written straight into ``region``, a cache-sized chunk at a time.
+    """
+    on_cpu = not accelerator
     host = torch.from_numpy(region)
     work = host if on_cpu else torch.empty(layout.groups_len, dtype=torch.uint8, device=flat.device)
     keep_raw = torch.zeros(layout.groups, dtype=torch.bool, device=flat.device)
@@ -99,7 +117,7 @@ def _quantize(
         src = flat[first * g : first * g + n * width].view(n, width)
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
-            scale, q, bad = _quantize_rows(src[r0:r1], info)
+            scale, q, bad = _quantize_rows(src[r0:r1], info, accelerator=accelerator)
             records[r0:r1, :SCALE_BYTES].copy_(scale.view(torch.uint8).view(r1 - r0, SCALE_BYTES))
             records[r0:r1, SCALE_BYTES:].copy_(q.view(torch.uint8))
             keep_raw[first + r0 : first + r1] = bad
@@ -130,7 +148,7 @@ def encode_tensor(
     else:
         layout = int8_codec.Int8Layout(flat.numel(), size)
         region = np.empty(layout.groups_len, np.uint8)
-        exceptions = _quantize(flat, info, layout, region)
+        exceptions = _quantize(flat, info, layout, region, accelerator=flat.device.type != "cpu")
         parts = [region.data]
         flags = 0
         if exceptions.size:
@@ -152,9 +170,17 @@ def encode_tensor(
 
 
 def _dequantize(
-    header: BlobHeader, payload: npt.NDArray[np.uint8], target: str, device: torch.device
+    header: BlobHeader,
+    payload: npt.NDArray[np.uint8],
+    target: str,
+    device: torch.device,
+    *,
+    accelerator: bool,
 ) -> torch.Tensor:
-    """int8 payload -> tensor on ``device``: only int8 + scales are copied there, the multiply runs there."""
+    """int8 payload -> tensor on ``device``: only int8 + scales are copied there, the multiply runs there.
+
+    On an ``accelerator`` every group is done in one pass; on CPU a cache-sized chunk at a time.
+    """
     layout = int8_codec.Int8Layout(header.value_count, header.group_size)
     indices, raw = int8_codec.parse_exceptions(payload, layout, header.dtype_info)
     on_cpu = device.type == "cpu"
@@ -165,7 +191,7 @@ def _dequantize(
     region = staging if on_cpu else staging.to(device, non_blocking=True)
     out = torch.empty(header.value_count, dtype=TORCH_DTYPES[target], device=device)
     g = layout.group_size
-    step = max(1, CPU_CHUNK_VALUES // g) if on_cpu else max(1, layout.full_groups)
+    step = max(1, layout.full_groups) if accelerator else max(1, CPU_CHUNK_VALUES // g)
     offset = 0
     for first, n, width in ((0, layout.full_groups, g), (layout.full_groups, 1, layout.tail)):
         if n == 0 or width == 0:
@@ -229,7 +255,7 @@ def decode_tensor(
             f"out is {out.dtype}{list(out.shape)}, blob decodes to {torch_dtype}{list(header.shape)}"
         )
     if header.codec == "int8":
-        result = _dequantize(header, payload, target, dev)
+        result = _dequantize(header, payload, target, dev, accelerator=dev.type != "cpu")
     else:
         direct = out is not None and out.device.type == "cpu" and out.is_contiguous()
         host = out if direct and out is not None else torch.empty(header.shape, dtype=torch_dtype)

@@ -1,0 +1,217 @@
+"""Codec throughput and quality: numpy vs torch-cpu, float16 and bfloat16, raw and int8.
+
+Throughput is GB/s of *input* (the values in their original dtype), the median of ``--runs`` timed runs
+after one warm-up, for a small KV block (24 layers x 2 x 2 KV heads x 16 tokens x 64, 192 KiB in 16-bit)
+and a large one (32 x 2 x 8 x 16 x 128, 2 MiB). Decoding is measured to the codec's default output
+(numpy int8 -> float32, torch -> the blob dtype) and, for numpy, also back to the blob dtype
+("dec native"). A naive numpy int8 (astype, abs-max, divide, rint) is the baseline the fast path is
+compared with. Quality is SNR (dB) and max |error| of int8 on Gaussian data. Run:
+
+    python benchmarks/codec_bench.py [--json] [--runs N] [--torch-threads T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tierkv.codec import decode, encode, max_abs_error, snr_db
+from tierkv.codec.bits import bf16_bits_to_f32, f32_to_bf16_bits
+
+SHAPES = {"192KiB": (24, 2, 2, 16, 64), "2MiB": (32, 2, 8, 16, 128)}
+
+
+@dataclass
+class Row:
+    impl: str
+    dtype: str
+    codec: str
+    size: str
+    encode_gbs: float
+    decode_gbs: float
+    decode_native_gbs: float | None
+    blob_ratio: float
+    snr_db: float | None
+    max_abs_err: float | None
+
+
+def median_gbs(fn: Callable[[], object], nbytes: int, runs: int) -> float:
+    fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return nbytes / statistics.median(times) / 1e9
+
+
+def gaussian(shape: tuple[int, ...], dtype: str) -> npt.NDArray[Any]:
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    return f32_to_bf16_bits(x) if dtype == "bfloat16" else x.astype(dtype)
+
+
+def as_f32(x: npt.NDArray[Any], dtype: str) -> npt.NDArray[np.float32]:
+    return bf16_bits_to_f32(x) if dtype == "bfloat16" else x.astype(np.float32)
+
+
+def naive_int8(x: npt.NDArray[np.float16], group: int) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+    """The obvious numpy quantizer (the ~0.3 GB/s baseline of the performance notes)."""
+    xf = x.astype(np.float32).reshape(-1, group)
+    scale = np.abs(xf).max(axis=1) / np.float32(127)
+    q = np.rint(xf / np.where(scale == 0, 1, scale)[:, None]).astype(np.int8)
+    return scale, q
+
+
+def naive_dequant(scale: npt.NDArray[Any], q: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
+    return q.astype(np.float32) * scale[:, None]
+
+
+def bench_numpy(runs: int) -> list[Row]:
+    rows = []
+    for size, shape in SHAPES.items():
+        for dtype in ("float16", "bfloat16"):
+            x = gaussian(shape, dtype)
+            kw: dict[str, Any] = {"dtype": "bfloat16"} if dtype == "bfloat16" else {}
+            for codec in ("raw", "int8"):
+                blob = encode(x, codec, **kw)
+                _, y = decode(blob)
+                lossy = codec == "int8"
+                rows.append(
+                    Row(
+                        impl="numpy",
+                        dtype=dtype,
+                        codec=codec,
+                        size=size,
+                        encode_gbs=median_gbs(lambda x=x, c=codec, k=kw: encode(x, c, **k), x.nbytes, runs),
+                        decode_gbs=median_gbs(lambda b=blob: decode(b), x.nbytes, runs),
+                        decode_native_gbs=median_gbs(
+                            lambda b=blob, d=dtype: decode(b, out_dtype=d), x.nbytes, runs
+                        ),
+                        blob_ratio=len(blob) / x.nbytes,
+                        snr_db=snr_db(as_f32(x, dtype), y) if lossy else None,
+                        max_abs_err=max_abs_error(as_f32(x, dtype), y) if lossy else None,
+                    )
+                )
+        x16 = gaussian(shape, "float16")
+        group = shape[-1]
+        scale, q = naive_int8(x16, group)
+        rows.append(
+            Row(
+                impl="numpy-naive",
+                dtype="float16",
+                codec="int8",
+                size=size,
+                encode_gbs=median_gbs(lambda x=x16, g=group: naive_int8(x, g), x16.nbytes, runs),
+                decode_gbs=median_gbs(lambda s=scale, qq=q: naive_dequant(s, qq), x16.nbytes, runs),
+                decode_native_gbs=None,
+                blob_ratio=(q.nbytes + scale.nbytes) / x16.nbytes,
+                snr_db=snr_db(x16, naive_dequant(scale, q).reshape(shape)),
+                max_abs_err=max_abs_error(x16, naive_dequant(scale, q).reshape(shape)),
+            )
+        )
+    return rows
+
+
+def bench_torch(runs: int) -> list[Row]:
+    import torch
+
+    from tierkv.codec.torch_codec import decode_tensor, encode_tensor
+
+    rows = []
+    for size, shape in SHAPES.items():
+        for dtype, tdtype in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+            t = torch.from_numpy(np.random.default_rng(0).standard_normal(shape).astype(np.float32)).to(
+                tdtype
+            )
+            nbytes = t.numel() * t.element_size()
+            for codec in ("raw", "int8"):
+                blob = encode_tensor(t, codec)
+                _, y = decode_tensor(blob, dtype=torch.float32)
+                lossy = codec == "int8"
+                ref = t.float().numpy()
+                rows.append(
+                    Row(
+                        impl="torch-cpu",
+                        dtype=dtype,
+                        codec=codec,
+                        size=size,
+                        encode_gbs=median_gbs(lambda t=t, c=codec: encode_tensor(t, c), nbytes, runs),
+                        decode_gbs=median_gbs(lambda b=blob: decode_tensor(b), nbytes, runs),
+                        decode_native_gbs=None,
+                        blob_ratio=len(blob) / nbytes,
+                        snr_db=snr_db(ref, y.numpy()) if lossy else None,
+                        max_abs_err=max_abs_error(ref, y.numpy()) if lossy else None,
+                    )
+                )
+    return rows
+
+
+def fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(rows: list[Row], info: dict[str, Any]) -> None:
+    print(
+        f"codec throughput, GB/s of input, median of {info['runs']} runs "
+        f"(cores: {info['cpu_count']}, torch threads: {info['torch_threads']})"
+    )
+    head = (
+        f"{'impl':<12}{'dtype':<10}{'codec':<6}{'size':>7}{'enc':>8}{'dec':>8}"
+        f"{'dec native':>11}{'blob/in':>9}{'SNR dB':>8}{'max|err|':>10}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(
+            f"{r.impl:<12}{r.dtype:<10}{r.codec:<6}{r.size:>7}{r.encode_gbs:>8.2f}{r.decode_gbs:>8.2f}"
+            f"{fmt(r.decode_native_gbs, '.2f'):>11}{r.blob_ratio:>9.3f}{fmt(r.snr_db, '.1f'):>8}"
+            f"{fmt(r.max_abs_err, '.4f'):>10}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    parser.add_argument("--runs", type=int, default=30, help="timed runs per figure (median reported)")
+    parser.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0: default)")
+    args = parser.parse_args()
+    rows = bench_numpy(args.runs)
+    torch_threads: int | None = None
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        if args.torch_threads:
+            torch.set_num_threads(args.torch_threads)
+        torch_threads = torch.get_num_threads()
+        rows += bench_torch(args.runs)
+    info = {
+        "runs": args.runs,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch_threads,
+        "numpy": np.__version__,
+        "torch": None if torch is None else torch.__version__,
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+    }
+    if args.json:
+        print(json.dumps({"info": info, "rows": [asdict(r) for r in rows]}, indent=2))
+    else:
+        print_table(rows, info)
+
+
+if __name__ == "__main__":
+    main()
