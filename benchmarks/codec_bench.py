@@ -13,6 +13,7 @@ compared with. Quality is SNR (dB) and max |error| of int8 on Gaussian data. Run
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -20,6 +21,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -73,7 +75,7 @@ def naive_int8(x: npt.NDArray[np.float16], group: int) -> tuple[npt.NDArray[Any]
 
 
 def naive_dequant(scale: npt.NDArray[Any], q: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
-    return q.astype(np.float32) * scale[:, None]
+    return np.asarray(q.astype(np.float32) * scale[:, None], np.float32)
 
 
 def bench_numpy(runs: int) -> list[Row]:
@@ -92,11 +94,9 @@ def bench_numpy(runs: int) -> list[Row]:
                         dtype=dtype,
                         codec=codec,
                         size=size,
-                        encode_gbs=median_gbs(lambda x=x, c=codec, k=kw: encode(x, c, **k), x.nbytes, runs),
-                        decode_gbs=median_gbs(lambda b=blob: decode(b), x.nbytes, runs),
-                        decode_native_gbs=median_gbs(
-                            lambda b=blob, d=dtype: decode(b, out_dtype=d), x.nbytes, runs
-                        ),
+                        encode_gbs=median_gbs(partial(encode, x, codec, **kw), x.nbytes, runs),
+                        decode_gbs=median_gbs(partial(decode, blob), x.nbytes, runs),
+                        decode_native_gbs=median_gbs(partial(decode, blob, out_dtype=dtype), x.nbytes, runs),
                         blob_ratio=len(blob) / x.nbytes,
                         snr_db=snr_db(as_f32(x, dtype), y) if lossy else None,
                         max_abs_err=max_abs_error(as_f32(x, dtype), y) if lossy else None,
@@ -111,8 +111,8 @@ def bench_numpy(runs: int) -> list[Row]:
                 dtype="float16",
                 codec="int8",
                 size=size,
-                encode_gbs=median_gbs(lambda x=x16, g=group: naive_int8(x, g), x16.nbytes, runs),
-                decode_gbs=median_gbs(lambda s=scale, qq=q: naive_dequant(s, qq), x16.nbytes, runs),
+                encode_gbs=median_gbs(partial(naive_int8, x16, group), x16.nbytes, runs),
+                decode_gbs=median_gbs(partial(naive_dequant, scale, q), x16.nbytes, runs),
                 decode_native_gbs=None,
                 blob_ratio=(q.nbytes + scale.nbytes) / x16.nbytes,
                 snr_db=snr_db(x16, naive_dequant(scale, q).reshape(shape)),
@@ -145,8 +145,8 @@ def bench_torch(runs: int) -> list[Row]:
                         dtype=dtype,
                         codec=codec,
                         size=size,
-                        encode_gbs=median_gbs(lambda t=t, c=codec: encode_tensor(t, c), nbytes, runs),
-                        decode_gbs=median_gbs(lambda b=blob: decode_tensor(b), nbytes, runs),
+                        encode_gbs=median_gbs(partial(encode_tensor, t, codec), nbytes, runs),
+                        decode_gbs=median_gbs(partial(decode_tensor, blob), nbytes, runs),
                         decode_native_gbs=None,
                         blob_ratio=len(blob) / nbytes,
                         snr_db=snr_db(ref, y.numpy()) if lossy else None,
@@ -189,21 +189,23 @@ def main() -> None:
     args = parser.parse_args()
     rows = bench_numpy(args.runs)
     torch_threads: int | None = None
+    torch_version: str | None = None
     try:
-        import torch
+        torch = importlib.import_module("torch")
     except ImportError:
-        torch = None
-    if torch is not None:
+        print("torch is not installed: torch-cpu rows skipped")
+    else:
         if args.torch_threads:
             torch.set_num_threads(args.torch_threads)
         torch_threads = torch.get_num_threads()
+        torch_version = torch.__version__
         rows += bench_torch(args.runs)
     info = {
         "runs": args.runs,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch_threads,
         "numpy": np.__version__,
-        "torch": None if torch is None else torch.__version__,
+        "torch": torch_version,
         "machine": platform.machine(),
         "python": platform.python_version(),
     }

@@ -78,10 +78,9 @@ def _quantize_rows(
     else:
         scale = torch.div(amax_f32, torch.full_like(amax_f32, float(int8_codec.QMAX)))
     divisor = scale.masked_fill(scale == 0, 1.0)
-    x = src.float()
-    if x.data_ptr() == src.data_ptr():
-        x = x.clone()
-    x.div_(divisor[:, None]).round_().clamp_(-int8_codec.QMAX, int8_codec.QMAX)
+    # float32 input must not be divided in place (it is the caller's tensor); the others widen to a copy
+    x = src / divisor[:, None] if src.dtype == torch.float32 else src.float().div_(divisor[:, None])
+    x.round_().clamp_(-int8_codec.QMAX, int8_codec.QMAX)
     q = x.to(torch.int8)
     # Rows kept raw hold garbage here; zero them (on CPU only when needed, elsewhere without a sync).
     if accelerator or bool(keep_raw.any()):
