@@ -267,3 +267,16 @@ def test_huge_magnitudes_are_kept_raw_instead_of_overflowing(dtype: str) -> None
     _, y = decode(blob, out_dtype=dtype)
     assert y[:4].tobytes() == x[:4].tobytes()
     assert np.isfinite(decode(blob)[1]).all()
+
+
+def test_concurrent_encodes_and_decodes_do_not_share_buffers() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    arrays = [make((64, 128), "float16", seed=s) for s in range(16)]
+    expected = [decode(encode(a, "int8"))[1] for a in arrays]
+
+    def roundtrip(i: int) -> bool:
+        return all(np.array_equal(decode(encode(arrays[i], "int8"))[1], expected[i]) for _ in range(5))
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert all(pool.map(roundtrip, range(16)))
