@@ -5,9 +5,11 @@ after one warm-up, for a small KV block (24 layers x 2 x 2 KV heads x 16 tokens 
 and a large one (32 x 2 x 8 x 16 x 128, 2 MiB). Decoding is measured to the codec's default output
 (numpy int8 -> float32, torch -> the blob dtype) and, for numpy, also back to the blob dtype
 ("dec native"). A naive numpy int8 (astype, abs-max, divide, rint) is the baseline the fast path is
-compared with. Quality is SNR (dB) and max |error| of int8 on Gaussian data. Run:
+compared with. Quality is SNR (dB) and max |error| of int8 on Gaussian data. torch runs with 1 thread
+and with its default (all cores): on a machine whose other cores are busy, multi-threaded torch ops can
+stall on their thread barrier, so compare both. Run:
 
-    python benchmarks/codec_bench.py [--json] [--runs N] [--torch-threads T]
+    python benchmarks/codec_bench.py [--json] [--runs N] [--torch-threads 1,2]
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ def bench_numpy(runs: int) -> list[Row]:
     return rows
 
 
-def bench_torch(runs: int) -> list[Row]:
+def bench_torch(runs: int, label: str) -> list[Row]:
     import torch
 
     from tierkv.codec.torch_codec import decode_tensor, encode_tensor
@@ -141,7 +143,7 @@ def bench_torch(runs: int) -> list[Row]:
                 ref = t.float().numpy()
                 rows.append(
                     Row(
-                        impl="torch-cpu",
+                        impl=label,
                         dtype=dtype,
                         codec=codec,
                         size=size,
@@ -163,7 +165,7 @@ def fmt(v: float | None, spec: str) -> str:
 def print_table(rows: list[Row], info: dict[str, Any]) -> None:
     print(
         f"codec throughput, GB/s of input, median of {info['runs']} runs "
-        f"(cores: {info['cpu_count']}, torch threads: {info['torch_threads']})"
+        f"(cores: {info['cpu_count']}; torch xN = N intra-op threads)"
     )
     head = (
         f"{'impl':<12}{'dtype':<10}{'codec':<6}{'size':>7}{'enc':>8}{'dec':>8}"
@@ -185,21 +187,27 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.add_argument("--runs", type=int, default=30, help="timed runs per figure (median reported)")
-    parser.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads (0: default)")
+    parser.add_argument(
+        "--torch-threads",
+        default="",
+        help="comma-separated torch intra-op thread counts to run (default: 1 and torch's default)",
+    )
     args = parser.parse_args()
     rows = bench_numpy(args.runs)
-    torch_threads: int | None = None
+    torch_threads: list[int] = []
     torch_version: str | None = None
     try:
         torch = importlib.import_module("torch")
     except ImportError:
         print("torch is not installed: torch-cpu rows skipped")
     else:
-        if args.torch_threads:
-            torch.set_num_threads(args.torch_threads)
-        torch_threads = torch.get_num_threads()
+        default_threads = torch.get_num_threads()
+        torch_threads = [int(n) for n in args.torch_threads.split(",") if n] or sorted({1, default_threads})
         torch_version = torch.__version__
-        rows += bench_torch(args.runs)
+        for n in torch_threads:
+            torch.set_num_threads(n)
+            rows += bench_torch(args.runs, f"torch x{n}")
+        torch.set_num_threads(default_threads)
     info = {
         "runs": args.runs,
         "cpu_count": os.cpu_count(),
