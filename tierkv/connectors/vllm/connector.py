@@ -1,0 +1,370 @@
+"""``TierKVConnector``: vLLM's KV connector (v1 API, hybrid allocator aware) backed by tierkv vaults.
+
+Launch::
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "TierKVConnector",
+        "kv_connector_module_path": "tierkv.connectors.vllm.connector", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"config_path": "/etc/tierkv/tierkv.toml"}}'
+
+``kv_load_failure_policy: recompute`` makes vLLM recompute a block whose load failed; with vLLM's
+default ("fail") such a request ends with an error instead. Either way a failed block is never used.
+
+vLLM builds two instances: the SCHEDULER one decides (:mod:`.scheduler`), each WORKER one moves bytes
+(:mod:`.worker`); they share nothing but the :class:`TierKVMetadata` vLLM passes from one to the other
+every step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
+)
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSpec, MLAAttentionSpec
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from tierkv.connectors.vllm.identity import Identity, KeyBook, choose_hash_scheme, make_identity
+from tierkv.connectors.vllm.layout import (
+    AttentionGeometry,
+    KVGroupView,
+    StateGroupView,
+    attention_view,
+    layer_tensor,
+    state_tensors,
+)
+from tierkv.connectors.vllm.metrics import TierKVPromMetrics, TierKVStats
+from tierkv.connectors.vllm.plan import KV, STATE, GroupPlan, StepJobs, Stream, Topology, make_topology
+from tierkv.connectors.vllm.scheduler import SchedulerSide
+from tierkv.connectors.vllm.settings import ConnectorSettings
+from tierkv.connectors.vllm.stats import Counters
+from tierkv.connectors.vllm.worker import GroupView, WorkerSide
+from tierkv.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+        KVConnectorPromMetrics,
+        KVConnectorStats,
+        PromMetric,
+        PromMetricT,
+    )
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class TierKVMetadata(KVConnectorMetadata):  # type: ignore[misc]
+    """This step's loads and stores, pickled from the scheduler to every worker."""
+
+    def __init__(self, jobs: StepJobs) -> None:
+        self.jobs = jobs
+
+
+def classify_groups(kv_cache_config: KVCacheConfig, hash_block_size: int) -> Topology:
+    """Map vLLM's KV-cache groups onto what tierkv can store and restore exactly.
+
+    Full attention (and MLA) groups are stored block by block to ``kv_cold``; Mamba groups in
+    ``align`` mode have their block-boundary states stored to ``ssm_cold``. Any other group (sliding
+    window, chunked local attention, Mamba without aligned states, quantized or packed caches) makes
+    restores unsafe, so the topology records why and the connector claims nothing.
+    """
+    groups: list[GroupPlan] = []
+    skipped: list[str] = []
+    transfer = set(kv_cache_config.transfer_group_ids)
+    for gid, group in enumerate(kv_cache_config.kv_cache_groups):
+        if gid not in transfer:
+            continue
+        spec = group.kv_cache_spec
+        names = tuple(group.layer_names)
+        kind = type(spec).__name__
+        if isinstance(spec, FullAttentionSpec) and type(spec) in (FullAttentionSpec, MLAAttentionSpec):
+            plain = (
+                spec.num_head_slots is None
+                and spec.state_content_bytes is None
+                and spec.tokens_per_state == 1
+                and spec.dtype in SUPPORTED_DTYPES
+            )
+            if plain:
+                groups.append(GroupPlan(gid, KV, spec.block_size, names))
+            else:
+                skipped.append(f"group {gid} ({kind}, {spec.dtype}) uses a packed or quantized cache")
+        elif isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align":
+            if all(d in SUPPORTED_DTYPES for d in spec.dtypes) and spec.num_speculative_blocks == 0:
+                groups.append(GroupPlan(gid, STATE, spec.block_size, names, num_states=len(spec.shapes)))
+            else:
+                skipped.append(f"group {gid} ({kind}) has unsupported state dtypes or speculative blocks")
+        elif isinstance(spec, MambaSpec):
+            skipped.append(f"group {gid} (Mamba, mamba_cache_mode={spec.mamba_cache_mode!r}, needs 'align')")
+        else:
+            skipped.append(f"group {gid} ({kind})")
+    return make_topology(groups, skipped, hash_block_size)
+
+
+def _worker_ranks() -> tuple[int, int]:
+    """(TP rank, PP rank) of this worker; (0, 0) when vLLM's process groups are not set up."""
+    from vllm.distributed import parallel_state
+
+    try:
+        return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pp_group().rank_in_group
+    except (AssertionError, AttributeError, RuntimeError):
+        return 0, 0
+
+
+class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
+    """Stores finished requests' KV blocks in tierkv vaults and restores shared prefixes from them."""
+
+    _cache_hit_source = CacheHitSource.DISK
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
+    ) -> None:
+        if kv_cache_config is None:
+            raise ConfigError(
+                "vllm", "kv_cache_config", "TierKVConnector needs vLLM >= 0.11 (3-argument API)"
+            )
+        super().__init__(vllm_config, role, kv_cache_config)
+        transfer = self._kv_transfer_config
+        self.settings = ConnectorSettings.from_extra(transfer.kv_connector_extra_config)
+        self.counters = Counters()
+        cache = vllm_config.cache_config
+        hash_block_size = kv_cache_config.hash_block_size or cache.hash_block_size or cache.block_size
+        self.topology = classify_groups(kv_cache_config, hash_block_size)
+        self.identity = self._make_identity(vllm_config, kv_cache_config)
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            if transfer.kv_load_failure_policy != "recompute":
+                logger.warning(
+                    "kv_load_failure_policy=%r: a block that fails to load fails its request; "
+                    'set "kv_load_failure_policy": "recompute" to recompute it instead',
+                    transfer.kv_load_failure_policy,
+                )
+            scheme = choose_hash_scheme(
+                self.settings.hash, str(cache.prefix_caching_hash_algo), os.environ.get("PYTHONHASHSEED")
+            )
+            self.keybook = KeyBook(self.identity, self.topology, scheme)
+            self._scheduler = SchedulerSide(
+                self.topology,
+                {s: self.identity.all_ranks(s) for s in self.topology.streams},
+                self.settings.cluster,
+                self.keybook.keys,
+                forget=self.keybook.forget,
+                max_state_probes=self.settings.max_state_probes,
+                lookup_threads=self.settings.lookup_threads,
+                counters=self.counters,
+            )
+            logger.info(
+                "tierkv connector: %d group(s), block size %d, keys %s, vaults %s, restores %s",
+                len(self.topology.groups),
+                self.topology.block_size,
+                scheme.split(":")[0],
+                ",".join(self.settings.kv_cold),
+                "on" if self.topology.restorable else f"off ({self.topology.unsupported})",
+            )
+
+    def _make_identity(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> Identity:
+        model_config = vllm_config.model_config
+        parallel = vllm_config.parallel_config
+        hf_config = model_config.hf_config.to_dict() if model_config.hf_config is not None else {}
+        dtypes = [
+            str(getattr(g.kv_cache_spec, "dtype", model_config.dtype))
+            for g in kv_cache_config.kv_cache_groups
+        ]
+        return make_identity(
+            hf_config,
+            model=self.settings.model_id or str(model_config.model),
+            dtype=dtypes[0] if dtypes else str(model_config.dtype),
+            codec=self.settings.codec,
+            block_size=self.topology.block_size,
+            kv_layout=str(kv_cache_config.kv_cache_layout or vllm_config.cache_config.kv_cache_layout or ""),
+            tp_world=parallel.tensor_parallel_size,
+            pp_world=parallel.pipeline_parallel_size,
+            tenant=self.settings.namespace,
+        )
+
+    @property
+    def scheduler(self) -> SchedulerSide:
+        if self._scheduler is None:
+            raise RuntimeError("scheduler-side method called on a worker connector")
+        return self._scheduler
+
+    @property
+    def worker(self) -> WorkerSide:
+        if self._worker is None:
+            raise RuntimeError("worker-side method called before register_kv_caches")
+        return self._worker
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """A dropped store is a later miss, not lost output: never make vLLM wait on delivery."""
+        return False
+
+    def totals(self) -> dict[str, int]:
+        """Cumulative counters of this instance (scheduler or worker half)."""
+        return self.counters.totals()
+
+    # -- worker side -------------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        kv_cache_config = self._kv_cache_config
+        hint = str(kv_cache_config.kv_cache_layout or "")
+        views: dict[Stream, GroupView] = {}
+        for group in self.topology.groups:
+            spec: Any = kv_cache_config.kv_cache_groups[group.index].kv_cache_spec
+            names = [n for n in group.layer_names if n in kv_caches]
+            if not names:
+                continue
+            if group.kind == KV:
+                geometry = AttentionGeometry(
+                    num_blocks=kv_cache_config.num_blocks,
+                    num_kv_heads=spec.num_kv_heads,
+                    block_size=spec.block_size,
+                    head_size=spec.head_size,
+                    head_size_v=spec.head_size_v,
+                    mla=isinstance(spec, MLAAttentionSpec),
+                )
+                layers = [attention_view(n, layer_tensor(n, kv_caches), geometry, hint) for n in names]
+                views[group.streams[0]] = KVGroupView(layers)
+            else:
+                per_layer = [state_tensors(n, kv_caches[n]) for n in names]
+                for stream in group.streams:
+                    views[stream] = StateGroupView(names, [states[stream.index] for states in per_layer])
+        tp_rank, pp_rank = _worker_ranks()
+        self._worker = WorkerSide(
+            self.topology,
+            views,
+            {s: self.identity.stream_namespace(s, tp_rank, pp_rank) for s in self.topology.streams},
+            self.settings.cluster,
+            codec=self.settings.codec,
+            max_inflight_stores=self.settings.max_inflight_stores,
+            max_queued_stores=self.settings.max_queued_stores,
+            load_threads=self.settings.load_threads,
+            counters=self.counters,
+        )
+        logger.info("tierkv worker (tp %d, pp %d): %d stream(s) registered", tp_rank, pp_rank, len(views))
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        if isinstance(meta, TierKVMetadata) and meta.jobs:
+            self.worker.submit(meta.jobs)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Loads are whole-request and asynchronous: nothing waits per layer."""
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+    ) -> None:
+        """Stores happen when a request finishes, not layer by layer during the forward."""
+
+    def wait_for_save(self) -> None:
+        """Stores run in the background; vLLM keeps their blocks until ``finished_sending``."""
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        sending, recving, failed = self.worker.finished(finished_req_ids)
+        return KVConnectorTransferResults(
+            finished_sending=sending, finished_recving=recving | failed, failed_recving=failed
+        )
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending or None, results.finished_recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        if self._worker is None or not self._worker.per_block_errors:
+            return set()
+        return self._worker.take_load_errors()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
+
+    # -- scheduler side ----------------------------------------------------------------------------
+
+    def on_new_request(self, request: Request) -> None:
+        self.scheduler.track(request)
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return self.scheduler.matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        if num_external_tokens > 0:
+            self.scheduler.after_alloc(request, blocks.get_block_ids(), num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        state = getattr(scheduler_output, "kv_connector_block_state", None)
+        offers = state.boundary_state_offloads if state is not None else {}
+        return TierKVMetadata(self.scheduler.take_jobs(offers))
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        self.scheduler.sent(set(connector_output.finished_sending or ()))
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self.scheduler.finished(request, (block_ids,)), None
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self.scheduler.finished(request, block_ids), None
+
+    def has_pending_block_frees(self) -> bool:
+        """Blocks held for stores come back soon: vLLM may wait for them instead of preempting."""
+        return self._scheduler is not None and self._scheduler.pending_stores > 0
+
+    def has_pending_push_work(self) -> bool:
+        """Keep the engine stepping until held blocks are released (their stores reported done)."""
+        return self.has_pending_block_frees()
+
+    def take_events(self) -> Iterable[Any]:
+        return ()
+
+    def reset_cache(self) -> bool | None:
+        """Forget pending lookups; the vaults are shared and persistent, so their contents stay."""
+        if self._scheduler is not None:
+            self._scheduler.forget_lookups()
+        return True
+
+    # -- stats -------------------------------------------------------------------------------------
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        data = self.counters.take()
+        return TierKVStats(data=dict(data)) if data else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return TierKVStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        return TierKVPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+
+__all__ = ["TierKVConnector", "TierKVMetadata", "classify_groups"]

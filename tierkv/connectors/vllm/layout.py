@@ -1,0 +1,264 @@
+"""Block-wise views of vLLM's paged caches, independent of their physical layout.
+
+A stored attention block is always the *logical* ``[heads, block_size, head_k + head_v]`` slice of every
+layer of its KV-cache group, stacked into ``[layers, heads, block_size, head_k + head_v]``. vLLM (since
+about 0.28) hands each attention layer to connectors as exactly that logical view,
+``[num_blocks, heads, block_size, head_k + head_v]``, whatever its physical strides (``LBHNC``,
+``LBNHC`` ...): indexing the block dimension of the view is correct for every physical layout. Older
+versions registered ``[2, num_blocks, block_size, heads, head]`` (and the HND / FlashInfer variants);
+they are recognised by shape and permuted into the logical form, or refused with a clear error when the
+shape matches none of them. MLA caches (``[num_blocks, block_size, latent]``) are one "head" wide.
+
+Recurrent (Mamba / linear-attention) layers register a list of state tensors, each
+``[num_blocks, *state_shape]``; state ``k`` of every layer of a group is stacked into one blob per block.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tierkv.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+SOURCE = "vllm kv cache"
+
+
+@dataclass(frozen=True)
+class AttentionGeometry:
+    """What one block of one attention layer holds, from vLLM's KV-cache spec."""
+
+    num_blocks: int
+    num_kv_heads: int
+    block_size: int
+    head_size: int
+    head_size_v: int | None = None
+    mla: bool = False
+
+    @property
+    def kv_width(self) -> int:
+        """Last dimension of the logical view: K and V concatenated (MLA: the latent alone)."""
+        if self.mla:
+            return self.head_size
+        return self.head_size + (self.head_size if self.head_size_v is None else self.head_size_v)
+
+    @property
+    def logical_block_shape(self) -> tuple[int, int, int]:
+        return (1 if self.mla else self.num_kv_heads, self.block_size, self.kv_width)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """One recognised registration shape: where the block axis is and how to reach the logical view."""
+
+    name: str
+    block_dim: int
+    to_logical: tuple[int, ...]
+    """Permutation of a gathered ``[..., n, ...]`` tensor into ``[n, heads, block_size, 2, head]`` (5-D
+    legacy layouts) or into ``[n, heads, block_size, width]`` (4-D)."""
+
+
+_LOGICAL = _Layout("logical", 0, (0, 1, 2, 3))
+
+
+def _legacy_layouts(g: AttentionGeometry) -> list[tuple[tuple[int, ...], _Layout]]:
+    b, h, n, d = g.num_blocks, g.num_kv_heads, g.block_size, g.head_size
+    return [
+        ((2, b, n, h, d), _Layout("2BNHD", 1, (1, 3, 2, 0, 4))),
+        ((2, b, h, n, d), _Layout("2BHND", 1, (1, 2, 3, 0, 4))),
+        ((b, 2, n, h, d), _Layout("B2NHD", 0, (0, 3, 2, 1, 4))),
+        ((b, 2, h, n, d), _Layout("B2HND", 0, (0, 2, 3, 1, 4))),
+    ]
+
+
+def _family(layout: str) -> str:
+    """``HND`` when heads precede tokens in ``layout`` (``LBHNC``, ``2BHND`` ...), ``NHD`` after, else ""."""
+    h, n = layout.upper().find("H"), layout.upper().find("N")
+    if h < 0 or n < 0:
+        return ""
+    return "HND" if h < n else "NHD"
+
+
+class AttentionLayerView:
+    """Gather and scatter whole blocks of one attention layer in the logical layout.
+
+    ``split`` > 1 means the attention kernel uses smaller blocks than the KV-cache manager: logical block
+    ``b`` is kernel blocks ``b*split .. b*split+split-1`` (4-D logical registrations only).
+    """
+
+    def __init__(
+        self, name: str, tensor: torch.Tensor, layout: _Layout, geometry: AttentionGeometry, split: int = 1
+    ) -> None:
+        self.name = name
+        self.tensor = tensor
+        self.layout = layout
+        self.geometry = geometry
+        self.split = split
+
+    def _kernel_ids(self, block_ids: torch.Tensor) -> torch.Tensor:
+        if self.split == 1:
+            return block_ids
+        offsets = torch.arange(self.split, dtype=block_ids.dtype, device=block_ids.device)
+        return (block_ids.unsqueeze(1) * self.split + offsets).reshape(-1)
+
+    def gather(self, block_ids: torch.Tensor) -> torch.Tensor:
+        """``[n, heads, block_size, width]`` copies of the given blocks (a new tensor, never a view)."""
+        picked = self.tensor.index_select(self.layout.block_dim, self._kernel_ids(block_ids))
+        g = self.geometry
+        n = block_ids.numel()
+        if g.mla:
+            return picked.unsqueeze(1)
+        if self.layout is _LOGICAL:
+            if self.split == 1:
+                return picked
+            h, kbs, c = picked.shape[1:]
+            grouped = picked.view(n, self.split, h, kbs, c).permute(0, 2, 1, 3, 4)
+            return grouped.reshape(n, h, self.split * kbs, c)
+        return picked.permute(self.layout.to_logical).reshape(n, *g.logical_block_shape)
+
+    def scatter(self, block_ids: torch.Tensor, blocks: torch.Tensor) -> None:
+        """Write ``[n, heads, block_size, width]`` into the given blocks."""
+        g = self.geometry
+        blocks = blocks.to(self.tensor.dtype)
+        n = blocks.shape[0]
+        if g.mla:
+            self.tensor.index_copy_(0, block_ids, blocks.squeeze(1))
+            return
+        if self.layout is _LOGICAL:
+            if self.split > 1:
+                h, bs, c = blocks.shape[1:]
+                kbs = bs // self.split
+                parts = blocks.reshape(n, h, self.split, kbs, c).permute(0, 2, 1, 3, 4)
+                blocks = parts.reshape(-1, h, kbs, c)
+            self.tensor.index_copy_(0, self._kernel_ids(block_ids), blocks)
+            return
+        split = blocks.reshape(n, g.num_kv_heads, g.block_size, 2, g.head_size)
+        inverse = [0] * 5
+        for i, axis in enumerate(self.layout.to_logical):
+            inverse[axis] = i
+        self.tensor.index_copy_(self.layout.block_dim, block_ids, split.permute(inverse))
+
+
+def attention_view(
+    name: str, tensor: torch.Tensor, geometry: AttentionGeometry, layout_hint: str = ""
+) -> AttentionLayerView:
+    """Recognise ``tensor``'s registration layout from its shape, or refuse it with a clear error.
+
+    ``layout_hint`` (vLLM's ``HND``/``NHD`` family) breaks the tie when heads == block_size makes two
+    legacy layouts look alike.
+    """
+    shape = tuple(tensor.shape)
+    g = geometry
+    if g.mla:
+        if shape == (g.num_blocks, g.block_size, g.head_size):
+            return AttentionLayerView(name, tensor, _Layout("MLA", 0, (0, 1, 2)), g)
+        raise ConfigError(SOURCE, name, f"MLA cache shape {shape} is not [num_blocks, block_size, latent]")
+    if shape == (g.num_blocks, *g.logical_block_shape):
+        return AttentionLayerView(name, tensor, _LOGICAL, g)
+    heads, _, width = g.logical_block_shape
+    if len(shape) == 4 and shape[1] == heads and shape[3] == width and 0 < shape[2] < g.block_size:
+        split = g.block_size // shape[2]
+        if split * shape[2] == g.block_size and shape[0] == g.num_blocks * split:
+            return AttentionLayerView(name, tensor, _LOGICAL, g, split=split)
+    if g.head_size_v not in (None, g.head_size):
+        raise ConfigError(SOURCE, name, f"cache shape {shape} is not the logical view and K/V widths differ")
+    matches = [layout for want, layout in _legacy_layouts(g) if want == shape]
+    if len(matches) > 1:
+        family = _family(layout_hint)
+        matches = [m for m in matches if family and _family(m.name) == family]
+    if len(matches) != 1:
+        raise ConfigError(
+            SOURCE,
+            name,
+            f"unrecognised KV cache shape {shape}; expected [num_blocks={g.num_blocks},"
+            f" heads={g.num_kv_heads}, block_size={g.block_size}, {g.kv_width}] or a known legacy layout",
+        )
+    logger.info("layer %s uses the legacy KV layout %s", name, matches[0].name)
+    return AttentionLayerView(name, tensor, matches[0], g)
+
+
+class KVGroupView:
+    """All attention layers of one KV-cache group: blocks as ``[n, layers, heads, block_size, width]``."""
+
+    def __init__(self, layers: Sequence[AttentionLayerView]) -> None:
+        if not layers:
+            raise ConfigError(SOURCE, "kv group", "a KV-cache group without layers")
+        self.layers = list(layers)
+        self.geometry = layers[0].geometry
+        self.dtype = layers[0].tensor.dtype
+        self.device = layers[0].tensor.device
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        return (len(self.layers), *self.geometry.logical_block_shape)
+
+    def gather(self, block_ids: Sequence[int]) -> torch.Tensor:
+        ids = torch.as_tensor(list(block_ids), dtype=torch.long, device=self.device)
+        return torch.stack([layer.gather(ids) for layer in self.layers], dim=1)
+
+    def scatter(self, block_ids: Sequence[int], blocks: torch.Tensor) -> None:
+        ids = torch.as_tensor(list(block_ids), dtype=torch.long, device=self.device)
+        for i, layer in enumerate(self.layers):
+            layer.scatter(ids, blocks[:, i])
+
+
+class StateGroupView:
+    """One state tensor (index ``k``) of every recurrent layer of a group: ``[n, layers, *state_shape]``."""
+
+    def __init__(self, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> None:
+        if not tensors:
+            raise ConfigError(SOURCE, "state group", "a state group without layers")
+        shapes = {tuple(t.shape[1:]) for t in tensors}
+        dtypes = {t.dtype for t in tensors}
+        if len(shapes) != 1 or len(dtypes) != 1:
+            problem = f"state tensors differ across layers: {shapes} {dtypes}"
+            raise ConfigError(SOURCE, ",".join(names), problem)
+        self.names = list(names)
+        self.tensors = list(tensors)
+        self.dtype = tensors[0].dtype
+        self.device = tensors[0].device
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        return (len(self.tensors), *self.tensors[0].shape[1:])
+
+    def gather(self, block_ids: Sequence[int]) -> torch.Tensor:
+        ids = torch.as_tensor(list(block_ids), dtype=torch.long, device=self.device)
+        return torch.stack([t.index_select(0, ids) for t in self.tensors], dim=1)
+
+    def scatter(self, block_ids: Sequence[int], blocks: torch.Tensor) -> None:
+        ids = torch.as_tensor(list(block_ids), dtype=torch.long, device=self.device)
+        for i, t in enumerate(self.tensors):
+            t.index_copy_(0, ids, blocks[:, i].to(t.dtype))
+
+
+def state_tensors(name: str, registered: object) -> list[torch.Tensor]:
+    """The list of per-block state tensors a recurrent layer registered (a tensor, list or tuple)."""
+    if isinstance(registered, torch.Tensor):
+        return [registered]
+    if isinstance(registered, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in registered):
+        return list(registered)
+    raise ConfigError(SOURCE, name, f"unsupported state cache of type {type(registered).__name__}")
+
+
+def layer_tensor(name: str, caches: Mapping[str, object]) -> torch.Tensor:
+    """The tensor an attention layer registered, or a clear error when it is missing or not a tensor."""
+    found = caches.get(name)
+    if not isinstance(found, torch.Tensor):
+        raise ConfigError(SOURCE, name, "no KV cache tensor registered for this layer")
+    return found
+
+
+__all__ = [
+    "AttentionGeometry",
+    "AttentionLayerView",
+    "KVGroupView",
+    "StateGroupView",
+    "attention_view",
+    "layer_tensor",
+    "state_tensors",
+]

@@ -1,0 +1,86 @@
+"""The connector's counters in vLLM's stats pipeline: interval logging and Prometheus.
+
+vLLM sums the :class:`TierKVStats` of every worker and of the scheduler each step, logs the reduced
+values ("KV Transfer metrics: ...") and feeds them to :class:`TierKVPromMetrics`, which exports one
+counter per :data:`~tierkv.connectors.vllm.stats.COUNTERS` entry as ``tierkv_connector_<name>_total``
+(hit rate = ``lookup_hit_tokens`` over vLLM's own prompt-token counters).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
+
+from tierkv.connectors.vllm.stats import COUNTERS, merge
+
+logger = logging.getLogger(__name__)
+
+_HELP = {
+    "lookups": "Prefix lookups answered by the vaults",
+    "lookup_hit_tokens": "Prompt tokens the connector offered to load",
+    "restore_requests": "Requests whose blocks were loaded",
+    "restored_blocks": "Blocks loaded into the KV cache",
+    "restored_bytes": "Bytes of blobs loaded",
+    "load_errors": "Blocks whose load failed and were recomputed",
+    "store_requests": "Finished requests stored",
+    "stored_blocks": "Blobs acknowledged by the vaults",
+    "stored_bytes": "Bytes of blobs acknowledged by the vaults",
+    "store_skipped_blocks": "Blocks not stored because the vaults already held them",
+    "store_failures": "Blobs the vaults did not acknowledge",
+    "stores_dropped": "Store jobs dropped because the bounded store queue was full",
+    "snapshot_blocks": "Recurrent-state snapshots taken at block boundaries",
+}
+
+
+class TierKVStats(KVConnectorStats):  # type: ignore[misc]
+    """A flat ``{counter: increment}`` mapping; aggregation is a sum."""
+
+    def reset(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        self.data = merge(self.data, {k: int(v) for k, v in other.data.items()})
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {k: int(v) for k, v in sorted(self.data.items())}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+class TierKVPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
+    """One Prometheus counter per connector counter, labelled like vLLM's own metrics."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._children: dict[tuple[int, str], Any] = {}
+        for name in COUNTERS:
+            metric = self._counter_cls(
+                name=f"tierkv_connector_{name}", documentation=_HELP[name], labelnames=labelnames
+            )
+            for engine, values in per_engine_labelvalues.items():
+                self._children[(engine, name)] = metric.labels(*values)
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for name, value in transfer_stats_data.items():
+            child = self._children.get((engine_idx, name))
+            if child is not None and value:
+                child.inc(value)
+
+
+__all__ = ["TierKVPromMetrics", "TierKVStats"]

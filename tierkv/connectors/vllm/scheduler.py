@@ -1,0 +1,217 @@
+"""The scheduler half of the connector: decides what to restore and what to store, never moves bytes.
+
+It holds no vLLM types beyond what it reads from requests (``request_id``, ``num_tokens``,
+``block_hashes`` ...), so its rules live in :mod:`tierkv.connectors.vllm.plan` and its behaviour is
+tested against vLLM's real ``Scheduler``.
+
+Prefix lookups run on a small thread pool: the first ``get_num_new_matched_tokens`` for a request starts
+one and answers ``None`` ("ask again"); later calls answer from the finished lookup. Each lookup is one
+``prefix_lookup`` per stored stream (and TP/PP rank) plus, for hybrid models, a few single-key probes for
+the recurrent state at the hit's last block. A vault that is down answers "nothing" within its deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from tierkv.client.cluster import Cluster
+from tierkv.connectors.vllm.plan import (
+    KV,
+    BlockRef,
+    LoadJob,
+    StepJobs,
+    StoreJob,
+    Stream,
+    Topology,
+    Window,
+    claimed_tokens,
+    finished_refs,
+    load_refs,
+    restore_window,
+    snapshot_refs,
+    state_candidates,
+)
+from tierkv.connectors.vllm.stats import Counters
+
+logger = logging.getLogger(__name__)
+
+
+KeyFunction = Callable[[Any], list[bytes]]
+"""Block keys of a request, one per full block of the topology's block size."""
+
+
+@dataclass
+class _Lookup:
+    window: Window
+    future: Future[int]
+
+
+class SchedulerSide:
+    """Lookups, claims and the per-step job lists."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        namespaces: Mapping[Stream, Sequence[bytes]],
+        cluster_factory: Callable[[], Cluster],
+        block_keys: KeyFunction,
+        *,
+        forget: Callable[[str], None] | None = None,
+        max_state_probes: int = 4,
+        lookup_threads: int = 2,
+        counters: Counters | None = None,
+    ) -> None:
+        self.topology = topology
+        self.namespaces = {s: tuple(ns) for s, ns in namespaces.items()}
+        self.block_keys = block_keys
+        self._forget = forget
+        self.max_state_probes = max_state_probes
+        self.counters = counters or Counters()
+        self._cluster_factory = cluster_factory
+        self._cluster: Cluster | None = None
+        self._pool = ThreadPoolExecutor(lookup_threads, thread_name_prefix="tierkv-lookup")
+        self._lookups: dict[str, _Lookup] = {}
+        self._requests: dict[str, Any] = {}
+        self._jobs = StepJobs()
+        self._sending: set[str] = set()
+
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            self._cluster = self._cluster_factory()
+        return self._cluster
+
+    # -- restore -----------------------------------------------------------------------------------
+
+    def track(self, request: Any) -> None:
+        """Remember a new request (recurrent-state snapshots are offered by request id)."""
+        self._requests[request.request_id] = request
+
+    def matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """vLLM's ``get_num_new_matched_tokens``: tokens loadable past the local hit, and "async"."""
+        if not self.topology.restorable:
+            return 0, False
+        keys = self.block_keys(request)
+        window = restore_window(request.num_tokens, num_computed_tokens, self.topology.block_size, len(keys))
+        if window.size == 0:
+            return 0, False
+        entry = self._lookups.get(request.request_id)
+        if entry is None or entry.window != window:
+            future = self._pool.submit(self._lookup, keys[window.start : window.stop], window)
+            self._lookups[request.request_id] = _Lookup(window, future)
+            return None, False
+        if not entry.future.done():
+            return None, False
+        hits = entry.future.result()
+        tokens = claimed_tokens(window, hits, self.topology.block_size)
+        return (tokens, True) if tokens else (0, False)
+
+    def _lookup(self, keys: list[bytes], window: Window) -> int:
+        """Leading blocks of ``keys`` that every stream of every rank holds (0 on any failure)."""
+        try:
+            hits = self._kv_hits(keys)
+            if hits and self.topology.state_groups:
+                hits = self._state_hits(keys, window, hits)
+        except Exception:
+            logger.exception("prefix lookup failed; treating it as a miss")
+            hits = 0
+        self.counters.add("lookups")
+        self.counters.add("lookup_hit_tokens", hits * self.topology.block_size)
+        return hits
+
+    def _kv_hits(self, keys: list[bytes]) -> int:
+        hits = len(keys)
+        for stream, namespaces in self.namespaces.items():
+            if stream.kind != KV:
+                continue
+            for ns in namespaces:
+                hits = min(hits, self.cluster.prefix_lookup(ns, keys[:hits], role=stream.role))
+                if hits == 0:
+                    return 0
+        return hits
+
+    def _state_hits(self, keys: list[bytes], window: Window, kv_hits: int) -> int:
+        states = [(s, ns) for s, nss in self.namespaces.items() if s.kind != KV for ns in nss]
+        for blocks in state_candidates(Window(0, window.size), kv_hits, self.max_state_probes):
+            key = keys[blocks - 1]
+            if all(self.cluster.prefix_lookup(ns, [key], role=s.role) == 1 for s, ns in states):
+                return blocks
+        return 0
+
+    def after_alloc(self, request: Any, block_ids: Sequence[Sequence[int]], num_external_tokens: int) -> None:
+        """vLLM's ``update_state_after_alloc``: plan the load of the tokens it accepted."""
+        if num_external_tokens <= 0:
+            return
+        entry = self._lookups.pop(request.request_id, None)
+        if entry is None:
+            logger.error(
+                "request %s: load of %d tokens without a lookup", request.request_id, num_external_tokens
+            )
+            return
+        bs = self.topology.block_size
+        window = Window(entry.window.start, entry.window.start + num_external_tokens // bs)
+        keys = self.block_keys(request)
+        refs = load_refs(self.topology, keys, block_ids, window)
+        if refs is None:
+            logger.error("request %s: vLLM allocated no block for part of the load", request.request_id)
+            refs = [
+                BlockRef(g.index, pos, block_ids[g.index][pos], b"")
+                for g in self.topology.kv_groups
+                for pos in range(window.start, min(window.stop, len(block_ids[g.index])))
+            ]
+            self._jobs.loads.append(LoadJob(request.request_id, tuple(refs), broken=True))
+            return
+        self._jobs.loads.append(LoadJob(request.request_id, tuple(refs)))
+
+    # -- store -------------------------------------------------------------------------------------
+
+    def finished(self, request: Any, block_ids: Sequence[Sequence[int]]) -> bool:
+        """vLLM's ``request_finished_all_groups``: True when the blocks must wait for a store."""
+        self._requests.pop(request.request_id, None)
+        self._lookups.pop(request.request_id, None)
+        refs = finished_refs(self.topology, self.block_keys(request), block_ids, request.num_computed_tokens)
+        if self._forget is not None:
+            self._forget(request.request_id)
+        if not refs:
+            return False
+        self._jobs.stores.append(StoreJob(request.request_id, tuple(refs)))
+        self._sending.add(request.request_id)
+        return True
+
+    def take_jobs(self, boundary_offers: Mapping[str, Sequence[tuple[int, int, int]]]) -> StepJobs:
+        """vLLM's ``build_connector_meta``: this step's jobs, with the recurrent-state snapshots offered."""
+        jobs, self._jobs = self._jobs, StepJobs()
+        if self.topology.state_groups:
+            for req_id, offers in boundary_offers.items():
+                request = self._requests.get(req_id)
+                if request is None:
+                    continue
+                refs = snapshot_refs(self.topology, self.block_keys(request), offers)
+                if refs:
+                    jobs.stores.append(StoreJob(req_id, tuple(refs), snapshot=True))
+        return jobs
+
+    def sent(self, req_ids: set[str]) -> None:
+        """Requests whose stores the workers reported finished."""
+        self._sending -= req_ids
+
+    def forget_lookups(self) -> None:
+        """Drop finished lookups so the next question asks the vaults again."""
+        self._lookups = {k: v for k, v in self._lookups.items() if not v.future.done()}
+
+    @property
+    def pending_stores(self) -> int:
+        return len(self._sending)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
+
+
+__all__ = ["KeyFunction", "SchedulerSide"]

@@ -1,0 +1,77 @@
+"""Connector counters, shared by the scheduler and worker halves.
+
+Each half counts into its own :class:`Counters`; vLLM collects the per-interval deltas through the
+connector stats hook (``get_kv_connector_stats``), sums them across workers and hands them to its
+loggers and to the Prometheus metrics of :mod:`tierkv.connectors.vllm.metrics`. ``totals`` stays
+cumulative for tests and ``tierkv status``-style reporting.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+COUNTERS: tuple[str, ...] = (
+    "lookups",
+    "lookup_hit_tokens",
+    "restore_requests",
+    "restored_blocks",
+    "restored_bytes",
+    "load_errors",
+    "store_requests",
+    "stored_blocks",
+    "stored_bytes",
+    "store_skipped_blocks",
+    "store_failures",
+    "stores_dropped",
+    "snapshot_blocks",
+)
+"""Every counter the connector reports, in a fixed order.
+
+``lookups``/``lookup_hit_tokens``: prefix lookups answered and the tokens they claimed (scheduler);
+``restore_requests``/``restored_blocks``/``restored_bytes``: loads done; ``load_errors``: blocks whose
+fetch, checksum, header or decode failed and were handed back to vLLM for recomputation;
+``store_requests``/``stored_blocks``/``stored_bytes``: blobs the vaults acknowledged;
+``store_skipped_blocks``: blocks already in the vaults; ``store_failures``: blocks not acknowledged;
+``stores_dropped``: store jobs refused because the bounded queue was full (back-pressure);
+``snapshot_blocks``: recurrent-state snapshots taken mid-request.
+"""
+
+
+class Counters:
+    """Thread-safe monotonic counters with an interval view (``take``) and a cumulative one (``totals``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._total = dict.fromkeys(COUNTERS, 0)
+        self._interval = dict.fromkeys(COUNTERS, 0)
+
+    def add(self, name: str, value: int = 1) -> None:
+        if name not in self._total:
+            raise KeyError(f"unknown counter {name!r}")
+        if value:
+            with self._lock:
+                self._total[name] += value
+                self._interval[name] += value
+
+    def take(self) -> dict[str, int]:
+        """The non-zero increments since the last call (empty when nothing happened)."""
+        with self._lock:
+            out = {k: v for k, v in self._interval.items() if v}
+            self._interval = dict.fromkeys(COUNTERS, 0)
+        return out
+
+    def totals(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._total)
+
+
+def merge(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+    """Sum two counter mappings (workers' and the scheduler's increments)."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return out
+
+
+__all__ = ["COUNTERS", "Counters", "merge"]

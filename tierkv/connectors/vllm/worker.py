@@ -1,0 +1,310 @@
+"""The worker half of the connector: moves blocks between vLLM's paged caches and the vaults.
+
+Nothing here runs on the step loop except taking jobs and, for recurrent-state snapshots that vLLM does
+not keep for us, one copy of the offered blocks. Fetching, verifying, decoding, encoding and shipping run
+on background threads:
+
+- a load writes only into blocks vLLM allocated for the waiting request, and the request is reported in
+  ``finished_recving`` once every block was written or reported as failed;
+- a finished request's blocks stay allocated until it is reported in ``finished_sending``, which happens
+  after the vaults acknowledged (or refused) its blobs. At most ``max_inflight_stores`` stores run and
+  ``max_queued_stores`` wait; beyond that a store is dropped and counted (a miss later, never a stall).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from tierkv.client.cluster import Cluster
+from tierkv.codec.torch_codec import decode_tensor, encode_tensor
+from tierkv.connectors.vllm.layout import KVGroupView, StateGroupView
+from tierkv.connectors.vllm.plan import KV, BlockRef, LoadJob, StepJobs, StoreJob, Stream, Topology
+from tierkv.connectors.vllm.stats import Counters
+from tierkv.errors import TierKVError
+
+logger = logging.getLogger(__name__)
+
+MAX_PUT_BYTES = 32 * 1024 * 1024
+"""Blobs per put call are capped at this many bytes (well under the vaults' message limits)."""
+
+GroupView = KVGroupView | StateGroupView
+
+
+@dataclass
+class _Transfers:
+    """Completion bookkeeping shared by the background threads and the step loop."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stores_pending: set[str] = field(default_factory=set)
+    stores_done: set[str] = field(default_factory=set)
+    finished_seen: set[str] = field(default_factory=set)
+    loads_done: set[str] = field(default_factory=set)
+    loads_failed: set[str] = field(default_factory=set)
+    error_blocks: set[int] = field(default_factory=set)
+    queued_stores: int = 0
+
+
+class WorkerSide:
+    """Executes the scheduler's load and store jobs against the vaults.
+
+    ``views`` maps each stream of the topology to the cache view it reads and writes; ``namespaces``
+    maps it to this rank's namespace digest. ``per_block_errors`` says whether vLLM can take failed
+    block ids (one KV-cache group) or needs whole failed requests (several groups).
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        views: Mapping[Stream, GroupView],
+        namespaces: Mapping[Stream, bytes],
+        cluster_factory: Callable[[], Cluster],
+        *,
+        codec: str = "raw",
+        max_inflight_stores: int = 2,
+        max_queued_stores: int = 64,
+        load_threads: int = 2,
+        counters: Counters | None = None,
+    ) -> None:
+        self.topology = topology
+        self.views = dict(views)
+        self.namespaces = dict(namespaces)
+        self.codec = codec
+        self.counters = counters or Counters()
+        self.per_block_errors = len(topology.groups) == 1
+        self._cluster_factory = cluster_factory
+        self._cluster: Cluster | None = None
+        self._cluster_lock = threading.Lock()
+        self._max_pending_stores = max_inflight_stores + max_queued_stores
+        self._state = _Transfers()
+        self._stores = ThreadPoolExecutor(max_inflight_stores, thread_name_prefix="tierkv-store")
+        self._loads = ThreadPoolExecutor(load_threads, thread_name_prefix="tierkv-load")
+        self._closed = False
+
+    @property
+    def cluster(self) -> Cluster:
+        """The vault cluster, created on first use (in the worker process, after fork)."""
+        with self._cluster_lock:
+            if self._cluster is None:
+                self._cluster = self._cluster_factory()
+            return self._cluster
+
+    # -- step loop ---------------------------------------------------------------------------------
+
+    def submit(self, jobs: StepJobs) -> None:
+        """Start this step's jobs; only state snapshots are copied before returning."""
+        for job in jobs.stores:
+            if job.snapshot:
+                self._submit_snapshot(job)
+            else:
+                self._submit_store(job)
+        for load in jobs.loads:
+            self._loads.submit(self._guarded_load, load)
+
+    def finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str], set[str]]:
+        """(done sending, done receiving, failed receiving) since the last call.
+
+        A store is reported only once vLLM has listed its request as finished (vLLM's rule: finished
+        saves must belong to a set it passed in).
+        """
+        st = self._state
+        with st.lock:
+            st.finished_seen |= finished_req_ids & (st.stores_pending | st.stores_done)
+            sending = st.stores_done & st.finished_seen
+            st.stores_done -= sending
+            st.finished_seen -= sending
+            recving, failed = st.loads_done, st.loads_failed
+            st.loads_done, st.loads_failed = set(), set()
+        return sending, recving, failed
+
+    def take_load_errors(self) -> set[int]:
+        """Block ids whose load failed since the last call (single-group models only)."""
+        st = self._state
+        with st.lock:
+            errors, st.error_blocks = st.error_blocks, set()
+        return errors
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Let running transfers finish (each bounded by its RPC deadlines), then close the cluster."""
+        self._closed = True
+        self._loads.shutdown(wait=True, cancel_futures=True)
+        self._stores.shutdown(wait=True, cancel_futures=False)
+        with self._cluster_lock:
+            if self._cluster is not None:
+                self._cluster.close()
+                self._cluster = None
+
+    # -- stores ------------------------------------------------------------------------------------
+
+    def _submit_store(self, job: StoreJob) -> None:
+        st = self._state
+        with st.lock:
+            accept = not self._closed and st.queued_stores < self._max_pending_stores
+            if accept:
+                st.queued_stores += 1
+                st.stores_pending.add(job.req_id)
+            else:
+                st.stores_done.add(job.req_id)
+        if not accept:
+            self.counters.add("stores_dropped")
+            logger.debug("store queue full: request %s is not stored", job.req_id)
+            return
+        self._stores.submit(self._guarded_store, job, None)
+
+    def _submit_snapshot(self, job: StoreJob) -> None:
+        """Copy offered state blocks now (vLLM may reuse them after this step), ship them later."""
+        copies: dict[Stream, tuple[list[BlockRef], torch.Tensor]] = {}
+        for stream, refs in self._by_stream(job.refs).items():
+            view = self.views.get(stream)
+            if view is not None and refs:
+                copies[stream] = (refs, view.gather([r.block_id for r in refs]))
+        if not copies:
+            return
+        self.counters.add("snapshot_blocks", sum(len(refs) for refs, _ in copies.values()))
+        st = self._state
+        with st.lock:
+            accept = not self._closed and st.queued_stores < self._max_pending_stores
+            if accept:
+                st.queued_stores += 1
+        if not accept:
+            self.counters.add("stores_dropped")
+            return
+        self._stores.submit(self._guarded_store, job, copies)
+
+    def _guarded_store(
+        self, job: StoreJob, copies: dict[Stream, tuple[list[BlockRef], torch.Tensor]] | None
+    ) -> None:
+        try:
+            self._store(job, copies)
+        except Exception:
+            self.counters.add("store_failures", len(job.refs))
+            logger.exception("store of request %s failed", job.req_id)
+        finally:
+            st = self._state
+            with st.lock:
+                st.queued_stores -= 1
+                if not job.snapshot:
+                    st.stores_pending.discard(job.req_id)
+                    st.stores_done.add(job.req_id)
+
+    def _store(self, job: StoreJob, copies: dict[Stream, tuple[list[BlockRef], torch.Tensor]] | None) -> None:
+        cluster = self.cluster
+        stored = skipped = failed = nbytes = 0
+        for stream, wanted in self._by_stream(job.refs).items():
+            view = self.views.get(stream)
+            if view is None or not wanted:
+                continue
+            ns = self.namespaces[stream]
+            if copies is not None and stream in copies:
+                refs, data = copies[stream]
+            else:
+                present = cluster.prefix_lookup(ns, [r.key for r in wanted], role=stream.role)
+                skipped += present
+                refs = wanted[present:]
+                if not refs:
+                    continue
+                data = view.gather([r.block_id for r in refs])
+            batch: dict[bytes, bytes] = {}
+            size = 0
+            for i, ref in enumerate(refs):
+                blob = encode_tensor(
+                    data[i],
+                    codec=self.codec if stream.kind == KV else "raw",
+                    tokens=self.topology.block_size,
+                    layer_group=stream.layer_group,
+                )
+                batch[ref.key] = blob
+                size += len(blob)
+                if size >= MAX_PUT_BYTES or i == len(refs) - 1:
+                    acked = cluster.put(ns, batch, role=stream.role)
+                    stored += acked
+                    failed += len(batch) - acked
+                    nbytes += size * acked // len(batch)
+                    batch, size = {}, 0
+        self.counters.add("stored_blocks", stored)
+        self.counters.add("stored_bytes", nbytes)
+        self.counters.add("store_skipped_blocks", skipped)
+        self.counters.add("store_failures", failed)
+        if not job.snapshot:
+            self.counters.add("store_requests")
+
+    # -- loads -------------------------------------------------------------------------------------
+
+    def _guarded_load(self, job: LoadJob) -> None:
+        try:
+            bad = list(job.refs) if job.broken else self._load(job)
+        except Exception:
+            logger.exception("load of request %s failed", job.req_id)
+            bad = list(job.refs)
+        st = self._state
+        with st.lock:
+            if bad:
+                if self.per_block_errors:
+                    st.error_blocks.update(r.block_id for r in bad)
+                else:
+                    st.loads_failed.add(job.req_id)
+            st.loads_done.add(job.req_id)
+        self.counters.add("load_errors", len(bad))
+        self.counters.add("restore_requests")
+
+    def _load(self, job: LoadJob) -> list[BlockRef]:
+        """Fetch, verify, decode and write every block of ``job``; returns the blocks that failed."""
+        cluster = self.cluster
+        bad: list[BlockRef] = []
+        loaded = nbytes = 0
+        for stream, refs in self._by_stream(job.refs).items():
+            view = self.views.get(stream)
+            if view is None:
+                bad.extend(refs)
+                continue
+            blobs = cluster.get_buffers(self.namespaces[stream], [r.key for r in refs], role=stream.role)
+            good_ids: list[int] = []
+            tensors: list[torch.Tensor] = []
+            for ref, blob in zip(refs, blobs, strict=True):
+                if blob is None:
+                    bad.append(ref)
+                    continue
+                try:
+                    _, tensor = decode_tensor(
+                        blob,
+                        device=view.device,
+                        dtype=view.dtype,
+                        expect_shape=view.block_shape,
+                        expect_tokens=self.topology.block_size,
+                        expect_layer_group=stream.layer_group,
+                    )
+                except TierKVError as exc:
+                    logger.warning("block %s of request %s not restored: %s", ref.position, job.req_id, exc)
+                    bad.append(ref)
+                    continue
+                good_ids.append(ref.block_id)
+                tensors.append(tensor)
+                nbytes += len(blob)
+            if good_ids:
+                view.scatter(good_ids, torch.stack(tensors))
+                loaded += len(good_ids)
+        self.counters.add("restored_blocks", loaded)
+        self.counters.add("restored_bytes", nbytes)
+        return bad
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _by_stream(self, refs: Sequence[BlockRef]) -> dict[Stream, list[BlockRef]]:
+        groups = {g.index: g for g in self.topology.groups}
+        out: dict[Stream, list[BlockRef]] = defaultdict(list)
+        for ref in refs:
+            group = groups.get(ref.group)
+            if group is None:
+                continue
+            for stream in group.streams:
+                out[stream].append(ref)
+        return out
+
+
+__all__ = ["MAX_PUT_BYTES", "WorkerSide"]
