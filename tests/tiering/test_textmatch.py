@@ -96,6 +96,16 @@ def test_index_prefers_the_longest_reusable_match() -> None:
     assert index.best("nothing alike") is None
 
 
+def test_index_prefers_an_uncut_match_on_ties() -> None:
+    index = TextIndex()
+    index.add(char_encoder("prompt"))
+    index.add(char_encoder("prompt and reply"))
+    best = index.best("prompt", min_fraction=0.3)
+    assert best is not None and best.text == "prompt"
+    best = index.best("prompt and more", min_fraction=0.3)
+    assert best is not None and best.text == "prompt and reply"
+
+
 def test_index_is_bounded() -> None:
     index = TextIndex(max_entries=2, max_chars=100)
     for word in ("one", "two", "three"):

@@ -208,14 +208,19 @@ class TextIndex:
                 self._chars -= len(text)
 
     def best(self, new_text: str, min_fraction: float = DEFAULT_MIN_FRACTION) -> TokenizedText | None:
-        """The stored text whose match lets the most characters be reused (ties: most recent)."""
+        """The stored text whose match lets the most characters be reused.
+
+        Ties go to an EXACT or EXTEND match over a DIVERGE one (nothing stored is cut), then to the
+        most recent text.
+        """
         best: TokenizedText | None = None
-        best_m = 0
+        best_score = (0, False)
         with self._lock:
             for item in reversed(self._items.values()):
                 match = match_text(item.text, new_text, min_fraction)
-                if match.kind is not MatchKind.NONE and match.matched_chars > best_m:
-                    best, best_m = item, match.matched_chars
+                score = (match.matched_chars, match.kind is not MatchKind.DIVERGE)
+                if match.kind is not MatchKind.NONE and score > best_score:
+                    best, best_score = item, score
             if best is not None:
                 self._items.move_to_end(best.text)
         return best

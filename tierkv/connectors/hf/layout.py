@@ -179,6 +179,64 @@ def probe_layout(model: Any) -> CacheLayout:
     return layout
 
 
+@dataclass(frozen=True)
+class Continuation:
+    """How closely a model's cached continuations match one full prefill (relative logit errors)."""
+
+    chunked: float
+    decoded: float
+
+    def decode_matches_prefill(self, rtol: float = 5e-4) -> bool:
+        """Whether state after token-by-token decoding may stand in for a prefill's state."""
+        return self.decoded <= rtol
+
+
+def _forward(model: Any, ids: torch.Tensor, cache: DynamicCache, start: int) -> torch.Tensor:
+    positions = torch.arange(start, start + ids.shape[1], device=ids.device).unsqueeze(0)
+    logits: torch.Tensor = model(
+        input_ids=ids, past_key_values=cache, use_cache=True, position_ids=positions
+    ).logits
+    return logits[0, -1].float()
+
+
+def check_continuation(model: Any, length: int = 8, split: int = 5, rtol: float = 0.05) -> Continuation:
+    """Measure cached continuations against a full prefill; refuse models that cannot continue.
+
+    Restoring a prefix and computing the rest is a prefill in two pieces over one cache. Some
+    implementations restart the recurrent state on multi-token input with a cache (Jamba's torch
+    path does); for them every restore would be wrong, so :class:`ConfigError` is raised. Rounding
+    differences are parts per million of the logits in float32; a broken continuation is off by a
+    tenth. The token-by-token (decode) path is measured too: some recurrent kernels (Zamba2's) or
+    bfloat16 step updates drift from the chunked scan by more than rounding, and then the state left
+    behind by ``generate`` must not be reused as if it came from a prefill.
+    """
+    vocab = int(model.config.get_text_config(decoder=True).vocab_size)
+    device = model_device(model)
+    ids = (torch.arange(1, length + 1, device=device) * 7919 % vocab).unsqueeze(0)
+    with torch.no_grad():
+        full = model(input_ids=ids).logits[0, -1].float()
+        chunked_cache = DynamicCache(config=model.config)
+        _forward(model, ids[:, :split], chunked_cache, 0)
+        chunked = _forward(model, ids[:, split:], chunked_cache, split)
+        decode_cache = DynamicCache(config=model.config)
+        decoded = _forward(model, ids[:, :split], decode_cache, 0)
+        for pos in range(split, length):
+            decoded = _forward(model, ids[:, pos : pos + 1], decode_cache, pos)
+    scale = max(float(full.abs().max()), 1e-6)
+    result = Continuation(
+        chunked=float((full - chunked).abs().max()) / scale,
+        decoded=float((full - decoded).abs().max()) / scale,
+    )
+    if not result.chunked <= rtol:
+        raise ConfigError(
+            "TieredSession",
+            "model",
+            f"{type(model).__name__} gives different logits when a prompt is continued over its cache "
+            f"(relative error {result.chunked:.3g}); a restored prefix would not be exact",
+        )
+    return result
+
+
 def extract_kv(layout: CacheLayout, cache: DynamicCache) -> list[KV]:
     """The cache's KV per attention layer (the cache's own tensors, not copies)."""
     layers = _layers(cache)
@@ -220,9 +278,11 @@ def build_cache(
 __all__ = [
     "KV",
     "CacheLayout",
+    "Continuation",
     "StateSnapshot",
     "StateSpec",
     "build_cache",
+    "check_continuation",
     "extract_kv",
     "kv_nbytes",
     "model_device",

@@ -37,6 +37,7 @@ from tierkv.connectors.hf.layout import (
     CacheLayout,
     StateSnapshot,
     build_cache,
+    check_continuation,
     extract_kv,
     kv_nbytes,
     model_device,
@@ -210,6 +211,15 @@ class TieredSession:
         self.min_text_fraction = min_text_fraction
         self.device = model_device(model)
         self.layout: CacheLayout = probe_layout(model)
+        continuation = check_continuation(model)
+        self.decode_snapshots = continuation.decode_matches_prefill()
+        if self.layout.has_states and not self.decode_snapshots:
+            logger.info(
+                "%s: decoding drifts from prefill by %.2g (relative); recurrent state is snapshotted "
+                "during prefill only",
+                type(model).__name__,
+                continuation.decoded,
+            )
         self.blocks = BlockCodec(self.layout, block_size, codec)
         identity = model_id if model_id is not None else weights_fingerprint(model)
         self._ns = self._namespace(identity, tenant)
@@ -391,7 +401,7 @@ class TieredSession:
         payload = _HotPayload(
             kv=kv, states=restored.states, cold_blocks=restored.cold_blocks, cold_states=restored.cold_states
         )
-        if self.layout.has_states:
+        if self.layout.has_states and self.decode_snapshots:
             payload.states[length] = snapshot_states(self.layout, cache)
         for old in self.hot.superseded_by(tokens):
             for pos, snap in old.payload.states.items():
