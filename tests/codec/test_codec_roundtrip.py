@@ -280,3 +280,13 @@ def test_concurrent_encodes_and_decodes_do_not_share_buffers() -> None:
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         assert all(pool.map(roundtrip, range(16)))
+
+
+def test_header_integers_must_be_integers() -> None:
+    x = make((4, 8), "float16")
+    assert read_header(encode(x, tokens=int(np.int64(16)))).tokens == 16
+    for bad in (1.5, True, "16"):
+        with pytest.raises(CodecError):
+            encode(x, tokens=bad)  # type: ignore[arg-type]
+    with pytest.raises(CodecError):
+        encode(x, "int8", group_size=2**32)

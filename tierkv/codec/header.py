@@ -320,6 +320,6 @@ def read_header(blob: Buffer, *, partial: bool = False) -> BlobHeader:
 
 def check_u32(name: str, value: int) -> int:
     """Validate a header field that is stored as u32."""
-    if not 0 <= value <= _U32_MAX:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= value <= _U32_MAX:
         raise CodecError(f"{name} must be in [0, 2**32), got {value}")
-    return value
+    return int(value)
