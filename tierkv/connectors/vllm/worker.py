@@ -263,7 +263,9 @@ class WorkerSide:
             if view is None:
                 bad.extend(refs)
                 continue
-            blobs = cluster.get_buffers(self.namespaces[stream], [r.key for r in refs], role=stream.role)
+            ns = self.namespaces[stream]
+            blobs = cluster.get_buffers(ns, [r.key for r in refs], role=stream.role)
+            corrupt: list[bytes] = []
             good_ids: list[int] = []
             tensors: list[torch.Tensor] = []
             for ref, blob in zip(refs, blobs, strict=True):
@@ -282,6 +284,7 @@ class WorkerSide:
                 except TierKVError as exc:
                     logger.warning("block %s of request %s not restored: %s", ref.position, job.req_id, exc)
                     bad.append(ref)
+                    corrupt.append(ref.key)
                     continue
                 good_ids.append(ref.block_id)
                 tensors.append(tensor)
@@ -289,6 +292,10 @@ class WorkerSide:
             if good_ids:
                 view.scatter(good_ids, torch.stack(tensors))
                 loaded += len(good_ids)
+            if corrupt:
+                # A blob that fails verification would fail every later restore too: drop it so the
+                # next store of this prefix replaces it.
+                cluster.delete(ns, corrupt, role=stream.role)
         self.counters.add("restored_blocks", loaded)
         self.counters.add("restored_bytes", nbytes)
         return bad

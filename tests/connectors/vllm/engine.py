@@ -1,0 +1,177 @@
+"""A real vLLM engine on CPU with a tiny random-weight Llama, for the connector's engine tests.
+
+The checkpoint is written locally (config.json + safetensors with seeded random weights scaled like a
+trained model), so nothing is downloaded and the model is sharp enough that a wrong KV block changes
+the greedy tokens. vLLM's ``load_format="dummy"`` was tried first: its weights are so small that the
+logits stay uniform and a zeroed KV block leaves the output unchanged, which would hide broken restores.
+
+Run as a module it prints the reference outputs of an engine without any connector::
+
+    python -m tests.connectors.vllm.engine --model DIR --prompts prompts.json --out out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+BLOCK_SIZE = 32
+MAX_MODEL_LEN = 1024
+HIDDEN, INTERMEDIATE, LAYERS, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 128, 256, 2, 1000, 4, 2, 32
+
+Output = tuple[list[int], list[float]]
+"""Greedy token ids and the logprob of each chosen token."""
+
+
+def write_tiny_llama(path: Path, seed: int = 1234) -> Path:
+    """A 2-layer Llama (GQA, 2 KV heads of 32) with seeded weights; returns its directory."""
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "tie_word_embeddings": False,
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    gen = torch.Generator().manual_seed(seed)
+
+    def w(rows: int, cols: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn((rows, cols), generator=gen) * (scale / math.sqrt(cols))
+
+    tensors = {
+        "model.embed_tokens.weight": torch.randn((VOCAB, HIDDEN), generator=gen),
+        "model.norm.weight": torch.ones(HIDDEN),
+        "lm_head.weight": w(VOCAB, HIDDEN, scale=4.0),
+    }
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        tensors |= {
+            p + "self_attn.q_proj.weight": w(HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.k_proj.weight": w(KV_HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.v_proj.weight": w(KV_HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.o_proj.weight": w(HIDDEN, HEADS * HEAD_DIM),
+            p + "mlp.gate_proj.weight": w(INTERMEDIATE, HIDDEN),
+            p + "mlp.up_proj.weight": w(INTERMEDIATE, HIDDEN),
+            p + "mlp.down_proj.weight": w(HIDDEN, INTERMEDIATE),
+            p + "input_layernorm.weight": torch.ones(HIDDEN),
+            p + "post_attention_layernorm.weight": torch.ones(HIDDEN),
+        }
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"))
+    return path
+
+
+def make_llm(model: Path, extra: dict[str, Any] | None = None) -> Any:
+    """An in-process engine; with ``extra`` it runs TierKVConnector with that extra config."""
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    transfer = None
+    if extra is not None:
+        transfer = KVTransferConfig(
+            kv_connector="TierKVConnector",
+            kv_connector_module_path="tierkv.connectors.vllm.connector",
+            kv_role="kv_both",
+            kv_load_failure_policy="recompute",
+            kv_connector_extra_config=extra,
+        )
+    return LLM(
+        model=str(model),
+        load_format="safetensors",
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="float32",
+        block_size=BLOCK_SIZE,
+        max_model_len=MAX_MODEL_LEN,
+        seed=0,
+        kv_transfer_config=transfer,
+    )
+
+
+def generate(llm: Any, prompts: list[list[int]], max_tokens: int = 8) -> list[Output]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=1)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    results: list[Output] = []
+    for out in outs:
+        completion = out.outputs[0]
+        chosen = [
+            lp[t].logprob for t, lp in zip(completion.token_ids, completion.logprobs or [], strict=True)
+        ]
+        results.append((list(completion.token_ids), chosen))
+    return results
+
+
+def timed(llm: Any, prompt: list[int]) -> float:
+    """Seconds for one request of one output token: the time to first token of an offline engine."""
+    start = time.perf_counter()
+    generate(llm, [prompt], max_tokens=1)
+    return time.perf_counter() - start
+
+
+def scheduler_connector(llm: Any) -> Any:
+    return llm.llm_engine.engine_core.engine_core.scheduler.connector
+
+
+def worker_connector() -> Any:
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    return get_kv_transfer_group()
+
+
+def drain(llm: Any, timeout: float = 60.0) -> None:
+    """Step the engine until the connector released every block it held for a store.
+
+    An offline engine only steps while requests are unfinished; a server keeps stepping by itself
+    (``has_pending_push_work``).
+    """
+    conn = scheduler_connector(llm)
+    deadline = time.monotonic() + timeout
+    while conn.has_pending_push_work():
+        if time.monotonic() > deadline:
+            raise TimeoutError("stores still pending")
+        llm.llm_engine.step()
+        time.sleep(0.001)
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    """A deterministic pseudo-random prompt of token ids in [3, VOCAB)."""
+    return [(seed * 7919 + i * 104729 + (i * i) % 97) % (VOCAB - 3) + 3 for i in range(length)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--prompts", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    prompts = json.loads(Path(args.prompts).read_text())
+    llm = make_llm(Path(args.model))
+    Path(args.out).write_text(json.dumps(generate(llm, prompts)))
+
+
+if __name__ == "__main__":
+    main()
