@@ -80,8 +80,9 @@ def test_hybrid_restores_only_at_snapshots() -> None:
     session = TieredSession(model, None, block_size=8, state_stride_blocks=2)
     base = prompt(40)
     session.generate(base, max_new_tokens=4)
-    # Snapshots exist at 16, 32 (every 2 blocks), 39 (len - 1) and 43 (end of the entry).
-    assert sorted(session.hot.entries()[0].payload.states) == [16, 32, 39, 43]
+    # Snapshots: 16, 32 (every 2 blocks of the prompt), 39 (len - 1), 40 (a block boundary reached
+    # while decoding) and 43 (the end of the entry).
+    assert sorted(session.hot.entries()[0].payload.states) == [16, 32, 39, 40, 43]
     other = torch.cat([base[:, :30], (base[:, 30:] + 1) % VOCAB], dim=1)
     out = session.generate(other, max_new_tokens=NEW)
     assert torch.equal(out, reference(model, other, NEW))

@@ -132,18 +132,27 @@ class _Restored:
     cold_states: set[int]
 
 
-class _FirstToken:
-    """A generate streamer that records when the first new token arrives, passing values on."""
+class _StepObserver:
+    """A generate streamer that notes when the first new token arrives and reports each step.
 
-    def __init__(self, inner: Any | None) -> None:
+    ``generate`` calls ``put`` once with the prompt and then once per new token, after the forward
+    pass that produced it; at the k-th token the cache therefore covers ``prompt_len + k - 1``
+    tokens, which ``on_step`` receives. Values are passed on to the caller's streamer, if any.
+    """
+
+    def __init__(self, inner: Any | None, prompt_len: int, on_step: Callable[[int], None] | None) -> None:
         self.inner = inner
+        self.prompt_len = prompt_len
+        self.on_step = on_step
         self.calls = 0
         self.first_at: float | None = None
 
     def put(self, value: torch.Tensor) -> None:
         self.calls += 1
-        if self.calls == 2 and self.first_at is None:
+        if self.calls == 2:
             self.first_at = time.perf_counter()
+        if self.calls >= 2 and self.on_step is not None:
+            self.on_step(self.prompt_len + self.calls - 2)
         if self.inner is not None:
             self.inner.put(value)
 
@@ -347,7 +356,12 @@ class TieredSession:
         states = restored.states
         if self.layout.has_states:
             self._prefill_to_boundaries(ids, cache, plan.restored, states)
-        timer = _FirstToken(kwargs.pop("streamer", None))
+        on_step = (
+            functools.partial(self._snapshot_while_decoding, cache, states, ids.shape[1])
+            if self.layout.has_states and self.decode_snapshots
+            else None
+        )
+        timer = _StepObserver(kwargs.pop("streamer", None), ids.shape[1], on_step)
         with torch.no_grad():
             out = self.model.generate(
                 ids,
@@ -392,6 +406,24 @@ class TieredSession:
                 )
                 states[boundary] = snapshot_states(self.layout, cache)
                 pos = boundary
+
+    def _snapshot_while_decoding(
+        self, cache: Any, states: dict[int, StateSnapshot], prompt_len: int, position: int
+    ) -> None:
+        """Snapshot the recurrent state at block boundaries reached while generating.
+
+        Of the boundaries inside the reply only stride multiples and the latest are kept: the latest
+        is where a follow-up turn (prompt + this reply + more) can be restored from the vaults. A
+        snapshot is taken only when the attention KV confirms the cache covers ``position`` tokens.
+        """
+        if position % self.block_size or position in states:
+            return
+        if self.layout.has_kv and extract_kv(self.layout, cache)[0][0].shape[2] != position:
+            return
+        step = self.block_size * self.state_stride_blocks
+        for old in [p for p in states if p >= prompt_len and p % step]:
+            del states[old]
+        states[position] = snapshot_states(self.layout, cache)
 
     def _keep(self, sequence: torch.Tensor, cache: Any, restored: _Restored) -> None:
         """Make the finished sequence's cache a hot entry (merging what superseded entries knew)."""

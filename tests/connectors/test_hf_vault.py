@@ -1,0 +1,217 @@
+"""TieredSession against real vault processes: cold restores, store-on-evict, failures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from tests.conftest import VaultFactory
+from tests.connectors.hf_models import (
+    ATTENTION_FAMILIES,
+    HYBRID_FAMILIES,
+    MORE_HYBRID_FAMILIES,
+    prompt,
+    reference,
+    tiny_model,
+)
+from tierkv.client.cluster import Cluster
+from tierkv.codec import LayerGroup
+from tierkv.connectors.hf import TieredSession
+from tierkv.vault.launcher import VaultProcess
+
+NEW = 16
+
+
+@pytest.fixture
+def vaults(vault_factory: VaultFactory) -> tuple[VaultProcess, VaultProcess]:
+    return vault_factory("kv", role="kv_cold"), vault_factory("ssm", role="ssm_cold")
+
+
+@pytest.fixture
+def cluster(vaults: tuple[VaultProcess, VaultProcess]) -> Iterator[Cluster]:
+    kv, ssm = vaults
+    c = Cluster({"kv_cold": [kv.address], "ssm_cold": [ssm.address]}, timeout=2.0)
+    yield c
+    c.close()
+
+
+def _session(model: object, cluster: Cluster, **kwargs: object) -> TieredSession:
+    kwargs.setdefault("block_size", 16)
+    kwargs.setdefault("state_stride_blocks", 1)
+    return TieredSession(model, cluster, **kwargs)  # type: ignore[arg-type]
+
+
+def _check_cold_restore(family: str, cluster: Cluster) -> None:
+    model = tiny_model(family)
+    ids = prompt(45)
+    ref = reference(model, ids, NEW)
+
+    writer = _session(model, cluster)
+    assert torch.equal(writer.generate(ids, max_new_tokens=NEW), ref)
+    assert writer.persist(timeout=30)
+    assert writer.stored_blobs > 0
+
+    # A new process-like session: empty hot tier, same vaults.
+    reader = _session(model, cluster)
+    out = reader.generate(ids, max_new_tokens=NEW)
+    stats = reader.last_stats
+    assert torch.equal(out, ref)
+    assert stats.source == "cold" and stats.cold_hits == 32 and stats.restored_tokens == 32
+    assert stats.bytes_fetched > 0 and stats.rejected_blobs == 0
+
+    # A longer conversation restores the whole stored sequence (prompt + reply) from the vaults.
+    longer = torch.cat([ref, prompt(7, seed=5)], dim=1)
+    fresh = _session(model, cluster)
+    out = fresh.generate(longer, max_new_tokens=NEW)
+    assert torch.equal(out, reference(model, longer, NEW))
+    # The writer cached 60 tokens: 3 whole blocks. A hybrid model also needs its recurrent state
+    # at 48, snapshotted while decoding unless its decode path drifts from prefill.
+    expected = 48 if writer.decode_snapshots or not writer.layout.has_states else 32
+    assert fresh.last_stats.source == "cold" and fresh.last_stats.restored_tokens == expected
+
+
+@pytest.mark.parametrize("family", ATTENTION_FAMILIES + HYBRID_FAMILIES)
+def test_cold_restore_is_exact(family: str, cluster: Cluster) -> None:
+    _check_cold_restore(family, cluster)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", MORE_HYBRID_FAMILIES)
+def test_cold_restore_is_exact_more_hybrids(family: str, cluster: Cluster) -> None:
+    _check_cold_restore(family, cluster)
+
+
+def test_hybrid_states_go_to_the_ssm_role(
+    cluster: Cluster, vaults: tuple[VaultProcess, VaultProcess]
+) -> None:
+    kv, ssm = vaults
+    kv_only = Cluster({"kv_cold": [kv.address]}, timeout=2.0)
+    ssm_only = Cluster({"kv_cold": [ssm.address]}, timeout=2.0)  # read the ssm vault directly
+    try:
+        s = _session(tiny_model("qwen3_next"), cluster)
+        ids = prompt(45)
+        s.generate(ids, max_new_tokens=4)
+        assert s.persist(timeout=30)
+        tokens = _tokens(ids)
+        kv_keys = s._kv_keys(tokens, 2)  # type: ignore[arg-type]
+        state_keys = s._state_keys(tokens, 2)  # type: ignore[arg-type]
+        at_32 = [state_keys[LayerGroup.SSM][1], state_keys[LayerGroup.CONV][1]]
+        assert kv_only.prefix_lookup(s.namespace, kv_keys) == 2
+        assert ssm_only.prefix_lookup(s.namespace, kv_keys) == 0
+        assert all(b is not None for b in ssm_only.get(s.namespace, at_32))
+        assert kv_only.get(s.namespace, at_32) == [None, None]
+    finally:
+        kv_only.close()
+        ssm_only.close()
+
+
+def _tokens(ids: torch.Tensor) -> object:
+    return ids[0].numpy().astype("int64")
+
+
+def test_hot_eviction_ships_blocks_a_later_request_restores(cluster: Cluster) -> None:
+    model = tiny_model("qwen2")
+    a, b = prompt(64, seed=1), prompt(64, seed=2)
+    per_entry = (64 + 4 - 1) * TieredSession(model, None).layout.kv_bytes_per_token()
+    s = _session(model, cluster, hot_bytes=per_entry + per_entry // 2)  # room for one entry
+
+    s.generate(a, max_new_tokens=4)
+    assert s.stored_blobs == 0  # nothing is written through
+    s.generate(b, max_new_tokens=4)  # evicts a: its 4 whole blocks are shipped
+    assert s.flush(timeout=30)
+    assert s.hot.evictions == 1 and s.stored_blobs == 4
+
+    out = s.generate(a, max_new_tokens=NEW)
+    assert torch.equal(out, reference(model, a, NEW))
+    assert s.last_stats.source == "cold" and s.last_stats.restored_tokens == 48  # 63 restorable -> 3 blocks
+
+
+def test_cold_extends_a_shorter_hot_prefix(cluster: Cluster) -> None:
+    model = tiny_model("llama")
+    long_prompt = prompt(80)
+    writer = _session(model, cluster)
+    writer.generate(long_prompt, max_new_tokens=2)
+    writer.persist(timeout=30)
+
+    s = _session(model, cluster)
+    s.generate(long_prompt[:, :20], max_new_tokens=2)  # hot entry covering 21 tokens
+    out = s.generate(long_prompt, max_new_tokens=NEW)
+    stats = s.last_stats
+    assert torch.equal(out, reference(model, long_prompt, NEW))
+    assert stats.source == "hot+cold" and stats.hot_hits == 16 and stats.cold_hits == 48
+    assert stats.cold_blocks == 3 and stats.restored_tokens == 64
+
+
+def test_vault_killed_mid_session_still_generates_correctly(
+    cluster: Cluster, vaults: tuple[VaultProcess, VaultProcess]
+) -> None:
+    model = tiny_model("qwen3")
+    ids = prompt(50)
+    ref = reference(model, ids, NEW)
+    writer = _session(model, cluster)
+    writer.generate(ids, max_new_tokens=NEW)
+    writer.persist(timeout=30)
+
+    vaults[0].kill()
+    vaults[1].kill()
+    s = _session(model, cluster)
+    for _ in range(2):  # the second call meets an open circuit breaker
+        out = s.generate(ids, max_new_tokens=NEW)
+        assert torch.equal(out, ref)
+        s.hot.clear()
+    assert s.last_stats.source == "none" and s.last_stats.computed_tokens == 50
+    assert s.persist(timeout=30)  # stores to a dead vault are dropped, not raised
+
+
+def test_corrupted_block_is_not_used(cluster: Cluster) -> None:
+    model = tiny_model("llama")
+    ids = prompt(60)
+    ref = reference(model, ids, NEW)
+    writer = _session(model, cluster)
+    writer.generate(ids, max_new_tokens=NEW)
+    writer.persist(timeout=30)
+
+    keys = writer._kv_keys(_tokens(ids), 3)  # type: ignore[arg-type]
+    blob = bytearray(cluster.get(writer.namespace, [keys[1]])[0] or b"")
+    blob[len(blob) // 2] ^= 0x10
+    assert cluster.put(writer.namespace, {keys[1]: bytes(blob)}) == 1
+
+    reader = _session(model, cluster)
+    out = reader.generate(ids, max_new_tokens=NEW)
+    assert torch.equal(out, ref)
+    stats = reader.last_stats
+    assert stats.rejected_blobs == 1 and stats.restored_tokens == 16 and stats.computed_tokens == 44
+
+
+def test_corrupted_state_falls_back_to_an_earlier_boundary(cluster: Cluster) -> None:
+    model = tiny_model("falcon_h1")
+    ids = prompt(60)
+    ref = reference(model, ids, NEW)
+    writer = _session(model, cluster, state_stride_blocks=2)
+    writer.generate(ids, max_new_tokens=NEW)
+    writer.persist(timeout=30)
+
+    state_keys = writer._state_keys(_tokens(ids), 3)  # type: ignore[arg-type]
+    key = state_keys[LayerGroup.SSM][2]  # the snapshot after 48 tokens
+    blob = bytearray(cluster.get(writer.namespace, [key], role="ssm_cold")[0] or b"")
+    blob[-1] ^= 0x01
+    cluster.put(writer.namespace, {key: bytes(blob)}, role="ssm_cold")
+
+    reader = _session(model, cluster, state_stride_blocks=2)
+    out = reader.generate(ids, max_new_tokens=NEW)
+    assert torch.equal(out, ref)
+    assert reader.last_stats.rejected_blobs == 1 and reader.last_stats.restored_tokens == 32
+
+
+@pytest.mark.slow
+def test_int8_restore_agreement(cluster: Cluster) -> None:
+    """int8 KV is lossy: report greedy agreement over 64 tokens and the logit error."""
+    from tierkv.connectors.hf.bench import int8_agreement
+
+    result = int8_agreement(tiny_model("qwen2"), cluster, prompt_len=96, new_tokens=64)
+    print(f"int8 agreement {result.agreement:.3f}, max logit error {result.max_logit_error:.4f}")
+    assert result.restored_tokens == 80
+    assert result.agreement >= 0.9
+    assert 0.0 < result.max_logit_error < 0.1 * result.logit_scale
