@@ -148,5 +148,123 @@ def demo(
         raise typer.Exit(1)
 
 
+@app.command()
+def bench(
+    config: ConfigOpt = None,
+    shape: Annotated[
+        str,
+        typer.Option(
+            "--shape",
+            "--model-shape",
+            help="qwen2.5-0.5b, llama3-8b, qwen3.6-35b-a3b or custom:LAYERS,KV_HEADS,HEAD_DIM,DTYPE.",
+        ),
+    ] = "qwen2.5-0.5b",
+    tokens: Annotated[
+        str | None,
+        typer.Option(
+            help="Prompt lengths, comma-separated (4k = 4096). Default: 1k,4k,16k; --hf 512,2048; "
+            "--engine-api 1k,4k."
+        ),
+    ] = None,
+    codec: Annotated[str, typer.Option(help="Codecs to compare (--hf uses the first).")] = "raw,int8",
+    repeats: Annotated[int | None, typer.Option(help="Repeats per length (default 3; --hf 2).")] = None,
+    block_tokens: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
+    batch_mib: Annotated[float, typer.Option(help="Synthetic: MiB of KV per Put / BatchGet.")] = 16.0,
+    ssm_every: Annotated[
+        int, typer.Option(help="Synthetic hybrid shapes: state snapshot every N tokens.")
+    ] = 1024,
+    max_seconds: Annotated[
+        float | None, typer.Option(help="Stop the sweep after this long (default 120; --hf 300; engine 900).")
+    ] = None,
+    prefill_tps: Annotated[
+        float | None, typer.Option(help="Synthetic: your prefill rate in tokens/s, for a break-even length.")
+    ] = None,
+    prefill_at: Annotated[
+        int | None, typer.Option(help="Prompt length --prefill-tps was measured at.")
+    ] = None,
+    vaults: Annotated[
+        str, typer.Option(help="auto (configured if reachable, else started here), config or local.")
+    ] = "auto",
+    state_dir: Annotated[str | None, typer.Option(help="LMDB directory for vaults started here.")] = None,
+    vault_max_bytes: Annotated[str, typer.Option(help="Minimum budget of vaults started here.")] = "1GiB",
+    vault_sync: Annotated[str, typer.Option(help="durable or fast, for vaults started here.")] = "durable",
+    hf: Annotated[
+        bool, typer.Option("--hf", help="Prefill vs hot vs cold restore with transformers.")
+    ] = False,
+    device: Annotated[str, typer.Option(help="--hf: cpu or cuda.")] = "cpu",
+    engine_api: Annotated[
+        str | None, typer.Option(help="Base URL of an OpenAI-compatible server (vLLM, EXO).")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="--engine-api: model name (default: GET /v1/models).")
+    ] = None,
+    api: Annotated[str, typer.Option(help="--engine-api: auto, completions or chat.")] = "auto",
+    evict: Annotated[
+        str, typer.Option(help="--engine-api: auto, reset (POST /reset_prefix_cache), flood or none.")
+    ] = "auto",
+    flood_tokens: Annotated[
+        int, typer.Option(help="--engine-api: tokens of unrelated prompts to evict.")
+    ] = 65536,
+    settle: Annotated[
+        float, typer.Option(help="--engine-api: seconds for stores to land before eviction.")
+    ] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option(help="--engine-api: tokens generated per request.")] = 4,
+    min_speedup: Annotated[
+        float | None,
+        typer.Option(help="--hf / --engine-api: fail when restored TTFT is not this much faster."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic data and prompts.")] = 0,
+    json_out: Annotated[
+        str | None, typer.Option("--json", help="Write every figure as JSON to PATH ('-': stdout).")
+    ] = None,
+    verbose: Verbose = 0,
+) -> None:
+    """Measure whether tiering pays here: store/restore throughput, TTFT, and the break-even length."""
+    from tierkv.bench import BenchError
+    from tierkv.bench.record import write_json
+    from tierkv.bench.runner import BenchRequest, render_result, run_bench
+
+    cfg = _load(config)
+    setup_logging(verbose, level=cfg.log.level)
+    console = err if json_out == "-" else out
+    request = BenchRequest(
+        shape=shape,
+        tokens=tokens,
+        codecs=codec,
+        repeats=repeats,
+        block_tokens=block_tokens,
+        batch_mib=batch_mib,
+        ssm_every=ssm_every,
+        max_seconds=max_seconds,
+        prefill_tps=prefill_tps,
+        prefill_at=prefill_at,
+        vaults=vaults,
+        state_dir=state_dir,
+        vault_max_bytes=vault_max_bytes,
+        vault_sync=vault_sync,
+        hf=hf,
+        device=device,
+        engine_api=engine_api,
+        model=model,
+        api=api,
+        evict=evict,
+        flood_tokens=flood_tokens,
+        settle_s=settle,
+        max_new_tokens=max_new_tokens,
+        min_speedup=min_speedup,
+        seed=seed,
+    )
+    try:
+        result = run_bench(request, cfg, console)
+    except (BenchError, TierKVError) as exc:
+        err.print(f"[red]bench error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    render_result(result, console)
+    if json_out:
+        write_json(result.document(), json_out)
+    if not result.ok:
+        raise typer.Exit(1)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())

@@ -1,7 +1,9 @@
 """KV geometry of real models, so synthetic workloads move the bytes a real deployment would.
 
 A shape gives, per token, the bytes of attention KV (to ``kv_cold``) and, for hybrid models, the size of the
-recurrent state snapshot taken at each block boundary (to ``ssm_cold``).
+recurrent state snapshot taken at each block boundary (to ``ssm_cold``). Shapes that ``tierkv bench --hf``
+can instantiate as random-weight transformers models also carry the rest of the architecture
+(:class:`HFArch`), so the prefill it measures costs the FLOPs the real model would.
 """
 
 from __future__ import annotations
@@ -15,6 +17,18 @@ _ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 @dataclasses.dataclass(frozen=True)
+class HFArch:
+    """What a transformers config needs beyond the KV geometry (``family``: ``llama`` or ``qwen2``)."""
+
+    family: str
+    hidden_size: int
+    intermediate_size: int
+    attention_heads: int
+    vocab_size: int
+    tie_embeddings: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelShape:
     name: str
     layers: int
@@ -24,6 +38,7 @@ class ModelShape:
     ssm_layers: int = 0
     ssm_state_elems: int = 0
     ssm_dtype: str = "float32"
+    hf: HFArch | None = None
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -51,8 +66,27 @@ class ModelShape:
 
 
 SHAPES: dict[str, ModelShape] = {
-    "qwen2.5-0.5b": ModelShape("qwen2.5-0.5b", layers=24, kv_heads=2, head_dim=64),
-    "llama3-8b": ModelShape("llama3-8b", layers=32, kv_heads=8, head_dim=128),
+    "qwen2.5-0.5b": ModelShape(
+        "qwen2.5-0.5b",
+        layers=24,
+        kv_heads=2,
+        head_dim=64,
+        hf=HFArch(
+            "qwen2",
+            hidden_size=896,
+            intermediate_size=4864,
+            attention_heads=14,
+            vocab_size=151936,
+            tie_embeddings=True,
+        ),
+    ),
+    "llama3-8b": ModelShape(
+        "llama3-8b",
+        layers=32,
+        kv_heads=8,
+        head_dim=128,
+        hf=HFArch("llama", hidden_size=4096, intermediate_size=14336, attention_heads=32, vocab_size=128256),
+    ),
     # hybrid: 1 full-attention layer in 4; the other 30 keep a gated-delta-net state of 32 heads x 128 x 128
     # plus a short conv state, snapshotted (fp32) at block boundaries
     "qwen3.6-35b-a3b": ModelShape(
@@ -83,3 +117,19 @@ def parse_shape(spec: str) -> ModelShape:
         f"unknown shape {spec!r}: use one of {', '.join(SHAPES)} or custom:LAYERS,KV_HEADS,HEAD_DIM,DTYPE "
         f"(dtype one of {', '.join(_ITEMSIZE)})"
     )
+
+
+def hf_arch(shape: ModelShape) -> HFArch:
+    """The transformers architecture for a shape; ``custom:`` shapes become a Llama around their KV.
+
+    A custom shape gets 4 query heads per KV head, ``hidden = heads x head_dim``, an MLP of 8/3 of that
+    (rounded to 64) and a 32k vocabulary: a generic modern decoder with exactly the shape's KV geometry.
+    Hybrid shapes have no random-weight stand-in small enough to run.
+    """
+    if shape.hf is not None:
+        return shape.hf
+    if shape.ssm_layers:
+        raise ValueError(f"{shape.name} is a hybrid model: --hf runs attention-only shapes")
+    heads = 4 * shape.kv_heads
+    hidden = heads * shape.head_dim
+    return HFArch("llama", hidden, max(64, (hidden * 8 // 3 + 63) // 64 * 64), heads, 32000)
