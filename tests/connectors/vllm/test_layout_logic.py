@@ -1,0 +1,121 @@
+"""Logical block views over every KV registration layout vLLM has used, on real torch tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tierkv.connectors.vllm.layout import (
+    AttentionGeometry,
+    KVGroupView,
+    StateGroupView,
+    attention_view,
+    state_tensors,
+)
+from tierkv.errors import ConfigError
+
+B, H, N, D = 7, 2, 4, 3
+GEOM = AttentionGeometry(num_blocks=B, num_kv_heads=H, block_size=N, head_size=D)
+
+
+def logical_reference(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``[B, H, N, 2D]`` from K and V given as ``[B, N, H, D]``."""
+    return torch.cat([k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)], dim=-1)
+
+
+def registrations(k: torch.Tensor, v: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The same K/V in each layout, as vLLM would register it."""
+    kv_nhd = torch.stack([k, v])  # [2, B, N, H, D]
+    return {
+        "logical": logical_reference(k, v).contiguous(),
+        "logical-strided": logical_reference(k, v).permute(1, 0, 2, 3).contiguous().permute(1, 0, 2, 3),
+        "2BNHD": kv_nhd,
+        "2BHND": kv_nhd.permute(0, 1, 3, 2, 4).contiguous(),
+        "B2NHD": kv_nhd.permute(1, 0, 2, 3, 4).contiguous(),
+        "B2HND": kv_nhd.permute(1, 0, 3, 2, 4).contiguous(),
+    }
+
+
+@pytest.fixture
+def kv() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn((B, N, H, D), generator=gen), torch.randn((B, N, H, D), generator=gen)
+
+
+@pytest.mark.parametrize("layout", ["logical", "logical-strided", "2BNHD", "2BHND", "B2NHD", "B2HND"])
+def test_gather_gives_the_logical_blocks(kv: tuple[torch.Tensor, torch.Tensor], layout: str) -> None:
+    k, v = kv
+    tensor = registrations(k, v)[layout]
+    hint = "LBHNC" if "HN" in layout else "LBNHC"
+    view = attention_view("layer", tensor, GEOM, hint)
+    ids = torch.tensor([5, 1, 3])
+    assert torch.equal(view.gather(ids), logical_reference(k, v)[ids])
+
+
+@pytest.mark.parametrize("layout", ["logical", "logical-strided", "2BNHD", "2BHND", "B2NHD", "B2HND"])
+def test_scatter_writes_only_the_target_blocks(kv: tuple[torch.Tensor, torch.Tensor], layout: str) -> None:
+    k, v = kv
+    tensor = registrations(k, v)[layout]
+    original = tensor.clone()
+    view = attention_view("layer", tensor, GEOM, "LBHNC" if "HN" in layout else "LBNHC")
+    blocks = torch.arange(2 * H * N * 2 * D, dtype=torch.float32).reshape(2, H, N, 2 * D)
+    view.scatter(torch.tensor([6, 0]), blocks)
+    assert torch.equal(view.gather(torch.tensor([6, 0])), blocks)
+    untouched = torch.tensor([1, 2, 3, 4, 5])
+    assert torch.equal(view.gather(untouched), attention_view("x", original, GEOM, "LBHNC").gather(untouched))
+
+
+def test_kernel_blocks_smaller_than_manager_blocks_are_regrouped() -> None:
+    geom = AttentionGeometry(num_blocks=3, num_kv_heads=H, block_size=8, head_size=D)
+    tensor = torch.randn(6, H, 4, 2 * D)  # two kernel blocks of 4 tokens per manager block of 8
+    view = attention_view("layer", tensor, geom)
+    assert view.split == 2
+    got = view.gather(torch.tensor([1]))
+    assert torch.equal(got[0], torch.cat([tensor[2], tensor[3]], dim=1))
+    view.scatter(torch.tensor([2]), got)
+    assert torch.equal(tensor[4:6], tensor[2:4])
+
+
+def test_mla_latent_is_one_head_wide() -> None:
+    geom = AttentionGeometry(num_blocks=B, num_kv_heads=1, block_size=N, head_size=9, mla=True)
+    tensor = torch.randn(B, N, 9)
+    view = attention_view("mla", tensor, geom)
+    assert torch.equal(view.gather(torch.tensor([2]))[0, 0], tensor[2])
+
+
+def test_unknown_or_ambiguous_layouts_are_refused() -> None:
+    with pytest.raises(ConfigError, match="unrecognised KV cache shape"):
+        attention_view("layer", torch.zeros(B, N, H, 5), GEOM)
+    square = AttentionGeometry(num_blocks=B, num_kv_heads=4, block_size=4, head_size=D)
+    legacy = torch.zeros(2, B, 4, 4, D)  # NHD and HND look alike when heads == block_size
+    with pytest.raises(ConfigError):
+        attention_view("layer", legacy, square)
+    assert attention_view("layer", legacy, square, "LBHNC").layout.name == "2BHND"
+    assert attention_view("layer", legacy, square, "NHD").layout.name == "2BNHD"
+
+
+def test_group_view_stacks_layers_and_keeps_dtype() -> None:
+    layers = [torch.randn(B, H, N, 2 * D, dtype=torch.float16) for _ in range(3)]
+    group = KVGroupView([attention_view(f"l{i}", t, GEOM) for i, t in enumerate(layers)])
+    assert group.block_shape == (3, H, N, 2 * D)
+    got = group.gather([4])
+    assert got.dtype == torch.float16
+    assert all(torch.equal(got[0, i], layers[i][4]) for i in range(3))
+    group.scatter([0], got.to(torch.float32))
+    assert all(torch.equal(layers[i][0], layers[i][4]) for i in range(3))
+
+
+def test_state_views_gather_one_state_across_layers() -> None:
+    conv = [torch.randn(B, 3, 5) for _ in range(2)]
+    ssm = [torch.randn(B, 2, 4, 4) for _ in range(2)]
+    per_layer = [state_tensors(f"m{i}", [conv[i], ssm[i]]) for i in range(2)]
+    view = StateGroupView(["m0", "m1"], [states[1] for states in per_layer])
+    assert view.block_shape == (2, 2, 4, 4)
+    got = view.gather([3, 6])
+    assert torch.equal(got[1, 0], ssm[0][6])
+    view.scatter([0], got[:1])
+    assert torch.equal(ssm[1][0], ssm[1][3])
+    with pytest.raises(ConfigError, match="differ across layers"):
+        StateGroupView(["a", "b"], [conv[0], ssm[0]])
+    with pytest.raises(ConfigError, match="unsupported state cache"):
+        state_tensors("m", {"not": "a tensor"})

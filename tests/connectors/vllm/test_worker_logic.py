@@ -1,0 +1,241 @@
+"""The connector's worker half against real vault processes and real torch caches, without vLLM."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from tests.conftest import VaultFactory
+from tierkv.client.cluster import Cluster
+from tierkv.connectors.vllm.layout import AttentionGeometry, KVGroupView, StateGroupView, attention_view
+from tierkv.connectors.vllm.plan import (
+    KV,
+    STATE,
+    BlockRef,
+    GroupPlan,
+    LoadJob,
+    StepJobs,
+    StoreJob,
+    make_topology,
+)
+from tierkv.connectors.vllm.worker import GroupView, WorkerSide
+
+BS, H, D, NUM_BLOCKS = 16, 2, 8, 12
+KEYS = [hashlib.sha256(f"block-{i}".encode()).digest() for i in range(8)]
+
+
+def kv_caches(layers: int = 2, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(layers)
+    return [torch.randn((NUM_BLOCKS, H, BS, 2 * D), generator=gen).to(dtype) for _ in range(layers)]
+
+
+def kv_view(caches: list[torch.Tensor]) -> KVGroupView:
+    geom = AttentionGeometry(num_blocks=NUM_BLOCKS, num_kv_heads=H, block_size=BS, head_size=D)
+    return KVGroupView([attention_view(f"l{i}", t, geom) for i, t in enumerate(caches)])
+
+
+def make_worker(
+    address: str, views: dict[int, list[GroupView]], *, timeout: float = 2.0, **options: object
+) -> WorkerSide:
+    groups = [
+        GroupPlan(g, KV, BS, ("x",))
+        if isinstance(v[0], KVGroupView)
+        else GroupPlan(g, STATE, BS, ("s",), len(v))
+        for g, v in views.items()
+    ]
+    topo = make_topology(groups, [], BS)
+    stream_views = {s: views[s.group][s.index] for s in topo.streams}
+    namespaces = {s: hashlib.sha256(s.tag.encode()).digest() for s in topo.streams}
+    return WorkerSide(
+        topo,
+        stream_views,
+        namespaces,
+        lambda: Cluster({"kv_cold": address}, timeout=timeout),
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def wait(
+    worker: WorkerSide, finished: set[str], *, sending: int = 0, recving: int = 0
+) -> tuple[set[str], ...]:
+    """Poll ``finished`` until the expected numbers of requests are done (each call drains)."""
+    got: list[set[str]] = [set(), set(), set()]
+    deadline = time.monotonic() + 20
+    while len(got[0]) < sending or len(got[1]) < recving:
+        assert time.monotonic() < deadline, f"transfers not done: {got}"
+        for i, new in enumerate(worker.finished(finished)):
+            got[i] |= new
+        time.sleep(0.005)
+    return tuple(got)
+
+
+def refs(group: int, positions: list[int], block_ids: list[int]) -> tuple[BlockRef, ...]:
+    return tuple(BlockRef(group, p, b, KEYS[p]) for p, b in zip(positions, block_ids, strict=True))
+
+
+@pytest.fixture
+def vault_address(vault_factory: VaultFactory) -> str:
+    return vault_factory().address
+
+
+@pytest.fixture
+def blackhole() -> Iterator[str]:
+    """A TCP port that accepts connections and never answers: every RPC runs into its deadline."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_store_then_load_restores_identical_blocks(vault_address: str) -> None:
+    caches = kv_caches()
+    worker = make_worker(vault_address, {0: [kv_view(caches)]})
+    try:
+        worker.submit(StepJobs(stores=[StoreJob("a", refs(0, [0, 1, 2], [3, 4, 5]))]))
+        assert worker.finished(set()) == (set(), set(), set()), (
+            "a store is reported only once vLLM finished it"
+        )
+        sending, _, _ = wait(worker, {"a"}, sending=1)
+        assert sending == {"a"}
+        assert worker.counters.totals()["stored_blocks"] == 3
+
+        worker.submit(StepJobs(loads=[LoadJob("b", refs(0, [0, 1, 2], [9, 10, 11]))]))
+        _, recving, failed = wait(worker, set(), recving=1)
+        assert recving == {"b"} and failed == set()
+        assert worker.take_load_errors() == set()
+        for cache in caches:
+            assert torch.equal(cache[9:12], cache[3:6])
+    finally:
+        worker.shutdown()
+
+
+def test_stores_skip_blocks_the_vault_already_holds(vault_address: str) -> None:
+    worker = make_worker(vault_address, {0: [kv_view(kv_caches())]})
+    try:
+        worker.submit(StepJobs(stores=[StoreJob("a", refs(0, [0, 1], [1, 2]))]))
+        wait(worker, {"a"}, sending=1)
+        worker.submit(StepJobs(stores=[StoreJob("b", refs(0, [0, 1, 2], [1, 2, 3]))]))
+        wait(worker, {"b"}, sending=1)
+        totals = worker.counters.totals()
+        assert totals["stored_blocks"] == 3
+        assert totals["store_skipped_blocks"] == 2
+    finally:
+        worker.shutdown()
+
+
+def test_int8_codec_round_trips_within_quantization_error(vault_address: str) -> None:
+    caches = kv_caches(dtype=torch.bfloat16)
+    worker = make_worker(vault_address, {0: [kv_view(caches)]}, codec="int8")
+    try:
+        worker.submit(StepJobs(stores=[StoreJob("a", refs(0, [0], [2]))]))
+        wait(worker, {"a"}, sending=1)
+        worker.submit(StepJobs(loads=[LoadJob("b", refs(0, [0], [7]))]))
+        wait(worker, set(), recving=1)
+        for cache in caches:
+            assert cache[7].dtype == torch.bfloat16
+            assert not torch.equal(cache[7], cache[2])
+            torch.testing.assert_close(cache[7].float(), cache[2].float(), atol=0.05, rtol=0.02)
+    finally:
+        worker.shutdown()
+
+
+def test_corrupt_and_missing_blocks_are_reported_and_never_written(vault_address: str) -> None:
+    caches = kv_caches()
+    worker = make_worker(vault_address, {0: [kv_view(caches)]})
+    try:
+        worker.submit(StepJobs(stores=[StoreJob("a", refs(0, [0, 1], [1, 2]))]))
+        wait(worker, {"a"}, sending=1)
+        ns = worker.namespaces[worker.topology.streams[0]]
+        with Cluster({"kv_cold": vault_address}) as cluster:
+            (blob,) = cluster.get(ns, [KEYS[1]])
+            assert blob is not None
+            bad = bytearray(blob)
+            bad[len(bad) // 2] ^= 0x01
+            cluster.put(ns, {KEYS[1]: bytes(bad)})
+
+        before = [c[9:12].clone() for c in caches]
+        worker.submit(StepJobs(loads=[LoadJob("b", refs(0, [0, 1, 2], [9, 10, 11]))]))
+        _, recving, failed = wait(worker, set(), recving=1)
+        assert recving == {"b"} and failed == set()
+        assert worker.take_load_errors() == {10, 11}, "block 1 is corrupt, block 2 was never stored"
+        for cache, old in zip(caches, before, strict=True):
+            assert torch.equal(cache[9], cache[1])
+            assert torch.equal(cache[10:12], old[1:]), "a failed block must not be written"
+        assert worker.counters.totals()["load_errors"] == 2
+        with Cluster({"kv_cold": vault_address}) as cluster:
+            assert cluster.get(ns, [KEYS[1]]) == [None], "a blob that fails verification is deleted"
+    finally:
+        worker.shutdown()
+
+
+def test_several_groups_fail_whole_requests(vault_address: str) -> None:
+    conv = [torch.randn(NUM_BLOCKS, 3, 4)]
+    ssm = [torch.randn(NUM_BLOCKS, 2, 4, 4)]
+    views: dict[int, list[GroupView]] = {
+        0: [kv_view(kv_caches())],
+        1: [StateGroupView(["m"], conv), StateGroupView(["m"], ssm)],
+    }
+    worker = make_worker(vault_address, views)
+    try:
+        assert not worker.per_block_errors
+        worker.submit(StepJobs(stores=[StoreJob("a", refs(0, [0, 1], [1, 2]))]))
+        worker.submit(StepJobs(stores=[StoreJob("snap", refs(1, [1], [5]), snapshot=True)]))
+        snapshot = conv[0][5].clone()
+        conv[0][5] += 100.0  # vLLM may reuse the block right after the step: the copy was taken before
+        wait(worker, {"a"}, sending=1)
+        deadline = time.monotonic() + 20
+        while worker.counters.totals()["stored_blocks"] < 4:  # 2 KV blocks, conv and ssm states
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+
+        worker.submit(StepJobs(loads=[LoadJob("ok", refs(0, [0, 1], [8, 9]) + refs(1, [1], [10]))]))
+        _, recving, failed = wait(worker, set(), recving=1)
+        assert recving == {"ok"} and failed == set()
+        assert torch.equal(conv[0][10], snapshot)
+        assert torch.equal(ssm[0][10], ssm[0][5])
+
+        worker.submit(StepJobs(loads=[LoadJob("bad", refs(0, [0, 1], [8, 9]) + refs(1, [0], [11]))]))
+        _, recving, failed = wait(worker, set(), recving=1)
+        assert recving == failed == {"bad"}
+        assert worker.take_load_errors() == set()
+    finally:
+        worker.shutdown()
+
+
+def test_dead_vault_fails_loads_and_releases_stores(vault_factory: VaultFactory) -> None:
+    vault = vault_factory()
+    address = vault.address
+    vault.kill()
+    worker = make_worker(address, {0: [kv_view(kv_caches())]}, timeout=0.5)
+    try:
+        worker.submit(StepJobs(stores=[StoreJob("a", refs(0, [0], [1]))]))
+        worker.submit(StepJobs(loads=[LoadJob("b", refs(0, [0, 1], [4, 5]))]))
+        sending, recving, _ = wait(worker, {"a"}, sending=1, recving=1)
+        assert sending == {"a"} and recving == {"b"}
+        assert worker.take_load_errors() == {4, 5}
+        assert worker.counters.totals()["stored_blocks"] == 0
+    finally:
+        worker.shutdown()
+
+
+def test_full_store_queue_drops_instead_of_blocking(blackhole: str) -> None:
+    worker = make_worker(
+        blackhole, {0: [kv_view(kv_caches())]}, timeout=1.0, max_inflight_stores=1, max_queued_stores=0
+    )
+    try:
+        worker.submit(StepJobs(stores=[StoreJob("slow", refs(0, [0], [1]))]))
+        started = time.monotonic()
+        worker.submit(StepJobs(stores=[StoreJob("dropped", refs(0, [0], [2]))]))
+        assert time.monotonic() - started < 0.5, "submit must not wait for the store in flight"
+        sending, _, _ = wait(worker, {"slow", "dropped"}, sending=1)
+        assert sending == {"dropped"}
+        assert worker.counters.totals()["stores_dropped"] == 1
+        sending, _, _ = wait(worker, {"slow"}, sending=1)
+        assert sending == {"slow"}
+    finally:
+        worker.shutdown()
