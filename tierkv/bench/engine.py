@@ -115,7 +115,10 @@ class OpenAIHTTP:
     def _connect(self) -> http.client.HTTPConnection:
         cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         conn = cls(self.host, self.port, timeout=self.timeout_s)
-        conn.connect()
+        try:
+            conn.connect()
+        except OSError as exc:
+            raise BenchError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         return conn
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:

@@ -161,10 +161,10 @@ class PromptMaker:
     def prompt(self, tokens: int) -> str:
         """A new prompt, sharing no prefix with earlier ones, of ``tokens`` tokens (at most, when counted)."""
         self._serial += 1
-        tag = f"Log {self._serial}-{self._rng.getrandbits(40):010x}:"
+        tag = f"Log-{self._serial}-{self._rng.getrandbits(40):010x}:"
         target_words = max(1, int(tokens / self.tokens_per_word))
         if self._count is None:
-            return " ".join([tag, *self._words(target_words)[:target_words]])
+            return " ".join([tag, *self._words(target_words)][:target_words])
         words = [tag, *self._words(int(target_words * 1.5) + 8)]
         while self._count(" ".join(words)) < tokens:
             words.extend(self._words(len(words) // 2 + 8))
