@@ -300,6 +300,19 @@ class TieredSession:
             self.last_stats.reused_text_tokens = tplan.reused_tokens
             return decode(tokenizer, generated, skip_special_tokens=True)
 
+    def restore_cache(self, input_ids: Any) -> tuple[Any, GenerationStats]:
+        """A ``DynamicCache`` holding as much of ``input_ids`` as the tiers can restore.
+
+        For callers that drive the model themselves: feed ``input_ids[:, stats.restored_tokens:]``
+        with ``position_ids`` starting at ``stats.restored_tokens``. Nothing is added to the hot tier.
+        """
+        with self._lock:
+            ids = self._prompt(input_ids)
+            stats = GenerationStats(prompt_tokens=int(ids.shape[1]))
+            restored = self._restore(as_tokens(ids[0].cpu().numpy()), stats)
+            self._fill_stats(stats, restored.plan)
+            return restored.cache, stats
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for background stores to finish; False if ``timeout`` passed first."""
         return self._worker.drain(timeout)
@@ -346,12 +359,7 @@ class TieredSession:
         stats = GenerationStats(prompt_tokens=len(tokens))
         restored = self._restore(tokens, stats)
         plan = restored.plan
-        stats.restored_tokens = plan.restored
-        stats.computed_tokens = plan.computed
-        stats.source = plan.source
-        stats.hot_hits = plan.restored if plan.source == "hot" else plan.hot_tokens
-        stats.cold_hits = plan.cold_tokens
-        stats.cold_blocks = plan.cold_blocks
+        self._fill_stats(stats, plan)
         cache = restored.cache
         states = restored.states
         if self.layout.has_states:
@@ -379,6 +387,15 @@ class TieredSession:
         self._keep(sequences[0], cache, restored)
         self.last_stats = stats
         return sequences
+
+    @staticmethod
+    def _fill_stats(stats: GenerationStats, plan: RestorePlan) -> None:
+        stats.restored_tokens = plan.restored
+        stats.computed_tokens = plan.computed
+        stats.source = plan.source
+        stats.hot_hits = plan.hot_tokens
+        stats.cold_hits = plan.cold_tokens
+        stats.cold_blocks = plan.cold_blocks
 
     def _prefill_to_boundaries(
         self, ids: torch.Tensor, cache: Any, restored: int, states: dict[int, StateSnapshot]
