@@ -12,6 +12,7 @@ import torch
 
 from tests.conftest import VaultFactory
 from tierkv.client.cluster import Cluster
+from tierkv.connectors.vllm import worker as worker_module
 from tierkv.connectors.vllm.layout import AttentionGeometry, KVGroupView, StateGroupView, attention_view
 from tierkv.connectors.vllm.plan import (
     KV,
@@ -110,6 +111,23 @@ def test_store_then_load_restores_identical_blocks(vault_address: str) -> None:
         assert worker.take_load_errors() == set()
         for cache in caches:
             assert torch.equal(cache[9:12], cache[3:6])
+    finally:
+        worker.shutdown()
+
+
+def test_long_requests_move_in_chunks(vault_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker_module, "CHUNK_BLOCKS", 2)
+    caches = kv_caches()
+    worker = make_worker(vault_address, {0: [kv_view(caches)]})
+    try:
+        worker.submit(StepJobs(stores=[StoreJob("a", refs(0, [0, 1, 2, 3, 4], [1, 2, 3, 4, 5]))]))
+        wait(worker, {"a"}, sending=1)
+        assert worker.counters.totals()["stored_blocks"] == 5
+        worker.submit(StepJobs(loads=[LoadJob("b", refs(0, [0, 1, 2, 3, 4], [7, 8, 9, 10, 11]))]))
+        wait(worker, set(), recving=1)
+        assert worker.take_load_errors() == set()
+        for cache in caches:
+            assert torch.equal(cache[7:12], cache[1:6])
     finally:
         worker.shutdown()
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 MAX_PUT_BYTES = 32 * 1024 * 1024
 """Blobs per put call are capped at this many bytes (well under the vaults' message limits)."""
+CHUNK_BLOCKS = 64
+"""Blocks copied out of (or fetched into) the KV cache at a time, bounding the memory a transfer holds."""
 
 GroupView = KVGroupView | StateGroupView
 
@@ -195,44 +197,56 @@ class WorkerSide:
 
     def _store(self, job: StoreJob, copies: dict[Stream, tuple[list[BlockRef], torch.Tensor]] | None) -> None:
         cluster = self.cluster
-        stored = skipped = failed = nbytes = 0
+        tally = dict.fromkeys(("stored_blocks", "stored_bytes", "store_skipped_blocks", "store_failures"), 0)
         for stream, wanted in self._by_stream(job.refs).items():
             view = self.views.get(stream)
             if view is None or not wanted:
                 continue
             ns = self.namespaces[stream]
             if copies is not None and stream in copies:
-                refs, data = copies[stream]
+                chunks: Iterable[tuple[list[BlockRef], torch.Tensor]] = [copies[stream]]
             else:
                 present = cluster.prefix_lookup(ns, [r.key for r in wanted], role=stream.role)
-                skipped += present
-                refs = wanted[present:]
-                if not refs:
-                    continue
-                data = view.gather([r.block_id for r in refs])
+                tally["store_skipped_blocks"] += present
+                chunks = self._gathered(view, wanted[present:])
             batch: dict[bytes, bytes] = {}
             size = 0
-            for i, ref in enumerate(refs):
-                blob = encode_tensor(
-                    data[i],
-                    codec=self.codec if stream.kind == KV else "raw",
-                    tokens=self.topology.block_size,
-                    layer_group=stream.layer_group,
-                )
-                batch[ref.key] = blob
-                size += len(blob)
-                if size >= MAX_PUT_BYTES or i == len(refs) - 1:
-                    acked = cluster.put(ns, batch, role=stream.role)
-                    stored += acked
-                    failed += len(batch) - acked
-                    nbytes += size * acked // len(batch)
-                    batch, size = {}, 0
-        self.counters.add("stored_blocks", stored)
-        self.counters.add("stored_bytes", nbytes)
-        self.counters.add("store_skipped_blocks", skipped)
-        self.counters.add("store_failures", failed)
+            for refs, data in chunks:
+                for ref, block in zip(refs, data, strict=True):
+                    blob = encode_tensor(
+                        block,
+                        codec=self.codec if stream.kind == KV else "raw",
+                        tokens=self.topology.block_size,
+                        layer_group=stream.layer_group,
+                    )
+                    batch[ref.key] = blob
+                    size += len(blob)
+                    if size >= MAX_PUT_BYTES:
+                        self._put(cluster, ns, stream, batch, tally)
+                        batch, size = {}, 0
+            if batch:
+                self._put(cluster, ns, stream, batch, tally)
+        for name, value in tally.items():
+            self.counters.add(name, value)
         if not job.snapshot:
             self.counters.add("store_requests")
+
+    @staticmethod
+    def _put(
+        cluster: Cluster, ns: bytes, stream: Stream, batch: dict[bytes, bytes], tally: dict[str, int]
+    ) -> None:
+        size = sum(map(len, batch.values()))
+        acked = cluster.put(ns, batch, role=stream.role)
+        tally["stored_blocks"] += acked
+        tally["store_failures"] += len(batch) - acked
+        tally["stored_bytes"] += size * acked // len(batch)
+
+    @staticmethod
+    def _gathered(view: GroupView, refs: list[BlockRef]) -> Iterator[tuple[list[BlockRef], torch.Tensor]]:
+        """Copies of the blocks, ``CHUNK_BLOCKS`` at a time: a long request never doubles its KV in memory."""
+        for i in range(0, len(refs), CHUNK_BLOCKS):
+            chunk = refs[i : i + CHUNK_BLOCKS]
+            yield chunk, view.gather([r.block_id for r in chunk])
 
     # -- loads -------------------------------------------------------------------------------------
 
@@ -264,41 +278,59 @@ class WorkerSide:
                 bad.extend(refs)
                 continue
             ns = self.namespaces[stream]
-            blobs = cluster.get_buffers(ns, [r.key for r in refs], role=stream.role)
-            corrupt: list[bytes] = []
-            good_ids: list[int] = []
-            tensors: list[torch.Tensor] = []
-            for ref, blob in zip(refs, blobs, strict=True):
-                if blob is None:
-                    bad.append(ref)
-                    continue
-                try:
-                    _, tensor = decode_tensor(
-                        blob,
-                        device=view.device,
-                        dtype=view.dtype,
-                        expect_shape=view.block_shape,
-                        expect_tokens=self.topology.block_size,
-                        expect_layer_group=stream.layer_group,
-                    )
-                except TierKVError as exc:
-                    logger.warning("block %s of request %s not restored: %s", ref.position, job.req_id, exc)
-                    bad.append(ref)
-                    corrupt.append(ref.key)
-                    continue
-                good_ids.append(ref.block_id)
-                tensors.append(tensor)
-                nbytes += len(blob)
-            if good_ids:
-                view.scatter(good_ids, torch.stack(tensors))
-                loaded += len(good_ids)
-            if corrupt:
-                # A blob that fails verification would fail every later restore too: drop it so the
-                # next store of this prefix replaces it.
-                cluster.delete(ns, corrupt, role=stream.role)
+            for i in range(0, len(refs), CHUNK_BLOCKS):
+                chunk = refs[i : i + CHUNK_BLOCKS]
+                n, size = self._load_chunk(cluster, ns, stream, view, chunk, bad, job.req_id)
+                loaded += n
+                nbytes += size
         self.counters.add("restored_blocks", loaded)
         self.counters.add("restored_bytes", nbytes)
         return bad
+
+    def _load_chunk(
+        self,
+        cluster: Cluster,
+        ns: bytes,
+        stream: Stream,
+        view: GroupView,
+        refs: list[BlockRef],
+        bad: list[BlockRef],
+        req_id: str,
+    ) -> tuple[int, int]:
+        """One BatchGet, verified and decoded, written into the cache; failures appended to ``bad``."""
+        blobs = cluster.get_buffers(ns, [r.key for r in refs], role=stream.role)
+        corrupt: list[bytes] = []
+        good_ids: list[int] = []
+        tensors: list[torch.Tensor] = []
+        nbytes = 0
+        for ref, blob in zip(refs, blobs, strict=True):
+            if blob is None:
+                bad.append(ref)
+                continue
+            try:
+                _, tensor = decode_tensor(
+                    blob,
+                    device=view.device,
+                    dtype=view.dtype,
+                    expect_shape=view.block_shape,
+                    expect_tokens=self.topology.block_size,
+                    expect_layer_group=stream.layer_group,
+                )
+            except TierKVError as exc:
+                logger.warning("block %s of request %s not restored: %s", ref.position, req_id, exc)
+                bad.append(ref)
+                corrupt.append(ref.key)
+                continue
+            good_ids.append(ref.block_id)
+            tensors.append(tensor)
+            nbytes += len(blob)
+        if good_ids:
+            view.scatter(good_ids, torch.stack(tensors))
+        if corrupt:
+            # A blob that fails verification would fail every later restore too: drop it so the next
+            # store of this prefix replaces it.
+            cluster.delete(ns, corrupt, role=stream.role)
+        return len(good_ids), nbytes
 
     # -- helpers -----------------------------------------------------------------------------------
 
