@@ -123,6 +123,7 @@ class VaultConfig:
     metrics_port: int = 0
     workers: int = 16
     max_message_bytes: ByteSize = ByteSize(64 * 1024**2)
+    frame_bytes: ByteSize = ByteSize(4 * 1024**2)
     max_batch_bytes: ByteSize = ByteSize(1024**3)
     grace_s: float = 5.0
 
@@ -142,6 +143,8 @@ class VaultConfig:
             raise ConfigError(source, f"{key}.workers", "expected a positive integer")
         if self.max_message_bytes < 64 * 1024:
             raise ConfigError(source, f"{key}.max_message_bytes", "expected at least 64KiB")
+        if not 4096 <= self.frame_bytes <= self.max_message_bytes // 2:
+            raise ConfigError(source, f"{key}.frame_bytes", "expected 4KiB .. max_message_bytes / 2")
         if self.sync_interval_s <= 0 or self.grace_s < 0:
             raise ConfigError(source, f"{key}.sync_interval_s", "expected a positive number of seconds")
 

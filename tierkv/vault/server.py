@@ -53,13 +53,12 @@ class VaultServer:
         )
         self.metrics = VaultMetrics(self.store.stats)
         role = config.cluster.role if config.cluster.role != "inference" else "kv_cold"
-        frame_bytes = min(4 * 1024 * 1024, vc.max_message_bytes // 2)
         self.service = VaultService(
             self.store,
             role=role,
             metrics=self.metrics,
             limits=Limits(
-                frame_bytes=frame_bytes, max_item_bytes=vc.max_batch_bytes, max_batch_bytes=vc.max_batch_bytes
+                frame_bytes=vc.frame_bytes, max_item_bytes=vc.max_batch_bytes, max_batch_bytes=vc.max_batch_bytes
             ),
         )
         self.health = health.HealthServicer()
