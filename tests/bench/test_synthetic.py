@@ -171,7 +171,7 @@ def test_hybrid_shape_sends_state_snapshots_to_ssm_cold(tmp_path: Path) -> None:
         shape=shape, lengths=(64,), codecs=("int8",), repeats=1, ssm_every=32, max_seconds=60
     )
     result = run_synthetic(
-        config_from_dict({}), settings, VaultSettings(mode="local", state_dir=tmp_path), Console(file=None)
+        config_from_dict({}), settings, VaultSettings(mode="local", state_dir=tmp_path), Console(quiet=True)
     )
     assert result.ok, result.errors
     (cell,) = result.cells

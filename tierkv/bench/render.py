@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tierkv.bench.breakeven import BreakEven
+from tierkv.bench.record import RunMeta
 from tierkv.status import human_bytes
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ def render_synthetic(result: SyntheticResult, console: Console) -> None:
     console.print(table)
     render_vaults(result.vaults, console)
     render_breakeven(result.breakeven, console)
+    render_meta(result.meta, console)
     render_footer(result.warnings, result.errors, result.verdict, result.ok, console)
 
 
@@ -148,6 +150,17 @@ def render_breakeven(breakeven: Mapping[str, BreakEven], console: Console) -> No
         )
 
 
+def render_meta(meta: RunMeta, console: Console) -> None:
+    """One line of context, so a pasted table still says where it was measured."""
+    m, v = meta.machine, meta.versions
+    memory = human_bytes(m["memory_bytes"]) if m.get("memory_bytes") else "?"
+    where = f"{m.get('processor') or m.get('machine')}, {m.get('cpus')} CPUs, {memory}"
+    if m.get("cuda_device"):
+        where += f", {m['cuda_device']}"
+    soft = ", ".join(f"{k} {v[k]}" for k in ("tierkv", "python", "torch", "transformers") if k in v)
+    console.print(f"[dim]{where}; {soft}; {meta.started_at}, {meta.duration_s:.1f} s[/dim]")
+
+
 def render_footer(warnings: list[str], errors: list[str], verdict: str, ok: bool, console: Console) -> None:
     for w in warnings:
         console.print(f"[yellow]warning:[/yellow] {w}")
@@ -192,6 +205,7 @@ def render_hf(result: HFResult, console: Console) -> None:
     console.print(table)
     render_vaults(result.vaults, console)
     render_breakeven(result.breakeven, console)
+    render_meta(result.meta, console)
     render_footer(result.warnings, result.errors, result.verdict, result.ok, console)
 
 
@@ -224,6 +238,7 @@ def render_engine(result: EngineResult, console: Console) -> None:
         )
     console.print(table)
     render_breakeven(result.breakeven, console)
+    render_meta(result.meta, console)
     render_footer(result.warnings, result.errors, result.verdict, result.ok, console)
 
 
