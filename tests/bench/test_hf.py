@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("transformers")
 
 
+@pytest.mark.slow
 def test_hf_bench_restores_from_the_vaults_and_reports_ttft(tmp_path: Path) -> None:
     out = tmp_path / "hf.json"
     result = subprocess.run(
