@@ -9,6 +9,7 @@ these classes once, at the client boundary (``tierkv.client``); nothing above th
 
     TierKVError
     ├── ConfigError            malformed tierkv.toml / flags: names file, key and what was expected
+    ├── BenchError             a benchmark cannot start or go on (no vaults, engine silent, bad setting)
     ├── CodecError             a blob cannot be encoded or decoded
     │   └── CorruptBlobError   header or checksum does not verify: never restore, recompute instead
     └── VaultError             a vault call failed
@@ -33,6 +34,10 @@ class ConfigError(TierKVError):
         self.key = key
         self.problem = problem
         super().__init__(f"{source}: {key}: {problem}")
+
+
+class BenchError(TierKVError):
+    """A bench run cannot start or go on: no vaults, an engine that does not answer, a bad setting."""
 
 
 class CodecError(TierKVError):
@@ -71,6 +76,7 @@ class InvalidRequest(VaultError):
 
 __all__ = [
     "AuthError",
+    "BenchError",
     "CodecError",
     "ConfigError",
     "CorruptBlobError",

@@ -11,11 +11,7 @@ restore beats recomputing; :mod:`.record` stamps every run with machine, version
 
 from __future__ import annotations
 
-from tierkv.errors import TierKVError
-
-
-class BenchError(TierKVError):
-    """A bench run cannot start or go on: no vaults, an engine that does not answer, a bad setting."""
+from tierkv.errors import BenchError
 
 
 __all__ = ["BenchError"]

@@ -58,7 +58,9 @@ class VaultServer:
             role=role,
             metrics=self.metrics,
             limits=Limits(
-                frame_bytes=vc.frame_bytes, max_item_bytes=vc.max_batch_bytes, max_batch_bytes=vc.max_batch_bytes
+                frame_bytes=vc.frame_bytes,
+                max_item_bytes=vc.max_batch_bytes,
+                max_batch_bytes=vc.max_batch_bytes,
             ),
         )
         self.health = health.HealthServicer()
