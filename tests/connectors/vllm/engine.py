@@ -25,27 +25,37 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 1024
-HIDDEN, INTERMEDIATE, LAYERS, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 128, 256, 2, 1000, 4, 2, 32
+HIDDEN, LAYERS, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 128, 2, 1000, 4, 2, 32
 
 Output = tuple[list[int], list[float]]
 """Greedy token ids and the logprob of each chosen token."""
 
 
-def write_tiny_llama(path: Path, seed: int = 1234) -> Path:
-    """A 2-layer Llama (GQA, 2 KV heads of 32) with seeded weights; returns its directory."""
+def write_tiny_llama(
+    path: Path,
+    seed: int = 1234,
+    *,
+    layers: int = LAYERS,
+    hidden: int = HIDDEN,
+    heads: int = HEADS,
+    kv_heads: int = KV_HEADS,
+    head_dim: int = HEAD_DIM,
+) -> Path:
+    """A small Llama (default: 2 layers, 2 KV heads of 32) with seeded weights; returns its directory."""
     import torch
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
+    intermediate = 2 * hidden
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTERMEDIATE,
-        "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "head_dim": HEAD_DIM,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
         "vocab_size": VOCAB,
         "max_position_embeddings": 2048,
         "rms_norm_eps": 1e-5,
@@ -61,22 +71,22 @@ def write_tiny_llama(path: Path, seed: int = 1234) -> Path:
         return torch.randn((rows, cols), generator=gen) * (scale / math.sqrt(cols))
 
     tensors = {
-        "model.embed_tokens.weight": torch.randn((VOCAB, HIDDEN), generator=gen),
-        "model.norm.weight": torch.ones(HIDDEN),
-        "lm_head.weight": w(VOCAB, HIDDEN, scale=4.0),
+        "model.embed_tokens.weight": torch.randn((VOCAB, hidden), generator=gen),
+        "model.norm.weight": torch.ones(hidden),
+        "lm_head.weight": w(VOCAB, hidden, scale=4.0),
     }
-    for i in range(LAYERS):
+    for i in range(layers):
         p = f"model.layers.{i}."
         tensors |= {
-            p + "self_attn.q_proj.weight": w(HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.k_proj.weight": w(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.v_proj.weight": w(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.o_proj.weight": w(HIDDEN, HEADS * HEAD_DIM),
-            p + "mlp.gate_proj.weight": w(INTERMEDIATE, HIDDEN),
-            p + "mlp.up_proj.weight": w(INTERMEDIATE, HIDDEN),
-            p + "mlp.down_proj.weight": w(HIDDEN, INTERMEDIATE),
-            p + "input_layernorm.weight": torch.ones(HIDDEN),
-            p + "post_attention_layernorm.weight": torch.ones(HIDDEN),
+            p + "self_attn.q_proj.weight": w(heads * head_dim, hidden),
+            p + "self_attn.k_proj.weight": w(kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": w(kv_heads * head_dim, hidden),
+            p + "self_attn.o_proj.weight": w(hidden, heads * head_dim),
+            p + "mlp.gate_proj.weight": w(intermediate, hidden),
+            p + "mlp.up_proj.weight": w(intermediate, hidden),
+            p + "mlp.down_proj.weight": w(hidden, intermediate),
+            p + "input_layernorm.weight": torch.ones(hidden),
+            p + "post_attention_layernorm.weight": torch.ones(hidden),
         }
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"))
     write_word_tokenizer(path)
@@ -101,7 +111,7 @@ def write_word_tokenizer(path: Path) -> None:
     (path / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def make_llm(model: Path, extra: dict[str, Any] | None = None) -> Any:
+def make_llm(model: Path, extra: dict[str, Any] | None = None, max_model_len: int = MAX_MODEL_LEN) -> Any:
     """An in-process engine; with ``extra`` it runs TierKVConnector with that extra config."""
     from vllm import LLM
     from vllm.config import KVTransferConfig
@@ -122,7 +132,7 @@ def make_llm(model: Path, extra: dict[str, Any] | None = None) -> Any:
         enforce_eager=True,
         dtype="float32",
         block_size=BLOCK_SIZE,
-        max_model_len=MAX_MODEL_LEN,
+        max_model_len=max_model_len,
         seed=0,
         kv_transfer_config=transfer,
     )

@@ -301,17 +301,17 @@ class WorkerSide:
         blobs = cluster.get_buffers(ns, [r.key for r in refs], role=stream.role)
         corrupt: list[bytes] = []
         good_ids: list[int] = []
-        tensors: list[torch.Tensor] = []
+        # Decoded straight into one buffer: the blocks are copied once more, by the scatter.
+        buffer = torch.empty((len(refs), *view.block_shape), dtype=view.dtype, device=view.device)
         nbytes = 0
         for ref, blob in zip(refs, blobs, strict=True):
             if blob is None:
                 bad.append(ref)
                 continue
             try:
-                _, tensor = decode_tensor(
+                decode_tensor(
                     blob,
-                    device=view.device,
-                    dtype=view.dtype,
+                    out=buffer[len(good_ids)],
                     expect_shape=view.block_shape,
                     expect_tokens=self.topology.block_size,
                     expect_layer_group=stream.layer_group,
@@ -322,10 +322,9 @@ class WorkerSide:
                 corrupt.append(ref.key)
                 continue
             good_ids.append(ref.block_id)
-            tensors.append(tensor)
             nbytes += len(blob)
         if good_ids:
-            view.scatter(good_ids, torch.stack(tensors))
+            view.scatter(good_ids, buffer[: len(good_ids)])
         if corrupt:
             # A blob that fails verification would fail every later restore too: drop it so the next
             # store of this prefix replaces it.
