@@ -13,5 +13,4 @@ from __future__ import annotations
 
 from tierkv.errors import BenchError
 
-
 __all__ = ["BenchError"]
