@@ -316,6 +316,19 @@ def test_finished_request_keeps_its_blocks_until_the_store_is_reported(
     assert not connector(s).has_pending_push_work()
 
 
+def test_request_aborted_while_loading_is_not_stored(model_dir: Path, kv_vault: VaultProcess) -> None:
+    s = make_scheduler(model_dir, kv_vault.address, [attention(["l0"])])
+    request = make_request(tokens(4 * BS, seed=10))
+    stage(s, request, [0, 1, 2])
+    s.add_request(request)
+    until(s, request, RequestStatus.WAITING_FOR_REMOTE_KVS)
+    s.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
+    assert jobs(step(s)).stores == [], "blocks still being loaded hold nothing to store"
+    step(s, recving={request.request_id})
+    assert request.request_id not in s.requests
+    assert not connector(s).has_pending_push_work()
+
+
 def test_aligned_mamba_boundary_states_become_snapshot_stores(
     model_dir: Path, kv_vault: VaultProcess
 ) -> None:

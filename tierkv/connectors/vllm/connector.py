@@ -319,7 +319,9 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return TierKVMetadata(self.scheduler.take_jobs(offers))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        self.scheduler.sent(set(connector_output.finished_sending or ()))
+        self.scheduler.transfers_done(
+            set(connector_output.finished_sending or ()), set(connector_output.finished_recving or ())
+        )
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self.scheduler.finished(request, (block_ids,)), None

@@ -78,6 +78,7 @@ class SchedulerSide:
         self._requests: dict[str, Any] = {}
         self._jobs = StepJobs()
         self._sending: set[str] = set()
+        self._loading: set[str] = set()
 
     @property
     def cluster(self) -> Cluster:
@@ -156,6 +157,7 @@ class SchedulerSide:
         window = Window(entry.window.start, entry.window.start + num_external_tokens // bs)
         keys = self.block_keys(request)
         refs = load_refs(self.topology, keys, block_ids, window)
+        self._loading.add(request.request_id)
         if refs is None:
             logger.error("request %s: vLLM allocated no block for part of the load", request.request_id)
             refs = [
@@ -176,6 +178,9 @@ class SchedulerSide:
         refs = finished_refs(self.topology, self.block_keys(request), block_ids, request.num_computed_tokens)
         if self._forget is not None:
             self._forget(request.request_id)
+        if request.request_id in self._loading:
+            # Aborted while its blocks were still being loaded: they hold nothing worth storing yet.
+            refs = []
         if not refs:
             return False
         self._jobs.stores.append(StoreJob(request.request_id, tuple(refs)))
@@ -195,9 +200,10 @@ class SchedulerSide:
                     jobs.stores.append(StoreJob(req_id, tuple(refs), snapshot=True))
         return jobs
 
-    def sent(self, req_ids: set[str]) -> None:
-        """Requests whose stores the workers reported finished."""
-        self._sending -= req_ids
+    def transfers_done(self, sent: set[str], received: set[str]) -> None:
+        """Requests whose stores (``sent``) or loads (``received``) the workers reported finished."""
+        self._sending -= sent
+        self._loading -= received
 
     def forget_lookups(self) -> None:
         """Drop finished lookups so the next question asks the vaults again."""
