@@ -14,12 +14,12 @@ codec's own header and payload checksums; a mismatch is a miss, never a restore.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from tierkv.codec import LayerGroup
+from tierkv.codec import Buffer, LayerGroup
 from tierkv.codec.torch_codec import decode_tensor, encode_tensor
 from tierkv.connectors.hf.layout import KV, CacheLayout, StateSnapshot, StateSpec
 from tierkv.errors import CodecError
@@ -53,9 +53,7 @@ class BlockCodec:
         t = torch.stack([torch.stack((k[0, :, s:e], v[0, :, s:e])) for k, v in kv])
         return encode_tensor(t, codec=self.codec, tokens=self.block_size, layer_group=LayerGroup.ATTENTION)
 
-    def decode_kv_blocks(
-        self, blobs: Sequence[bytes | memoryview | None], device: torch.device
-    ) -> DecodeResult:
+    def decode_kv_blocks(self, blobs: Sequence[Buffer | None], device: torch.device) -> DecodeResult:
         """Decode the leading run of blobs that are present and verify; stop at the first that is not."""
         expected = self.layout.block_shape(self.block_size)
         tensors: list[torch.Tensor] = []
@@ -104,7 +102,7 @@ class BlockCodec:
         return groups
 
     def decode_states(
-        self, blobs: dict[LayerGroup, bytes | memoryview | None], position: int, device: torch.device
+        self, blobs: Mapping[LayerGroup, Buffer | None], position: int, device: torch.device
     ) -> StateSnapshot | None:
         """The snapshot at ``position`` if every group's blob is present and verifies, else None."""
         parts: dict[LayerGroup, tuple[torch.Tensor, ...]] = {LayerGroup.SSM: (), LayerGroup.CONV: ()}
@@ -123,7 +121,7 @@ class BlockCodec:
 
     @staticmethod
     def _decode_group(
-        blob: bytes | memoryview,
+        blob: Buffer,
         group: LayerGroup,
         specs: Sequence[StateSpec],
         position: int,

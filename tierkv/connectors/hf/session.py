@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
-from tierkv.codec import LayerGroup
+from tierkv.codec import Buffer, LayerGroup
 from tierkv.connectors.hf.blocks import BlockCodec
 from tierkv.connectors.hf.layout import (
     KV,
@@ -549,7 +549,9 @@ class TieredSession:
         """One get for the planned blocks; a shorter verified run shrinks the plan."""
         assert self.cluster is not None
         t = time.perf_counter()
-        blobs = self.cluster.get(self.namespace, keys[plan.cold_start : plan.cold_stop], role=KV_ROLE)
+        # Zero-copy views into the received frames when the cluster offers them.
+        fetch: Callable[..., Sequence[Buffer | None]] = getattr(self.cluster, "get_buffers", self.cluster.get)
+        blobs = fetch(self.namespace, keys[plan.cold_start : plan.cold_stop], role=KV_ROLE)
         stats.network_s += time.perf_counter() - t
         stats.bytes_fetched += sum(len(b) for b in blobs if b is not None)
         t = time.perf_counter()
