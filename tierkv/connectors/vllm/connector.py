@@ -7,6 +7,7 @@ Launch::
         "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"config_path": "/etc/tierkv/tierkv.toml"}}'
 
+``kv_role`` ``kv_both`` stores and restores; ``kv_producer`` only stores, ``kv_consumer`` only restores.
 ``kv_load_failure_policy: recompute`` makes vLLM recompute a block whose load failed; with vLLM's
 default ("fail") such a request ends with an error instead. Either way a failed block is never used.
 
@@ -166,6 +167,8 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 self.settings.cluster,
                 self.keybook.keys,
                 forget=self.keybook.forget,
+                restores=transfer.is_kv_consumer,
+                stores=transfer.is_kv_producer,
                 max_state_probes=self.settings.max_state_probes,
                 lookup_threads=self.settings.lookup_threads,
                 counters=self.counters,

@@ -61,6 +61,8 @@ class SchedulerSide:
         block_keys: KeyFunction,
         *,
         forget: Callable[[str], None] | None = None,
+        restores: bool = True,
+        stores: bool = True,
         max_state_probes: int = 4,
         lookup_threads: int = 2,
         counters: Counters | None = None,
@@ -68,6 +70,8 @@ class SchedulerSide:
         self.topology = topology
         self.namespaces = {s: tuple(ns) for s, ns in namespaces.items()}
         self.block_keys = block_keys
+        self.restores = restores
+        self.stores = stores
         self._forget = forget
         self.max_state_probes = max_state_probes
         self.counters = counters or Counters()
@@ -94,7 +98,7 @@ class SchedulerSide:
 
     def matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         """vLLM's ``get_num_new_matched_tokens``: tokens loadable past the local hit, and "async"."""
-        if not self.topology.restorable:
+        if not (self.restores and self.topology.restorable):
             return 0, False
         keys = self.block_keys(request)
         window = restore_window(request.num_tokens, num_computed_tokens, self.topology.block_size, len(keys))
@@ -178,8 +182,8 @@ class SchedulerSide:
         refs = finished_refs(self.topology, self.block_keys(request), block_ids, request.num_computed_tokens)
         if self._forget is not None:
             self._forget(request.request_id)
-        if request.request_id in self._loading:
-            # Aborted while its blocks were still being loaded: they hold nothing worth storing yet.
+        if request.request_id in self._loading or not self.stores:
+            # A request aborted while its blocks were still loading holds nothing worth storing yet.
             refs = []
         if not refs:
             return False
@@ -190,7 +194,7 @@ class SchedulerSide:
     def take_jobs(self, boundary_offers: Mapping[str, Sequence[tuple[int, int, int]]]) -> StepJobs:
         """vLLM's ``build_connector_meta``: this step's jobs, with the recurrent-state snapshots offered."""
         jobs, self._jobs = self._jobs, StepJobs()
-        if self.topology.state_groups:
+        if self.stores and self.topology.state_groups:
             for req_id, offers in boundary_offers.items():
                 request = self._requests.get(req_id)
                 if request is None:
