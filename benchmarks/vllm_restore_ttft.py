@@ -13,6 +13,7 @@ wall time of an offline request for one output token. Run from the repository ro
 environment (scripts/setup-vllm-env.sh):
 
     .venv-vllm/bin/python -m benchmarks.vllm_restore_ttft [--model small|medium] [--runs 5] [--lengths 256,960]
+        [--load-mode async|sync]
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="medium")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--lengths", default="256,960")
+    parser.add_argument("--load-mode", choices=["async", "sync"], default="async")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -90,7 +92,8 @@ def main() -> None:
         model = write_tiny_llama(Path(tmp) / "model", **shape)
         vault = VaultProcess(Path(tmp) / "vault", max_bytes="1GiB").start()
         try:
-            llm = make_llm(model, {"kv_cold": vault.address}, max_model_len=max(lengths) + 64)
+            extra = {"kv_cold": vault.address, "load_mode": args.load_mode}
+            llm = make_llm(model, extra, max_model_len=max(lengths) + 64)
             rows = measure(llm, lengths, args.runs)
             totals = {**scheduler_connector(llm).totals()}
             for k, v in worker_connector().totals().items():
@@ -99,12 +102,12 @@ def main() -> None:
         finally:
             vault.stop()
     if args.json:
-        print(json.dumps({"model": args.model, "shape": shape, "rows": rows, "counters": totals}))
+        report = {"model": args.model, "load_mode": args.load_mode, "shape": shape, "rows": rows}
+        print(json.dumps({**report, "counters": totals}))
         return
     kib = kv_bytes_per_token(shape) * BLOCK_SIZE / 1024
-    print(
-        f"model {args.model} {shape}, block {BLOCK_SIZE} tokens = {kib:.0f} KiB of float32 KV, {args.runs} runs"
-    )
+    print(f"model {args.model} {shape}, block {BLOCK_SIZE} tokens = {kib:.0f} KiB of float32 KV")
+    print(f"{args.load_mode} loads, medians of {args.runs} runs")
     print(f"{'tokens':>7} {'prefill ms':>11} {'restore ms':>11} {'local ms':>9} {'prefill/restore':>16}")
     for r in rows:
         print(

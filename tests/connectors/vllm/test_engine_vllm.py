@@ -75,16 +75,22 @@ def reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     return {n: (tokens, logprobs) for n, (tokens, logprobs) in zip(names, outs, strict=True)}
 
 
+@pytest.fixture(scope="module", params=["async", "sync"])
+def load_mode(request: pytest.FixtureRequest) -> str:
+    """Asynchronous loads (the default) and loads inside the step (``load_mode: sync``)."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def vault(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VaultProcess]:
-    proc = VaultProcess(tmp_path_factory.mktemp("vault") / "kv", max_bytes="256MiB").start()
+def vault(tmp_path_factory: pytest.TempPathFactory, load_mode: str) -> Iterator[VaultProcess]:
+    proc = VaultProcess(tmp_path_factory.mktemp(f"vault-{load_mode}") / "kv", max_bytes="256MiB").start()
     yield proc
     proc.stop(timeout=10)
 
 
 @pytest.fixture(scope="module")
-def llm(model_dir: Path, vault: VaultProcess) -> Iterator[Any]:
-    engine = make_llm(model_dir, {"kv_cold": vault.address, "timeout": 1.0})
+def llm(model_dir: Path, vault: VaultProcess, load_mode: str) -> Iterator[Any]:
+    engine = make_llm(model_dir, {"kv_cold": vault.address, "timeout": 1.0, "load_mode": load_mode})
     yield engine
     engine.llm_engine.engine_core.shutdown()
 

@@ -91,7 +91,7 @@ def sliding() -> KVCacheGroupSpec:
 
 
 def make_scheduler(
-    model: Path, address: str, groups: list[KVCacheGroupSpec], *, align: bool = False
+    model: Path, address: str, groups: list[KVCacheGroupSpec], *, align: bool = False, **extra: Any
 ) -> Scheduler:
     config = VllmConfig(
         model_config=ModelConfig(model=str(model), dtype="float32", seed=0, skip_tokenizer_init=True),
@@ -110,7 +110,7 @@ def make_scheduler(
             kv_connector_module_path="tierkv.connectors.vllm.connector",
             kv_role="kv_both",
             kv_load_failure_policy="recompute",
-            kv_connector_extra_config={"kv_cold": address, "timeout": 1.0},
+            kv_connector_extra_config={"kv_cold": address, "timeout": 1.0, **extra},
         ),
         device_config=DeviceConfig("cpu"),
     )
@@ -234,6 +234,20 @@ def test_lookup_is_asynchronous_and_leaves_the_last_token(model_dir: Path, kv_va
     step(s, recving={request.request_id})
     out = until(s, request, RequestStatus.RUNNING)
     assert out.num_scheduled_tokens[request.request_id] == BS, "only the last block is computed"
+
+
+def test_sync_loads_run_in_the_step_that_schedules_the_request(
+    model_dir: Path, kv_vault: VaultProcess
+) -> None:
+    s = make_scheduler(model_dir, kv_vault.address, [attention(["l0"])], load_mode="sync")
+    request = make_request(tokens(4 * BS + 5, seed=11))
+    stage(s, request, [0, 1, 2, 3])
+    s.add_request(request)
+    out = until(s, request, RequestStatus.RUNNING)
+    assert out.num_scheduled_tokens[request.request_id] == 5, "4 blocks loaded, 5 tokens computed"
+    assert out.has_sync_kv_loads
+    (load,) = jobs(out).loads
+    assert load.sync and len(load.refs) == 4
 
 
 def test_partial_hit_claims_the_leading_run_only(model_dir: Path, kv_vault: VaultProcess) -> None:

@@ -52,6 +52,7 @@ def test_toml_file_then_inline_overrides(tmp_path: Path) -> None:
         ({"kv_cold": ""}, "kv_cold"),
         ({"codec": "zstd"}, "codec"),
         ({"hash": "md5"}, "hash"),
+        ({"load_mode": "eager"}, "load_mode"),
         ({"timeout": "fast"}, "timeout"),
         ({"max_inflight_stores": 0}, "max_inflight_stores"),
         ({"max_queued_stores": 1.5}, "max_queued_stores"),

@@ -115,6 +115,21 @@ def test_store_then_load_restores_identical_blocks(vault_address: str) -> None:
         worker.shutdown()
 
 
+def test_sync_loads_finish_inside_submit_and_report_only_errors(vault_address: str) -> None:
+    caches = kv_caches()
+    worker = make_worker(vault_address, {0: [kv_view(caches)]})
+    try:
+        worker.submit(StepJobs(stores=[StoreJob("a", refs(0, [0, 1], [1, 2]))]))
+        wait(worker, {"a"}, sending=1)
+        worker.submit(StepJobs(loads=[LoadJob("b", refs(0, [0, 1, 2], [8, 9, 10]), sync=True)]))
+        for cache in caches:
+            assert torch.equal(cache[8:10], cache[1:3]), "a sync load is done when submit returns"
+        assert worker.take_load_errors() == {10}
+        assert worker.finished(set()) == (set(), set(), set()), "vLLM does not wait for sync loads"
+    finally:
+        worker.shutdown()
+
+
 def test_long_requests_move_in_chunks(vault_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(worker_module, "CHUNK_BLOCKS", 2)
     caches = kv_caches()

@@ -169,6 +169,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 forget=self.keybook.forget,
                 restores=transfer.is_kv_consumer,
                 stores=transfer.is_kv_producer,
+                sync_loads=self.settings.load_mode == "sync",
                 max_state_probes=self.settings.max_state_probes,
                 lookup_threads=self.settings.lookup_threads,
                 counters=self.counters,

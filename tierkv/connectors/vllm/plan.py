@@ -180,12 +180,14 @@ class LoadJob:
     """Blocks to fetch into a request's freshly allocated blocks (asynchronously).
 
     ``broken`` marks a load that cannot be done (vLLM allocated no block where one was needed): its
-    blocks are reported as failed without being fetched.
+    blocks are reported as failed without being fetched. ``sync`` loads run inside the step, before the
+    forward that uses them, and are not reported as finished transfers.
     """
 
     req_id: str
     refs: tuple[BlockRef, ...]
     broken: bool = False
+    sync: bool = False
 
 
 @dataclass(frozen=True)

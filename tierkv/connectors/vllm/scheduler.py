@@ -63,6 +63,7 @@ class SchedulerSide:
         forget: Callable[[str], None] | None = None,
         restores: bool = True,
         stores: bool = True,
+        sync_loads: bool = False,
         max_state_probes: int = 4,
         lookup_threads: int = 2,
         counters: Counters | None = None,
@@ -72,6 +73,8 @@ class SchedulerSide:
         self.block_keys = block_keys
         self.restores = restores
         self.stores = stores
+        # vLLM can take failed blocks of a synchronous load only when block ids are unique (one group).
+        self.sync_loads = sync_loads and len(topology.groups) == 1
         self._forget = forget
         self.max_state_probes = max_state_probes
         self.counters = counters or Counters()
@@ -113,7 +116,7 @@ class SchedulerSide:
             return None, False
         hits = entry.future.result()
         tokens = claimed_tokens(window, hits, self.topology.block_size)
-        return (tokens, True) if tokens else (0, False)
+        return (tokens, not self.sync_loads) if tokens else (0, False)
 
     def _lookup(self, keys: list[bytes], window: Window) -> int:
         """Leading blocks of ``keys`` that every stream of every rank holds (0 on any failure)."""
@@ -169,9 +172,13 @@ class SchedulerSide:
                 for g in self.topology.kv_groups
                 for pos in range(window.start, min(window.stop, len(block_ids[g.index])))
             ]
-            self._jobs.loads.append(LoadJob(request.request_id, tuple(refs), broken=True))
+            self._jobs.loads.append(
+                LoadJob(request.request_id, tuple(refs), broken=True, sync=self.sync_loads)
+            )
             return
-        self._jobs.loads.append(LoadJob(request.request_id, tuple(refs)))
+        self._jobs.loads.append(LoadJob(request.request_id, tuple(refs), sync=self.sync_loads))
+        if self.sync_loads:
+            self._loading.discard(request.request_id)
 
     # -- store -------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = "kv_connector_extra_config"
 HASH_MODES = ("auto", "engine", "tierkv")
+LOAD_MODES = ("async", "sync")
 
 
 def _addresses(key: str, value: Any) -> tuple[str, ...]:
@@ -69,6 +70,7 @@ KNOWN_KEYS = frozenset(
         "namespace",
         "model_id",
         "hash",
+        "load_mode",
         "max_inflight_stores",
         "max_queued_stores",
         "max_state_probes",
@@ -90,6 +92,7 @@ class ConnectorSettings:
     namespace: str = ""
     model_id: str = ""
     hash: str = "auto"
+    load_mode: str = "async"
     max_inflight_stores: int = 2
     max_queued_stores: int = 64
     max_state_probes: int = 4
@@ -122,6 +125,9 @@ class ConnectorSettings:
         hash_mode = _string(extra, "hash", "auto")
         if hash_mode not in HASH_MODES:
             raise ConfigError(SOURCE, "hash", f"expected one of {HASH_MODES}, got {hash_mode!r}")
+        load_mode = _string(extra, "load_mode", "async")
+        if load_mode not in LOAD_MODES:
+            raise ConfigError(SOURCE, "load_mode", f"expected one of {LOAD_MODES}, got {load_mode!r}")
         return cls(
             config=config,
             kv_cold=kv_cold,
@@ -131,6 +137,7 @@ class ConnectorSettings:
             namespace=_string(extra, "namespace", ""),
             model_id=_string(extra, "model_id", ""),
             hash=hash_mode,
+            load_mode=load_mode,
             max_inflight_stores=_number(extra, "max_inflight_stores", 2, minimum=1, integer=True),
             max_queued_stores=_number(extra, "max_queued_stores", 64, minimum=0, integer=True),
             max_state_probes=_number(extra, "max_state_probes", 4, minimum=1, integer=True),
@@ -153,4 +160,4 @@ class ConnectorSettings:
         )
 
 
-__all__ = ["HASH_MODES", "KNOWN_KEYS", "SOURCE", "ConnectorSettings"]
+__all__ = ["HASH_MODES", "KNOWN_KEYS", "LOAD_MODES", "SOURCE", "ConnectorSettings"]

@@ -107,7 +107,10 @@ class WorkerSide:
             else:
                 self._submit_store(job)
         for load in jobs.loads:
-            self._loads.submit(self._guarded_load, load)
+            if load.sync:
+                self._guarded_load(load)
+            else:
+                self._loads.submit(self._guarded_load, load)
 
     def finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str], set[str]]:
         """(done sending, done receiving, failed receiving) since the last call.
@@ -263,7 +266,8 @@ class WorkerSide:
                     st.error_blocks.update(r.block_id for r in bad)
                 else:
                     st.loads_failed.add(job.req_id)
-            st.loads_done.add(job.req_id)
+            if not job.sync:
+                st.loads_done.add(job.req_id)
         self.counters.add("load_errors", len(bad))
         self.counters.add("restore_requests")
 
