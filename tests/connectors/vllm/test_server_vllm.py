@@ -89,7 +89,12 @@ def server(tmp_path: Path, vault_factory: VaultFactory) -> Iterator[tuple[str, P
         "--kv-transfer-config",
         json.dumps(transfer),
     ]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",  # scheduler and worker connectors in separate processes
+    }
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
