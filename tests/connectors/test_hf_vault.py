@@ -208,9 +208,11 @@ def test_corrupted_state_falls_back_to_an_earlier_boundary(cluster: Cluster) -> 
 @pytest.mark.slow
 def test_int8_restore_agreement(cluster: Cluster) -> None:
     """int8 KV is lossy: report greedy agreement over 64 tokens and the logit error."""
-    from tierkv.connectors.hf.bench import int8_agreement
+    from tierkv.connectors.hf.bench import restore_agreement
 
-    result = int8_agreement(tiny_model("qwen2"), cluster, prompt_len=96, new_tokens=64)
+    raw = restore_agreement(tiny_model("qwen2"), cluster, codec="raw", prompt_len=96, new_tokens=64)
+    assert raw.agreement == 1.0 and raw.max_logit_error < 1e-4
+    result = restore_agreement(tiny_model("qwen2"), cluster, codec="int8", prompt_len=96, new_tokens=64)
     print(
         f"int8: free-running agreement {result.agreement:.3f} (first divergence {result.first_divergence}), "
         f"teacher-forced {result.teacher_forced_agreement:.3f}, logit error max {result.max_logit_error:.4f} "
