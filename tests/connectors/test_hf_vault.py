@@ -221,3 +221,32 @@ def test_int8_restore_agreement(cluster: Cluster) -> None:
     assert result.restored_tokens == 80 and result.new_tokens == 64
     assert result.teacher_forced_agreement >= 0.9
     assert 0.0 < result.max_logit_error < 0.1 * result.logit_scale
+
+
+def test_hybrid_hit_needs_both_kv_and_state(
+    cluster: Cluster, vaults: tuple[VaultProcess, VaultProcess]
+) -> None:
+    model = tiny_model("granitemoehybrid")
+    ids = prompt(50)
+    ref = reference(model, ids, NEW)
+    writer = _session(model, cluster)
+    writer.generate(ids, max_new_tokens=NEW)
+    writer.persist(timeout=30)
+
+    # Corrupt one KV block before the boundary: the state there cannot be used without it.
+    keys = writer._kv_keys(_tokens(ids), 3)  # type: ignore[arg-type]
+    blob = bytearray(cluster.get(writer.namespace, [keys[0]])[0] or b"")
+    blob[-2] ^= 0x08
+    cluster.put(writer.namespace, {keys[0]: bytes(blob)})
+    reader = _session(model, cluster)
+    assert torch.equal(reader.generate(ids, max_new_tokens=NEW), ref)
+    assert reader.last_stats.restored_tokens == 0 and reader.last_stats.rejected_blobs == 1
+
+    # KV intact but the ssm_cold vault gone: no state, so no hit is claimed.
+    writer.generate(ids, max_new_tokens=NEW)  # recomputed; shipping it again repairs block 0
+    assert writer.persist(timeout=30)
+    assert cluster.prefix_lookup(writer.namespace, keys) == 3
+    vaults[1].kill()
+    reader = _session(model, cluster)
+    assert torch.equal(reader.generate(ids, max_new_tokens=NEW), ref)
+    assert reader.last_stats.source == "none" and reader.last_stats.computed_tokens == 50
