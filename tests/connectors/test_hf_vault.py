@@ -128,8 +128,9 @@ def test_hot_eviction_ships_blocks_a_later_request_restores(cluster: Cluster) ->
     assert s.last_stats.source == "cold" and s.last_stats.restored_tokens == 48  # 63 restorable -> 3 blocks
 
 
-def test_cold_extends_a_shorter_hot_prefix(cluster: Cluster) -> None:
-    model = tiny_model("llama")
+@pytest.mark.parametrize("family", ["llama", "falcon_h1"])
+def test_cold_extends_a_shorter_hot_prefix(family: str, cluster: Cluster) -> None:
+    model = tiny_model(family)
     long_prompt = prompt(80)
     writer = _session(model, cluster)
     writer.generate(long_prompt, max_new_tokens=2)
