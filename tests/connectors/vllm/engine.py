@@ -111,8 +111,13 @@ def write_word_tokenizer(path: Path) -> None:
     (path / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def make_llm(model: Path, extra: dict[str, Any] | None = None, max_model_len: int = MAX_MODEL_LEN) -> Any:
-    """An in-process engine; with ``extra`` it runs TierKVConnector with that extra config."""
+def make_llm(
+    model: Path, extra: dict[str, Any] | None = None, max_model_len: int = MAX_MODEL_LEN, **engine: Any
+) -> Any:
+    """An in-process engine; with ``extra`` it runs TierKVConnector with that extra config.
+
+    ``engine`` overrides vLLM engine arguments (dtype, block_size, mamba_cache_mode ...).
+    """
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -125,17 +130,54 @@ def make_llm(model: Path, extra: dict[str, Any] | None = None, max_model_len: in
             kv_load_failure_policy="recompute",
             kv_connector_extra_config=extra,
         )
-    return LLM(
-        model=str(model),
-        load_format="safetensors",
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype="float32",
-        block_size=BLOCK_SIZE,
-        max_model_len=max_model_len,
-        seed=0,
-        kv_transfer_config=transfer,
+    args: dict[str, Any] = {
+        "load_format": "safetensors",
+        "skip_tokenizer_init": True,
+        "enforce_eager": True,
+        "dtype": "float32",
+        "block_size": BLOCK_SIZE,
+        "max_model_len": max_model_len,
+        "seed": 0,
+        **engine,
+    }
+    return LLM(model=str(model), kv_transfer_config=transfer, **args)
+
+
+def write_tiny_qwen3_next(path: Path, seed: int = 0) -> Path:
+    """A hybrid model: Qwen3-Next layout (gated delta-net linear attention + full attention, small MoE).
+
+    Built with transformers' own initialisation (std 0.2, so the output depends visibly on every state),
+    saved as safetensors in bfloat16, which vLLM's CPU gated delta-net kernels require.
+    """
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    config = Qwen3NextConfig(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=128,  # the CPU gated delta-net kernel supports this head size
+        linear_value_head_dim=128,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        max_position_embeddings=4096,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
     )
+    torch.manual_seed(seed)
+    model = Qwen3NextForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
 
 
 def generate(llm: Any, prompts: list[list[int]], max_tokens: int = 8) -> list[Output]:

@@ -105,17 +105,42 @@ def test_group_view_stacks_layers_and_keeps_dtype() -> None:
     assert all(torch.equal(layers[i][0], layers[i][4]) for i in range(3))
 
 
-def test_state_views_gather_one_state_across_layers() -> None:
-    conv = [torch.randn(B, 3, 5) for _ in range(2)]
+def test_state_pages_round_trip_bit_exact_from_typed_tensors() -> None:
+    conv = [torch.randn(B, 3, 5, dtype=torch.bfloat16) for _ in range(2)]
     ssm = [torch.randn(B, 2, 4, 4) for _ in range(2)]
-    per_layer = [state_tensors(f"m{i}", [conv[i], ssm[i]]) for i in range(2)]
-    view = StateGroupView(["m0", "m1"], [states[1] for states in per_layer])
-    assert view.block_shape == (2, 2, 4, 4)
+    ssm[1][3, 0, 0, 0] = float("nan")
+    view = StateGroupView(["m0", "m1"], [state_tensors(f"m{i}", [conv[i], ssm[i]]) for i in range(2)])
+    page = 3 * 5 * 2 + 2 * 4 * 4 * 4
+    assert view.block_shape == (2, page // 2)
     got = view.gather([3, 6])
-    assert torch.equal(got[1, 0], ssm[0][6])
-    view.scatter([0], got[:1])
-    assert torch.equal(ssm[1][0], ssm[1][3])
+    assert got.dtype == torch.float16
+    raw = got[0, 1].view(torch.uint8)
+    assert torch.equal(
+        raw, torch.cat([conv[1][3].reshape(-1).view(torch.uint8), ssm[1][3].reshape(-1).view(torch.uint8)])
+    )
+    view.scatter([0, 1], got)
+    for i in range(2):
+        assert torch.equal(conv[i][0].view(torch.int16), conv[i][3].view(torch.int16))
+        assert torch.equal(ssm[i][1].view(torch.int32), ssm[i][6].view(torch.int32))
+
+
+def test_state_pages_from_a_registered_byte_page() -> None:
+    pool = torch.zeros(B * 64, dtype=torch.int8)
+    page = pool.view(B, 64)[:, :40].view(B, 1, 1, 40)  # vLLM CPU: int8 [blocks, 1, 1, bytes], strided
+    page.copy_(torch.randint(-128, 127, (B, 1, 1, 40), dtype=torch.int8))
+    view = StateGroupView(["m"], [state_tensors("m", page)])
+    got = view.gather([2])
+    view.scatter([5], got)
+    assert torch.equal(page[5], page[2])
+    assert torch.count_nonzero(pool.view(B, 64)[:, 40:]) == 0, "bytes outside the page stay untouched"
+
+
+def test_state_views_refuse_what_they_cannot_copy_exactly() -> None:
     with pytest.raises(ConfigError, match="differ across layers"):
-        StateGroupView(["a", "b"], [conv[0], ssm[0]])
+        StateGroupView(["a", "b"], [[torch.zeros(B, 4)], [torch.zeros(B, 8)]])
+    with pytest.raises(ConfigError, match="not even"):
+        StateGroupView(["a"], [[torch.zeros(B, 3, dtype=torch.int8)]])
+    with pytest.raises(ConfigError, match="not dense"):
+        StateGroupView(["a"], [[torch.zeros(B, 4, 2).transpose(1, 2)]])
     with pytest.raises(ConfigError, match="unsupported state cache"):
         state_tensors("m", {"not": "a tensor"})

@@ -32,9 +32,7 @@ def attention_only() -> Topology:
 
 
 def hybrid() -> Topology:
-    return make_topology(
-        [GroupPlan(0, KV, BS, ("attn",)), GroupPlan(1, STATE, BS, ("ssm",), num_states=2)], [], BS
-    )
+    return make_topology([GroupPlan(0, KV, BS, ("attn",)), GroupPlan(1, STATE, BS, ("ssm",))], [], BS)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +80,7 @@ def test_block_keys_use_the_hash_at_each_block_end() -> None:
 def test_topology_refuses_what_it_cannot_restore_exactly() -> None:
     assert attention_only().restorable
     assert not make_topology([GroupPlan(0, KV, BS, ("l",))], ["group 1 (SlidingWindowSpec)"], BS).restorable
-    mixed = make_topology([GroupPlan(0, KV, 16, ("a",)), GroupPlan(1, STATE, 32, ("s",), 1)], [], 16)
+    mixed = make_topology([GroupPlan(0, KV, 16, ("a",)), GroupPlan(1, STATE, 32, ("s",))], [], 16)
     assert "different block sizes" in mixed.unsupported
     assert "multiple" in make_topology([GroupPlan(0, KV, 24, ("a",))], [], 16).unsupported
     assert not make_topology([], [], 16).restorable
@@ -92,11 +90,8 @@ def test_streams_route_kv_and_states_to_their_roles() -> None:
     streams = hybrid().streams
     assert [(s.tag, s.layer_group, s.role) for s in streams] == [
         ("g0.kv0", LayerGroup.ATTENTION, "kv_cold"),
-        ("g1.state0", LayerGroup.CONV, "ssm_cold"),
-        ("g1.state1", LayerGroup.SSM, "ssm_cold"),
+        ("g1.state0", LayerGroup.SSM, "ssm_cold"),
     ]
-    (single,) = GroupPlan(2, STATE, BS, ("s",), num_states=1).streams
-    assert single.layer_group is LayerGroup.SSM
 
 
 def test_load_refs_cover_every_kv_position_and_the_last_state() -> None:

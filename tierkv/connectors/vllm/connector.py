@@ -107,10 +107,10 @@ def classify_groups(kv_cache_config: KVCacheConfig, hash_block_size: int) -> Top
             else:
                 skipped.append(f"group {gid} ({kind}, {spec.dtype}) uses a packed or quantized cache")
         elif isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align":
-            if all(d in SUPPORTED_DTYPES for d in spec.dtypes) and spec.num_speculative_blocks == 0:
-                groups.append(GroupPlan(gid, STATE, spec.block_size, names, num_states=len(spec.shapes)))
+            if spec.num_speculative_blocks == 0:
+                groups.append(GroupPlan(gid, STATE, spec.block_size, names))
             else:
-                skipped.append(f"group {gid} ({kind}) has unsupported state dtypes or speculative blocks")
+                skipped.append(f"group {gid} ({kind}) keeps speculative state blocks")
         elif isinstance(spec, MambaSpec):
             skipped.append(f"group {gid} (Mamba, mamba_cache_mode={spec.mamba_cache_mode!r}, needs 'align')")
         else:
@@ -247,9 +247,8 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 layers = [attention_view(n, layer_tensor(n, kv_caches), geometry, hint) for n in names]
                 views[group.streams[0]] = KVGroupView(layers)
             else:
-                per_layer = [state_tensors(n, kv_caches[n]) for n in names]
-                for stream in group.streams:
-                    views[stream] = StateGroupView(names, [states[stream.index] for states in per_layer])
+                (stream,) = group.streams
+                views[stream] = StateGroupView(names, [state_tensors(n, kv_caches[n]) for n in names])
         tp_rank, pp_rank = _worker_ranks()
         self._worker = WorkerSide(
             self.topology,

@@ -207,40 +207,76 @@ class KVGroupView:
 
 
 class StateGroupView:
-    """One state tensor (index ``k``) of every recurrent layer of a group: ``[n, layers, *state_shape]``."""
+    """The recurrent state of every layer of a group, block by block, as exact bytes.
 
-    def __init__(self, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> None:
-        if not tensors:
-            raise ConfigError(SOURCE, "state group", "a state group without layers")
-        shapes = {tuple(t.shape[1:]) for t in tensors}
-        dtypes = {t.dtype for t in tensors}
-        if len(shapes) != 1 or len(dtypes) != 1:
-            problem = f"state tensors differ across layers: {shapes} {dtypes}"
-            raise ConfigError(SOURCE, ",".join(names), problem)
+    vLLM registers a recurrent layer either as one byte page per block (``int8 [num_blocks, 1, 1,
+    page_bytes]`` on CPU) or as a list of typed state tensors (conv, SSM ...) that are views of that
+    page. Either way the block's payload is the concatenation of the layer's state bytes, stacked over
+    layers into ``[layers, bytes / 2]`` and typed ``float16`` only as a 2-byte carrier: blobs of state are
+    always raw-coded, so every bit comes back unchanged whatever the states' own dtypes are.
+    """
+
+    dtype = torch.float16
+
+    def __init__(self, names: Sequence[str], per_layer: Sequence[Sequence[torch.Tensor]]) -> None:
+        if not per_layer or not all(per_layer):
+            raise ConfigError(SOURCE, ",".join(names), "a state group without state tensors")
         self.names = list(names)
-        self.tensors = list(tensors)
-        self.dtype = tensors[0].dtype
-        self.device = tensors[0].device
+        self.layers = [
+            [_byte_view(name, t) for t in tensors] for name, tensors in zip(names, per_layer, strict=True)
+        ]
+        widths = {sum(t.shape[1] for t in layer) for layer in self.layers}
+        if len(widths) != 1:
+            raise ConfigError(
+                SOURCE, ",".join(names), f"state pages differ across layers: {sorted(widths)} bytes"
+            )
+        self.page_bytes = widths.pop()
+        if self.page_bytes % 2:
+            raise ConfigError(SOURCE, ",".join(names), f"state page of {self.page_bytes} bytes is not even")
+        self.device = self.layers[0][0].device
 
     @property
     def block_shape(self) -> tuple[int, ...]:
-        return (len(self.tensors), *self.tensors[0].shape[1:])
+        return (len(self.layers), self.page_bytes // 2)
 
     def gather(self, block_ids: Sequence[int]) -> torch.Tensor:
         ids = torch.as_tensor(list(block_ids), dtype=torch.long, device=self.device)
-        return torch.stack([t.index_select(0, ids) for t in self.tensors], dim=1)
+        pages = [torch.cat([t.index_select(0, ids) for t in layer], dim=1) for layer in self.layers]
+        return torch.stack(pages, dim=1).view(self.dtype)
 
     def scatter(self, block_ids: Sequence[int], blocks: torch.Tensor) -> None:
         ids = torch.as_tensor(list(block_ids), dtype=torch.long, device=self.device)
-        for i, t in enumerate(self.tensors):
-            t.index_copy_(0, ids, blocks[:, i].to(t.dtype))
+        raw = blocks.to(self.dtype).contiguous().view(torch.uint8)
+        for i, layer in enumerate(self.layers):
+            offset = 0
+            for t in layer:
+                width = t.shape[1]
+                t.index_copy_(0, ids, raw[:, i, offset : offset + width])
+                offset += width
+
+
+def _byte_view(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``[num_blocks, bytes]`` sharing ``tensor``'s memory (its non-block dimensions must be dense)."""
+    flat = tensor.reshape(tensor.shape[0], -1) if tensor.dim() > 1 else tensor.unsqueeze(1)
+    if flat.data_ptr() != tensor.data_ptr() or (flat.shape[1] > 1 and flat.stride(1) != 1):
+        raise ConfigError(SOURCE, name, f"state tensor {tuple(tensor.shape)} is not dense within a block")
+    try:
+        return flat.view(torch.uint8)
+    except RuntimeError as exc:
+        raise ConfigError(
+            SOURCE, name, f"state tensor {tuple(tensor.shape)} has no byte view: {exc}"
+        ) from exc
 
 
 def state_tensors(name: str, registered: object) -> list[torch.Tensor]:
-    """The list of per-block state tensors a recurrent layer registered (a tensor, list or tuple)."""
+    """The state tensors a recurrent layer registered (one page tensor, or a list or tuple of them)."""
     if isinstance(registered, torch.Tensor):
         return [registered]
-    if isinstance(registered, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in registered):
+    if (
+        isinstance(registered, (list, tuple))
+        and registered
+        and all(isinstance(t, torch.Tensor) for t in registered)
+    ):
         return list(registered)
     raise ConfigError(SOURCE, name, f"unsupported state cache of type {type(registered).__name__}")
 

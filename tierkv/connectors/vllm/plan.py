@@ -30,7 +30,7 @@ NULL_BLOCK = 0
 
 @dataclass(frozen=True)
 class Stream:
-    """One separately keyed series of blobs: a KV group's blocks, or one state tensor of a recurrent group."""
+    """One separately keyed series of blobs: a group's KV blocks or its recurrent-state pages."""
 
     group: int
     kind: str
@@ -55,18 +55,13 @@ class GroupPlan:
     kind: str
     block_size: int
     layer_names: tuple[str, ...]
-    num_states: int = 0
 
     @property
     def streams(self) -> tuple[Stream, ...]:
+        """KV groups store their KV blocks; recurrent groups their per-block state pages (conv and SSM)."""
         if self.kind == KV:
             return (Stream(self.index, KV, 0, LayerGroup.ATTENTION),)
-        # Mamba-style groups list the conv state first, then the SSM state; a single state is SSM.
-        conv_first = self.num_states > 1
-        return tuple(
-            Stream(self.index, STATE, k, LayerGroup.CONV if k == 0 and conv_first else LayerGroup.SSM)
-            for k in range(self.num_states)
-        )
+        return (Stream(self.index, STATE, 0, LayerGroup.SSM),)
 
 
 @dataclass(frozen=True)

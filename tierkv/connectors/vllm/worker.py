@@ -218,7 +218,7 @@ class WorkerSide:
                 for ref, block in zip(refs, data, strict=True):
                     blob = encode_tensor(
                         block,
-                        codec=self.codec if stream.kind == KV else "raw",
+                        codec=self.codec if stream.kind == KV else "raw",  # state pages: exact bytes
                         tokens=self.topology.block_size,
                         layer_group=stream.layer_group,
                     )
