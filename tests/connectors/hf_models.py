@@ -6,7 +6,7 @@ differences between a full prefill and a chunked or restored one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -224,8 +224,17 @@ FAMILIES: dict[str, Callable[[], Any]] = {
     "jamba": _jamba,
 }
 ATTENTION_FAMILIES = ("llama", "qwen2", "qwen3")
+SLOW_FAMILIES = ("qwen3_next", "granitemoehybrid")
+"""Their recurrent kernels run as torch reference code on CPU: a few times slower than the rest."""
 HYBRID_FAMILIES = ("qwen3_next", "granitemoehybrid", "falcon_h1")
 MORE_HYBRID_FAMILIES = ("zamba2", "lfm2", "nemotron_h", "bamba")
+
+
+def family_params(families: Sequence[str]) -> list[Any]:
+    """``pytest.param`` per family, the slow ones marked ``slow``."""
+    import pytest
+
+    return [pytest.param(f, marks=pytest.mark.slow) if f in SLOW_FAMILIES else f for f in families]
 
 
 def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Any:

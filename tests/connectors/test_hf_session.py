@@ -10,6 +10,7 @@ from tests.connectors.hf_models import (
     HYBRID_FAMILIES,
     MORE_HYBRID_FAMILIES,
     VOCAB,
+    family_params,
     prompt,
     reference,
     tiny_model,
@@ -47,7 +48,7 @@ def _check_hot_reuse(family: str, dtype: torch.dtype = torch.float32) -> None:
     assert len(session.hot) == 1  # each later entry extends (supersedes) the one before
 
 
-@pytest.mark.parametrize("family", ATTENTION_FAMILIES + HYBRID_FAMILIES)
+@pytest.mark.parametrize("family", family_params(ATTENTION_FAMILIES + HYBRID_FAMILIES))
 def test_hot_restore_is_exact(family: str) -> None:
     _check_hot_reuse(family)
 

@@ -12,6 +12,7 @@ from tests.connectors.hf_models import (
     ATTENTION_FAMILIES,
     HYBRID_FAMILIES,
     MORE_HYBRID_FAMILIES,
+    family_params,
     prompt,
     reference,
     tiny_model,
@@ -72,7 +73,7 @@ def _check_cold_restore(family: str, cluster: Cluster) -> None:
     assert fresh.last_stats.source == "cold" and fresh.last_stats.restored_tokens == expected
 
 
-@pytest.mark.parametrize("family", ATTENTION_FAMILIES + HYBRID_FAMILIES)
+@pytest.mark.parametrize("family", family_params(ATTENTION_FAMILIES + HYBRID_FAMILIES))
 def test_cold_restore_is_exact(family: str, cluster: Cluster) -> None:
     _check_cold_restore(family, cluster)
 
