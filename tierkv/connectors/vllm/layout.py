@@ -9,8 +9,9 @@ versions registered ``[2, num_blocks, block_size, heads, head]`` (and the HND / 
 they are recognised by shape and permuted into the logical form, or refused with a clear error when the
 shape matches none of them. MLA caches (``[num_blocks, block_size, latent]``) are one "head" wide.
 
-Recurrent (Mamba / linear-attention) layers register a list of state tensors, each
-``[num_blocks, *state_shape]``; state ``k`` of every layer of a group is stacked into one blob per block.
+Recurrent (Mamba / linear-attention) layers register their per-block state either as one byte page or
+as typed state tensors viewing that page; a stored state block is the exact bytes of every layer's page
+(see :class:`StateGroupView`).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ the recurrent state at the hit's last block. A vault that is down answers "nothi
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -80,6 +81,7 @@ class SchedulerSide:
         self.counters = counters or Counters()
         self._cluster_factory = cluster_factory
         self._cluster: Cluster | None = None
+        self._cluster_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(lookup_threads, thread_name_prefix="tierkv-lookup")
         self._lookups: dict[str, _Lookup] = {}
         self._requests: dict[str, Any] = {}
@@ -89,9 +91,11 @@ class SchedulerSide:
 
     @property
     def cluster(self) -> Cluster:
-        if self._cluster is None:
-            self._cluster = self._cluster_factory()
-        return self._cluster
+        """The vault cluster, created on first use by whichever lookup thread comes first."""
+        with self._cluster_lock:
+            if self._cluster is None:
+                self._cluster = self._cluster_factory()
+            return self._cluster
 
     # -- restore -----------------------------------------------------------------------------------
 
@@ -225,10 +229,11 @@ class SchedulerSide:
         return len(self._sending)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._cluster is not None:
-            self._cluster.close()
-            self._cluster = None
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._cluster_lock:
+            if self._cluster is not None:
+                self._cluster.close()
+                self._cluster = None
 
 
 __all__ = ["KeyFunction", "SchedulerSide"]
