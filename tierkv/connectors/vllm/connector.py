@@ -69,13 +69,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+IDLE_WAIT_S = 0.005
+"""How long a step with nothing to compute may wait for a running transfer to finish."""
 
 
 class TierKVMetadata(KVConnectorMetadata):  # type: ignore[misc]
-    """This step's loads and stores, pickled from the scheduler to every worker."""
+    """This step's loads and stores, pickled from the scheduler to every worker.
 
-    def __init__(self, jobs: StepJobs) -> None:
+    ``idle`` says the step computes nothing, so the worker may wait a moment for its transfers.
+    """
+
+    def __init__(self, jobs: StepJobs, idle: bool = False) -> None:
         self.jobs = jobs
+        self.idle = idle
 
 
 def classify_groups(kv_cache_config: KVCacheConfig, hash_block_size: int) -> Topology:
@@ -280,6 +286,9 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         """Stores run in the background; vLLM keeps their blocks until ``finished_sending``."""
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        meta = self._connector_metadata
+        if isinstance(meta, TierKVMetadata) and meta.idle:
+            self.worker.wait_for_progress(IDLE_WAIT_S)
         sending, recving, failed = self.worker.finished(finished_req_ids)
         return KVConnectorTransferResults(
             finished_sending=sending, finished_recving=recving | failed, failed_recving=failed
@@ -319,7 +328,8 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         state = getattr(scheduler_output, "kv_connector_block_state", None)
         offers = state.boundary_state_offloads if state is not None else {}
-        return TierKVMetadata(self.scheduler.take_jobs(offers))
+        idle = scheduler_output.total_num_scheduled_tokens == 0
+        return TierKVMetadata(self.scheduler.take_jobs(offers), idle=idle)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self.scheduler.transfers_done(

@@ -43,7 +43,8 @@ GroupView = KVGroupView | StateGroupView
 class _Transfers:
     """Completion bookkeeping shared by the background threads and the step loop."""
 
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    loads_running: int = 0
     stores_pending: set[str] = field(default_factory=set)
     stores_done: set[str] = field(default_factory=set)
     finished_seen: set[str] = field(default_factory=set)
@@ -110,6 +111,8 @@ class WorkerSide:
             if load.sync:
                 self._guarded_load(load)
             else:
+                with self._state.cond:
+                    self._state.loads_running += 1
                 self._loads.submit(self._guarded_load, load)
 
     def finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str], set[str]]:
@@ -119,7 +122,7 @@ class WorkerSide:
         saves must belong to a set it passed in).
         """
         st = self._state
-        with st.lock:
+        with st.cond:
             st.finished_seen |= finished_req_ids & (st.stores_pending | st.stores_done)
             sending = st.stores_done & st.finished_seen
             st.stores_done -= sending
@@ -128,10 +131,22 @@ class WorkerSide:
             st.loads_done, st.loads_failed = set(), set()
         return sending, recving, failed
 
+    def wait_for_progress(self, timeout: float) -> None:
+        """Block up to ``timeout`` while transfers run and none has finished yet.
+
+        Called on steps where the engine has nothing to compute: instead of spinning through empty
+        steps (holding the GIL the transfer threads need), the step loop sleeps until a transfer ends.
+        """
+        st = self._state
+        with st.cond:
+            busy = st.loads_running > 0 or st.queued_stores > 0
+            if busy and not st.loads_done and not st.stores_done:
+                st.cond.wait(timeout)
+
     def take_load_errors(self) -> set[int]:
         """Block ids whose load failed since the last call (single-group models only)."""
         st = self._state
-        with st.lock:
+        with st.cond:
             errors, st.error_blocks = st.error_blocks, set()
         return errors
 
@@ -149,7 +164,7 @@ class WorkerSide:
 
     def _submit_store(self, job: StoreJob) -> None:
         st = self._state
-        with st.lock:
+        with st.cond:
             accept = not self._closed and st.queued_stores < self._max_pending_stores
             if accept:
                 st.queued_stores += 1
@@ -173,7 +188,7 @@ class WorkerSide:
             return
         self.counters.add("snapshot_blocks", sum(len(refs) for refs, _ in copies.values()))
         st = self._state
-        with st.lock:
+        with st.cond:
             accept = not self._closed and st.queued_stores < self._max_pending_stores
             if accept:
                 st.queued_stores += 1
@@ -192,11 +207,12 @@ class WorkerSide:
             logger.exception("store of request %s failed", job.req_id)
         finally:
             st = self._state
-            with st.lock:
+            with st.cond:
                 st.queued_stores -= 1
                 if not job.snapshot:
                     st.stores_pending.discard(job.req_id)
                     st.stores_done.add(job.req_id)
+                st.cond.notify_all()
 
     def _store(self, job: StoreJob, copies: dict[Stream, tuple[list[BlockRef], torch.Tensor]] | None) -> None:
         cluster = self.cluster
@@ -260,7 +276,7 @@ class WorkerSide:
             logger.exception("load of request %s failed", job.req_id)
             bad = list(job.refs)
         st = self._state
-        with st.lock:
+        with st.cond:
             if bad:
                 if self.per_block_errors:
                     st.error_blocks.update(r.block_id for r in bad)
@@ -268,6 +284,8 @@ class WorkerSide:
                     st.loads_failed.add(job.req_id)
             if not job.sync:
                 st.loads_done.add(job.req_id)
+                st.loads_running -= 1
+            st.cond.notify_all()
         self.counters.add("load_errors", len(bad))
         self.counters.add("restore_requests")
 
