@@ -113,6 +113,20 @@ def test_store_then_load_restores_identical_blocks(vault_address: str) -> None:
         worker.shutdown()
 
 
+def test_idle_step_waits_until_a_transfer_ends(vault_address: str) -> None:
+    worker = make_worker(vault_address, {0: [kv_view(kv_caches())]})
+    try:
+        worker.wait_for_progress(30.0)  # nothing in flight: returns at once
+        worker.submit(StepJobs(stores=[StoreJob("a", refs(0, [0, 1], [1, 2]))]))
+        worker.wait_for_progress(30.0)
+        assert worker.finished({"a"})[0] == {"a"}, "the wait ends when the store is done"
+        worker.submit(StepJobs(loads=[LoadJob("b", refs(0, [0, 1], [5, 6]))]))
+        worker.wait_for_progress(30.0)
+        assert worker.finished(set())[1] == {"b"}
+    finally:
+        worker.shutdown()
+
+
 def test_sync_loads_finish_inside_submit_and_report_only_errors(vault_address: str) -> None:
     caches = kv_caches()
     worker = make_worker(vault_address, {0: [kv_view(caches)]})
