@@ -15,6 +15,11 @@ One request goes:
 
 A vault failure is a miss: the cluster never raises, blobs that fail verification are not used, and
 the tokens are recomputed.
+
+Not supported (refused with :class:`~tierkv.errors.ConfigError` at construction): sliding-window
+attention layers (the cache keeps only the window), models whose output changes when a prompt is
+continued over their cache (Jamba's torch path), and models that keep their state outside
+``past_key_values`` (Mamba / Mamba2 ``cache_params``). One sequence per call (batch size 1).
 """
 
 from __future__ import annotations
