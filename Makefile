@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint typecheck proto proto-check test-fast test-vllm bench bench-redis clean
+.PHONY: demo test lint typecheck proto proto-check test-fast test-vllm bench bench-vllm bench-redis clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,9 @@ test-vllm: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/tierkv bench
+
+bench-vllm: $(STAMP)
+	scripts/setup-vllm-env.sh && .venv-vllm/bin/python -m benchmarks.vllm_restore_ttft
 
 bench-redis: $(STAMP)
 	benchmarks/setup-redis.sh
