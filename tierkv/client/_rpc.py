@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from tierkv._malloc import tune_malloc
 from tierkv.client.types import VaultStats
@@ -80,6 +81,38 @@ class ClientOptions:
 
     def put_deadline(self, nbytes: int) -> float:
         return self.timeout + nbytes / self.min_bytes_per_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Stubs:
+    """The vault's methods bound to one channel (sync or asyncio: both expose the same factories)."""
+
+    put: Any
+    get: Any
+    unary: dict[str, Any]
+    health: Any
+
+
+def connect(address: str, options: ClientOptions, *, aio: bool) -> tuple[Any, Stubs]:
+    """Open a channel to ``address`` and bind every vault method to it with identity serializers."""
+    creds = options.credentials()
+    opts = options.channel_options()
+    module: Any = grpc.aio if aio else grpc
+    channel = (
+        module.secure_channel(address, creds, options=opts)
+        if creds
+        else module.insecure_channel(address, options=opts)
+    )
+    stubs = Stubs(
+        put=channel.stream_unary(method("Put"), identity, identity),
+        get=channel.unary_stream(method("BatchGet"), identity, identity),
+        unary={
+            name: channel.unary_unary(method(name), identity, identity)
+            for name in ("PrefixLookup", "Delete", "Stats", "Flush")
+        },
+        health=health_pb2_grpc.HealthStub(channel),
+    )
+    return channel, stubs
 
 
 def _read(path: str) -> bytes | None:

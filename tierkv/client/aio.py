@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from tierkv.client import _rpc
 from tierkv.client._rpc import ClientOptions, Items
@@ -36,21 +36,8 @@ class AsyncVaultClient:
     ) -> None:
         self.address = address
         self.options = ClientOptions(timeout=timeout, token=token, tls=tls, **options)
-        creds = self.options.credentials()
-        opts = self.options.channel_options()
-        self._channel = (
-            grpc.aio.secure_channel(address, creds, options=opts)
-            if creds
-            else grpc.aio.insecure_channel(address, options=opts)
-        )
-        ident = _rpc.identity
-        self._put = self._channel.stream_unary(_rpc.method("Put"), ident, ident)
-        self._get = self._channel.unary_stream(_rpc.method("BatchGet"), ident, ident)
-        self._unary = {
-            name: self._channel.unary_unary(_rpc.method(name), ident, ident)
-            for name in ("PrefixLookup", "Delete", "Stats", "Flush")
-        }
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._channel, stubs = _rpc.connect(address, self.options, aio=True)
+        self._put, self._get, self._unary, self._health = stubs.put, stubs.get, stubs.unary, stubs.health
 
     @property
     def timeout(self) -> float:

@@ -27,7 +27,7 @@ import logging
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -291,11 +291,39 @@ class Store:
         log.info("grew LMDB map from %d to %d bytes", current, new)
 
     def delete(self, namespace: bytes, keys: Sequence[bytes]) -> int:
-        fkeys = [full_key(namespace, k) for k in keys]
+        return self._delete_entries(lambda _txn: [full_key(namespace, k) for k in keys])
+
+    def flush(self, namespace: bytes = b"") -> int:
+        """Delete every entry of ``namespace`` (every entry at all when it is empty)."""
+        if namespace:
+            prefix = full_key(namespace, b"")
+            deleted = self._delete_entries(lambda txn: self._keys_with_prefix(txn, prefix))
+        else:
+            with self._write_lock, self._rw.shared(), self._env.begin(write=True) as txn:
+                deleted = self._count
+                for db in (self._data, self._index, self._order):
+                    txn.drop(db, delete=False)
+                self._save_meta(txn, 0, 0, self._clock)
+            self._used, self._count = 0, 0
+        with self._touch_lock:
+            self._touches.clear()
+        return deleted
+
+    def _keys_with_prefix(self, txn: lmdb.Transaction, prefix: bytes) -> list[bytes]:
+        found: list[bytes] = []
+        with txn.cursor(db=self._index) as cur:
+            if cur.set_range(prefix):
+                for fkey in cur.iternext(keys=True, values=False):
+                    if not bytes(fkey).startswith(prefix):
+                        break
+                    found.append(bytes(fkey))
+        return found
+
+    def _delete_entries(self, select: Callable[[lmdb.Transaction], Sequence[bytes]]) -> int:
+        """Drop the entries ``select`` names, in one write transaction with the new totals."""
         with self._write_lock, self._rw.shared(), self._env.begin(write=True) as txn:
-            used, count = self._used, self._count
-            deleted = 0
-            for fkey in fkeys:
+            used, count, deleted = self._used, self._count, 0
+            for fkey in select(txn):
                 charge = self._drop(txn, fkey)
                 if charge is not None:
                     used -= charge
@@ -303,37 +331,6 @@ class Store:
                     deleted += 1
             self._save_meta(txn, used, count, self._clock)
         self._used, self._count = used, count
-        return deleted
-
-    def flush(self, namespace: bytes = b"") -> int:
-        """Delete every entry of ``namespace`` (every entry at all when it is empty)."""
-        with self._write_lock, self._rw.shared(), self._env.begin(write=True) as txn:
-            if not namespace:
-                deleted = self._count
-                for db in (self._data, self._index, self._order):
-                    txn.drop(db, delete=False)
-                self._save_meta(txn, 0, 0, self._clock)
-                used, count = 0, 0
-            else:
-                prefix = full_key(namespace, b"")
-                victims: list[bytes] = []
-                with txn.cursor(db=self._index) as cur:
-                    if cur.set_range(prefix):
-                        for fkey in cur.iternext(keys=True, values=False):
-                            if not bytes(fkey).startswith(prefix):
-                                break
-                            victims.append(bytes(fkey))
-                used, count = self._used, self._count
-                for fkey in victims:
-                    charge = self._drop(txn, fkey)
-                    if charge is not None:
-                        used -= charge
-                        count -= 1
-                deleted = len(victims)
-                self._save_meta(txn, used, count, self._clock)
-        self._used, self._count = used, count
-        with self._touch_lock:
-            self._touches.clear()
         return deleted
 
     def _drop(self, txn: lmdb.Transaction, fkey: bytes) -> int | None:
@@ -387,7 +384,7 @@ class Store:
         self._touch(found)
         if corrupt:
             log.warning("dropping %d corrupt entries", len(corrupt))
-            self._drop_corrupt(corrupt)
+            self._delete_entries(lambda _txn: corrupt)
 
     def get_many(self, namespace: bytes, keys: Sequence[bytes]) -> list[bytes | None]:
         """Copying convenience over :meth:`view_many`: None for missing or corrupt."""
@@ -405,17 +402,6 @@ class Store:
                 present.append(fkey)
         self._touch(present)
         return len(present)
-
-    def _drop_corrupt(self, fkeys: Sequence[bytes]) -> None:
-        with self._write_lock, self._rw.shared(), self._env.begin(write=True) as txn:
-            used, count = self._used, self._count
-            for fkey in fkeys:
-                charge = self._drop(txn, fkey)
-                if charge is not None:
-                    used -= charge
-                    count -= 1
-            self._save_meta(txn, used, count, self._clock)
-        self._used, self._count = used, count
 
     # -- recency -----------------------------------------------------------------------------------
 
