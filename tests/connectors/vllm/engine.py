@@ -146,36 +146,30 @@ def make_llm(
 def write_tiny_qwen3_next(path: Path, seed: int = 0) -> Path:
     """A hybrid model: Qwen3-Next layout (gated delta-net linear attention + full attention, small MoE).
 
-    Built with transformers' own initialisation (std 0.2, so the output depends visibly on every state),
-    saved as safetensors in bfloat16, which vLLM's CPU gated delta-net kernels require.
+    The transformers tests' tiny Qwen3-Next (initialisation std 0.2, so the output depends visibly on
+    every state), widened to the head sizes vLLM's CPU gated delta-net kernel supports and saved as
+    safetensors in bfloat16, which that kernel requires.
     """
     import torch
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
-    config = Qwen3NextConfig(
+    from tests.connectors.hf_models import tiny_model
+
+    model = tiny_model(
+        "qwen3_next",
+        seed,
+        torch.bfloat16,
         vocab_size=VOCAB,
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=4,
         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=64,
         linear_conv_kernel_dim=4,
-        linear_key_head_dim=128,  # the CPU gated delta-net kernel supports this head size
+        linear_key_head_dim=128,
         linear_value_head_dim=128,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        num_experts=4,
-        num_experts_per_tok=2,
         moe_intermediate_size=64,
         shared_expert_intermediate_size=64,
         max_position_embeddings=4096,
-        initializer_range=0.2,
-        tie_word_embeddings=False,
     )
-    torch.manual_seed(seed)
-    model = Qwen3NextForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(str(path), safe_serialization=True)
     return path
 
