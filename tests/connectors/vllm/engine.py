@@ -207,6 +207,19 @@ def worker_connector() -> Any:
     return get_kv_transfer_group()
 
 
+def connector_totals(llm: Any) -> dict[str, int]:
+    """The connector's counters, scheduler and worker halves summed."""
+    totals = dict(scheduler_connector(llm).totals())
+    for k, v in worker_connector().totals().items():
+        totals[k] += v
+    return totals
+
+
+def shutdown(llm: Any) -> None:
+    """Stop an engine from :func:`make_llm` (its core holds threads and the connector's pools)."""
+    llm.llm_engine.engine_core.shutdown()
+
+
 def drain(llm: Any, timeout: float = 60.0) -> None:
     """Step the engine until the connector released every block it held for a store.
 

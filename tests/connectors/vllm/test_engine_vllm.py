@@ -20,12 +20,13 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm b
 from tests.connectors.vllm.engine import (
     BLOCK_SIZE,
     Output,
+    connector_totals,
     drain,
     generate,
     make_llm,
     prompt,
     scheduler_connector,
-    worker_connector,
+    shutdown,
     write_tiny_llama,
 )
 from tierkv.client.vault import VaultClient
@@ -92,15 +93,7 @@ def vault(tmp_path_factory: pytest.TempPathFactory, load_mode: str) -> Iterator[
 def llm(model_dir: Path, vault: VaultProcess, load_mode: str) -> Iterator[Any]:
     engine = make_llm(model_dir, {"kv_cold": vault.address, "timeout": 1.0, "load_mode": load_mode})
     yield engine
-    engine.llm_engine.engine_core.shutdown()
-
-
-def counters(llm: Any) -> dict[str, int]:
-    """Scheduler and worker totals together."""
-    totals = dict(scheduler_connector(llm).totals())
-    for k, v in worker_connector().totals().items():
-        totals[k] += v
-    return totals
+    shutdown(engine)
 
 
 def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -121,15 +114,15 @@ def assert_same(got: Output, want: Output) -> None:
 
 
 def test_identical_prompt_is_restored_from_the_vault(llm: Any, reference: dict[str, Output]) -> None:
-    before = counters(llm)
+    before = connector_totals(llm)
     first = store_then_forget(llm, STORED)
-    stored = delta(before, counters(llm))
+    stored = delta(before, connector_totals(llm))
     assert stored["stored_blocks"] == 9
     assert stored["store_requests"] == 1
 
-    before = counters(llm)
+    before = connector_totals(llm)
     second = generate(llm, [STORED])[0]
-    restored = delta(before, counters(llm))
+    restored = delta(before, connector_totals(llm))
     assert restored["lookup_hit_tokens"] == 9 * BLOCK_SIZE
     assert restored["restored_blocks"] == 9
     assert restored.get("load_errors", 0) == 0
@@ -139,9 +132,9 @@ def test_identical_prompt_is_restored_from_the_vault(llm: Any, reference: dict[s
 
 def test_longer_prompt_restores_only_the_shared_blocks(llm: Any, reference: dict[str, Output]) -> None:
     store_then_forget(llm, STORED)
-    before = counters(llm)
+    before = connector_totals(llm)
     out = generate(llm, [LONGER])[0]
-    restored = delta(before, counters(llm))
+    restored = delta(before, connector_totals(llm))
     assert restored["lookup_hit_tokens"] == 6 * BLOCK_SIZE
     assert restored["restored_blocks"] == 6
     assert_same(out, reference["longer"])
@@ -173,10 +166,10 @@ def test_corrupted_block_is_reported_and_recomputed(
         tampered[-1] ^= 0xFF
         assert client.put(namespace, {key: bytes(tampered)}) == 1
 
-    before = counters(llm)
+    before = connector_totals(llm)
     out = generate(llm, [CORRUPTED])[0]
     drain(llm)
-    seen = delta(before, counters(llm))
+    seen = delta(before, connector_totals(llm))
     assert seen["load_errors"] == 1
     assert seen["restored_blocks"] == 8
     assert_same(out, reference["corrupted"])
@@ -194,10 +187,10 @@ def test_vault_down_recomputes_without_hanging(
     store_then_forget(llm, DOWN)
     vault.kill()
     try:
-        before = counters(llm)
+        before = connector_totals(llm)
         out = generate(llm, [DOWN])[0]
         drain(llm)
-        seen = delta(before, counters(llm))
+        seen = delta(before, connector_totals(llm))
     finally:
         revived = VaultProcess(vault.path, port=vault.port, max_bytes="256MiB").start()
         request.addfinalizer(lambda: revived.stop(timeout=10))

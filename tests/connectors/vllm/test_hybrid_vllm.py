@@ -15,12 +15,13 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm builds .venv-vllm)")
 
 from tests.connectors.vllm.engine import (
+    connector_totals,
     drain,
     generate,
     make_llm,
     prompt,
     scheduler_connector,
-    worker_connector,
+    shutdown,
     write_tiny_qwen3_next,
 )
 from tierkv.client.vault import VaultClient
@@ -58,14 +59,7 @@ def llm(tmp_path_factory: pytest.TempPathFactory, vaults: dict[str, VaultProcess
         enable_prefix_caching=True,
     )
     yield engine
-    engine.llm_engine.engine_core.shutdown()
-
-
-def totals(llm: Any) -> dict[str, int]:
-    out = dict(scheduler_connector(llm).totals())
-    for k, v in worker_connector().totals().items():
-        out[k] += v
-    return out
+    shutdown(engine)
 
 
 def keys_in(vault: VaultProcess) -> int:
@@ -86,9 +80,9 @@ def test_kv_and_recurrent_state_are_restored_together(llm: Any, vaults: dict[str
     assert keys_in(vaults["kv_cold"]) >= 1
     assert keys_in(vaults["ssm_cold"]) >= 1, "the state at the block boundary goes to ssm_cold"
 
-    before = totals(llm)
+    before = connector_totals(llm)
     second = generate(llm, [PROMPT])[0]
-    after = totals(llm)
+    after = connector_totals(llm)
     assert after["lookup_hit_tokens"] - before["lookup_hit_tokens"] == block
     assert after["restored_blocks"] - before["restored_blocks"] == 2, "one KV block and one state page"
     assert after["load_errors"] == before["load_errors"]
@@ -104,9 +98,9 @@ def test_no_state_in_the_vault_means_no_claim(llm: Any, vaults: dict[str, VaultP
     assert llm.reset_prefix_cache()
     assert keys_in(vaults["kv_cold"]) >= 1
 
-    before = totals(llm)
+    before = connector_totals(llm)
     second = generate(llm, [PROMPT])[0]
-    after = totals(llm)
+    after = connector_totals(llm)
     assert after["lookup_hit_tokens"] == before["lookup_hit_tokens"], "KV alone must not be claimed"
     assert after["restored_blocks"] == before["restored_blocks"]
     assert second[0] == first[0]
