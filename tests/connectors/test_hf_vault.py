@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -44,15 +45,38 @@ def _session(model: object, cluster: Cluster, **kwargs: object) -> TieredSession
     return TieredSession(model, cluster, **kwargs)  # type: ignore[arg-type]
 
 
-def _check_cold_restore(family: str, cluster: Cluster) -> None:
-    model = tiny_model(family)
-    ids = prompt(45)
-    ref = reference(model, ids, NEW)
+class _Stored(NamedTuple):
+    """A session that generated from ``ids`` and persisted the sequence to the vaults."""
 
-    writer = _session(model, cluster)
+    model: Any
+    ids: torch.Tensor
+    ref: torch.Tensor
+    writer: TieredSession
+
+
+def _store(family: str, cluster: Cluster, length: int, **kwargs: object) -> _Stored:
+    model = tiny_model(family)
+    ids = prompt(length)
+    ref = reference(model, ids, NEW)
+    writer = _session(model, cluster, **kwargs)
     assert torch.equal(writer.generate(ids, max_new_tokens=NEW), ref)
     assert writer.persist(timeout=30)
     assert writer.stored_blobs > 0
+    return _Stored(model, ids, ref, writer)
+
+
+def _flip_bits(
+    cluster: Cluster, namespace: bytes, key: bytes, at: int | None, mask: int, role: str = "kv_cold"
+) -> None:
+    """Corrupt one stored blob in place: XOR ``mask`` into its byte ``at`` (``None``: the middle one)."""
+    blob = bytearray(cluster.get(namespace, [key], role=role)[0] or b"")
+    assert blob, "the blob to corrupt is not stored"
+    blob[len(blob) // 2 if at is None else at] ^= mask
+    assert cluster.put(namespace, {key: bytes(blob)}, role=role) == 1
+
+
+def _check_cold_restore(family: str, cluster: Cluster) -> None:
+    model, ids, ref, writer = _store(family, cluster, 45)
 
     # A new process-like session: empty hot tier, same vaults.
     reader = _session(model, cluster)
@@ -149,61 +173,41 @@ def test_cold_extends_a_shorter_hot_prefix(family: str, cluster: Cluster) -> Non
 def test_vault_killed_mid_session_still_generates_correctly(
     cluster: Cluster, vaults: tuple[VaultProcess, VaultProcess]
 ) -> None:
-    model = tiny_model("qwen3")
-    ids = prompt(50)
-    ref = reference(model, ids, NEW)
-    writer = _session(model, cluster)
-    writer.generate(ids, max_new_tokens=NEW)
-    writer.persist(timeout=30)
-
+    stored = _store("qwen3", cluster, 50)
     vaults[0].kill()
     vaults[1].kill()
-    s = _session(model, cluster)
+    s = _session(stored.model, cluster)
     for _ in range(2):  # the second call meets an open circuit breaker
-        out = s.generate(ids, max_new_tokens=NEW)
-        assert torch.equal(out, ref)
+        out = s.generate(stored.ids, max_new_tokens=NEW)
+        assert torch.equal(out, stored.ref)
         s.hot.clear()
     assert s.last_stats.source == "none" and s.last_stats.computed_tokens == 50
     assert s.persist(timeout=30)  # stores to a dead vault are dropped, not raised
 
 
 def test_corrupted_block_is_not_used(cluster: Cluster) -> None:
-    model = tiny_model("llama")
-    ids = prompt(60)
-    ref = reference(model, ids, NEW)
-    writer = _session(model, cluster)
-    writer.generate(ids, max_new_tokens=NEW)
-    writer.persist(timeout=30)
+    stored = _store("llama", cluster, 60)
+    writer = stored.writer
+    keys = writer._kv_keys(_tokens(stored.ids), 3)  # type: ignore[arg-type]
+    _flip_bits(cluster, writer.namespace, keys[1], None, 0x10)
 
-    keys = writer._kv_keys(_tokens(ids), 3)  # type: ignore[arg-type]
-    blob = bytearray(cluster.get(writer.namespace, [keys[1]])[0] or b"")
-    blob[len(blob) // 2] ^= 0x10
-    assert cluster.put(writer.namespace, {keys[1]: bytes(blob)}) == 1
-
-    reader = _session(model, cluster)
-    out = reader.generate(ids, max_new_tokens=NEW)
-    assert torch.equal(out, ref)
+    reader = _session(stored.model, cluster)
+    out = reader.generate(stored.ids, max_new_tokens=NEW)
+    assert torch.equal(out, stored.ref)
     stats = reader.last_stats
     assert stats.rejected_blobs == 1 and stats.restored_tokens == 16 and stats.computed_tokens == 44
 
 
 def test_corrupted_state_falls_back_to_an_earlier_boundary(cluster: Cluster) -> None:
-    model = tiny_model("falcon_h1")
-    ids = prompt(60)
-    ref = reference(model, ids, NEW)
-    writer = _session(model, cluster, state_stride_blocks=2)
-    writer.generate(ids, max_new_tokens=NEW)
-    writer.persist(timeout=30)
-
-    state_keys = writer._state_keys(_tokens(ids), 3)  # type: ignore[arg-type]
+    stored = _store("falcon_h1", cluster, 60, state_stride_blocks=2)
+    writer = stored.writer
+    state_keys = writer._state_keys(_tokens(stored.ids), 3)  # type: ignore[arg-type]
     key = state_keys[LayerGroup.SSM][2]  # the snapshot after 48 tokens
-    blob = bytearray(cluster.get(writer.namespace, [key], role="ssm_cold")[0] or b"")
-    blob[-1] ^= 0x01
-    cluster.put(writer.namespace, {key: bytes(blob)}, role="ssm_cold")
+    _flip_bits(cluster, writer.namespace, key, -1, 0x01, role="ssm_cold")
 
-    reader = _session(model, cluster, state_stride_blocks=2)
-    out = reader.generate(ids, max_new_tokens=NEW)
-    assert torch.equal(out, ref)
+    reader = _session(stored.model, cluster, state_stride_blocks=2)
+    out = reader.generate(stored.ids, max_new_tokens=NEW)
+    assert torch.equal(out, stored.ref)
     assert reader.last_stats.rejected_blobs == 1 and reader.last_stats.restored_tokens == 32
 
 
@@ -228,18 +232,11 @@ def test_int8_restore_agreement(cluster: Cluster) -> None:
 def test_hybrid_hit_needs_both_kv_and_state(
     cluster: Cluster, vaults: tuple[VaultProcess, VaultProcess]
 ) -> None:
-    model = tiny_model("granitemoehybrid")
-    ids = prompt(50)
-    ref = reference(model, ids, NEW)
-    writer = _session(model, cluster)
-    writer.generate(ids, max_new_tokens=NEW)
-    writer.persist(timeout=30)
+    model, ids, ref, writer = _store("granitemoehybrid", cluster, 50)
 
     # Corrupt one KV block before the boundary: the state there cannot be used without it.
     keys = writer._kv_keys(_tokens(ids), 3)  # type: ignore[arg-type]
-    blob = bytearray(cluster.get(writer.namespace, [keys[0]])[0] or b"")
-    blob[-2] ^= 0x08
-    cluster.put(writer.namespace, {keys[0]: bytes(blob)})
+    _flip_bits(cluster, writer.namespace, keys[0], -2, 0x08)
     reader = _session(model, cluster)
     assert torch.equal(reader.generate(ids, max_new_tokens=NEW), ref)
     assert reader.last_stats.restored_tokens == 0 and reader.last_stats.rejected_blobs == 1
