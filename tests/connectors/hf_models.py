@@ -35,6 +35,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("Llama", {"num_hidden_layers": 2}),
     "qwen2": ("Qwen2", {"num_hidden_layers": 2}),
     "qwen3": ("Qwen3", {"num_hidden_layers": 2, "head_dim": 32}),
+    "mistral": ("Mistral", {"num_hidden_layers": 2, "sliding_window": 32}),
     "qwen3_next": (
         "Qwen3Next",
         {

@@ -110,16 +110,5 @@ def test_models_that_cannot_continue_over_a_cache_are_refused() -> None:
 
 
 def test_sliding_window_models_are_refused() -> None:
-    import transformers as tf
-
-    cfg = tf.MistralConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=32,
-    )
     with pytest.raises(ConfigError, match="sliding-window"):
-        probe_layout(tf.MistralForCausalLM(cfg).eval())
+        probe_layout(tiny_model("mistral"))
