@@ -13,13 +13,13 @@ the recurrent state at the hit's last block. A vault that is down answers "nothi
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from tierkv.client.cluster import Cluster
+from tierkv.connectors.vllm.lazy import LazyCluster
 from tierkv.connectors.vllm.plan import (
     KV,
     BlockRef,
@@ -79,9 +79,7 @@ class SchedulerSide:
         self._forget = forget
         self.max_state_probes = max_state_probes
         self.counters = counters or Counters()
-        self._cluster_factory = cluster_factory
-        self._cluster: Cluster | None = None
-        self._cluster_lock = threading.Lock()
+        self._cluster = LazyCluster(cluster_factory)
         self._pool = ThreadPoolExecutor(lookup_threads, thread_name_prefix="tierkv-lookup")
         self._lookups: dict[str, _Lookup] = {}
         self._requests: dict[str, Any] = {}
@@ -92,10 +90,7 @@ class SchedulerSide:
     @property
     def cluster(self) -> Cluster:
         """The vault cluster, created on first use by whichever lookup thread comes first."""
-        with self._cluster_lock:
-            if self._cluster is None:
-                self._cluster = self._cluster_factory()
-            return self._cluster
+        return self._cluster.get()
 
     # -- restore -----------------------------------------------------------------------------------
 
@@ -230,10 +225,7 @@ class SchedulerSide:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        with self._cluster_lock:
-            if self._cluster is not None:
-                self._cluster.close()
-                self._cluster = None
+        self._cluster.close()
 
 
 __all__ = ["KeyFunction", "SchedulerSide"]

@@ -25,6 +25,7 @@ import torch
 from tierkv.client.cluster import Cluster
 from tierkv.codec.torch_codec import decode_tensor, encode_tensor
 from tierkv.connectors.vllm.layout import KVGroupView, StateGroupView
+from tierkv.connectors.vllm.lazy import LazyCluster
 from tierkv.connectors.vllm.plan import KV, BlockRef, LoadJob, StepJobs, StoreJob, Stream, Topology
 from tierkv.connectors.vllm.stats import Counters
 from tierkv.errors import TierKVError
@@ -81,9 +82,7 @@ class WorkerSide:
         self.codec = codec
         self.counters = counters or Counters()
         self.per_block_errors = len(topology.groups) == 1
-        self._cluster_factory = cluster_factory
-        self._cluster: Cluster | None = None
-        self._cluster_lock = threading.Lock()
+        self._cluster = LazyCluster(cluster_factory)
         self._max_pending_stores = max_inflight_stores + max_queued_stores
         self._state = _Transfers()
         self._stores = ThreadPoolExecutor(max_inflight_stores, thread_name_prefix="tierkv-store")
@@ -93,10 +92,7 @@ class WorkerSide:
     @property
     def cluster(self) -> Cluster:
         """The vault cluster, created on first use (in the worker process, after fork)."""
-        with self._cluster_lock:
-            if self._cluster is None:
-                self._cluster = self._cluster_factory()
-            return self._cluster
+        return self._cluster.get()
 
     # -- step loop ---------------------------------------------------------------------------------
 
@@ -155,10 +151,7 @@ class WorkerSide:
         self._closed = True
         self._loads.shutdown(wait=True, cancel_futures=True)
         self._stores.shutdown(wait=True, cancel_futures=False)
-        with self._cluster_lock:
-            if self._cluster is not None:
-                self._cluster.close()
-                self._cluster = None
+        self._cluster.close()
 
     # -- stores ------------------------------------------------------------------------------------
 
