@@ -106,8 +106,10 @@ def test_bad_requests_are_config_errors() -> None:
         session.generate(prompt(8).repeat(2, 1))
     with pytest.raises(ConfigError):
         session.generate(prompt(8), attention_mask=torch.tensor([[0] + [1] * 7]))
-    with pytest.raises(ConfigError):
-        TieredSession(tiny_model("llama"), None, codec="zstd")
+    for setting in ({"codec": "zstd"}, {"block_size": 0}, {"state_stride_blocks": 0}):
+        with pytest.raises(ConfigError) as err:
+            TieredSession(tiny_model("llama"), None, **setting)  # type: ignore[arg-type]
+        assert err.value.key in setting
     out = session.generate(prompt(8)[0].tolist(), max_new_tokens=2)  # a plain list of ids works
     assert out.shape == (1, 10)
 

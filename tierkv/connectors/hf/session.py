@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import torch
 
-from tierkv.codec import Buffer, LayerGroup
+from tierkv.codec import CODECS, Buffer, LayerGroup
 from tierkv.connectors.hf.blocks import BlockCodec
 from tierkv.connectors.hf.layout import (
     KV,
@@ -53,6 +53,7 @@ from tierkv.connectors.hf.text import decode, encode_with_offsets, tokenized_gen
 from tierkv.errors import ConfigError
 from tierkv.keys import Namespace, block_keys
 from tierkv.tiering.background import BoundedWorker
+from tierkv.tiering.checks import at_least, one_of
 from tierkv.tiering.hot import HotEntry, HotTier, TokenArray, as_tokens
 from tierkv.tiering.plan import (
     RestorePlan,
@@ -208,12 +209,9 @@ class TieredSession:
         model_id: str | None = None,
         tenant: str = "",
     ) -> None:
-        if codec not in ("raw", "int8"):
-            raise ConfigError("TieredSession", "codec", f"expected 'raw' or 'int8', got {codec!r}")
-        if block_size < 1:
-            raise ConfigError("TieredSession", "block_size", "must be >= 1")
-        if state_stride_blocks < 1:
-            raise ConfigError("TieredSession", "state_stride_blocks", "must be >= 1")
+        one_of("TieredSession", "codec", codec, CODECS)
+        at_least("TieredSession", "block_size", block_size, 1)
+        at_least("TieredSession", "state_stride_blocks", state_stride_blocks, 1)
         if not 0.0 < min_text_fraction <= 1.0:
             raise ConfigError("TieredSession", "min_text_fraction", "must be in (0, 1]")
         self.model = model

@@ -11,7 +11,7 @@ optional::
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from tierkv.client.cluster import KV_COLD, SSM_COLD, Cluster
 from tierkv.codec import CODECS
 from tierkv.config import Config, load_config
 from tierkv.errors import ConfigError
+from tierkv.tiering.checks import at_least, one_of
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +49,7 @@ def _number(extra: Mapping[str, Any], key: str, default: float, *, minimum: floa
     if wrong_type:
         kind = "an integer" if integer else "a number"
         raise ConfigError(SOURCE, key, f"expected {kind}, got {value!r}")
-    if value < minimum:
-        raise ConfigError(SOURCE, key, f"expected at least {minimum}, got {value!r}")
-    return value
+    return at_least(SOURCE, key, value, minimum)
 
 
 def _string(extra: Mapping[str, Any], key: str, default: str) -> str:
@@ -58,6 +57,10 @@ def _string(extra: Mapping[str, Any], key: str, default: str) -> str:
     if not isinstance(value, str):
         raise ConfigError(SOURCE, key, f"expected a string, got {value!r}")
     return value
+
+
+def _choice(extra: Mapping[str, Any], key: str, default: str, choices: Iterable[str]) -> str:
+    return one_of(SOURCE, key, _string(extra, key, default), choices)
 
 
 KNOWN_KEYS = frozenset(
@@ -119,15 +122,9 @@ class ConnectorSettings:
             if "ssm_cold" in extra
             else tuple(e.address for e in config.cluster.ssm_cold)
         )
-        codec = _string(extra, "codec", "raw")
-        if codec not in CODECS:
-            raise ConfigError(SOURCE, "codec", f"expected one of {sorted(CODECS)}, got {codec!r}")
-        hash_mode = _string(extra, "hash", "auto")
-        if hash_mode not in HASH_MODES:
-            raise ConfigError(SOURCE, "hash", f"expected one of {HASH_MODES}, got {hash_mode!r}")
-        load_mode = _string(extra, "load_mode", "async")
-        if load_mode not in LOAD_MODES:
-            raise ConfigError(SOURCE, "load_mode", f"expected one of {LOAD_MODES}, got {load_mode!r}")
+        codec = _choice(extra, "codec", "raw", CODECS)
+        hash_mode = _choice(extra, "hash", "auto", HASH_MODES)
+        load_mode = _choice(extra, "load_mode", "async", LOAD_MODES)
         return cls(
             config=config,
             kv_cold=kv_cold,
