@@ -77,6 +77,19 @@ def refs(group: int, positions: list[int], block_ids: list[int]) -> tuple[BlockR
     return tuple(BlockRef(group, p, b, KEYS[p]) for p, b in zip(positions, block_ids, strict=True))
 
 
+def store(worker: WorkerSide, request_id: str, blocks: tuple[BlockRef, ...]) -> None:
+    """Submit one store and wait until the worker reports it sent."""
+    worker.submit(StepJobs(stores=[StoreJob(request_id, blocks)]))
+    wait(worker, {request_id}, sending=1)
+
+
+def load(worker: WorkerSide, request_id: str, blocks: tuple[BlockRef, ...]) -> tuple[set[str], set[str]]:
+    """Submit one asynchronous load and wait until it is reported: (received, failed)."""
+    worker.submit(StepJobs(loads=[LoadJob(request_id, blocks)]))
+    _, recving, failed = wait(worker, set(), recving=1)
+    return recving, failed
+
+
 @pytest.fixture
 def vault_address(vault_factory: VaultFactory) -> str:
     return vault_factory().address
@@ -103,8 +116,7 @@ def test_store_then_load_restores_identical_blocks(vault_address: str) -> None:
         assert sending == {"a"}
         assert worker.counters.totals()["stored_blocks"] == 3
 
-        worker.submit(StepJobs(loads=[LoadJob("b", refs(0, [0, 1, 2], [9, 10, 11]))]))
-        _, recving, failed = wait(worker, set(), recving=1)
+        recving, failed = load(worker, "b", refs(0, [0, 1, 2], [9, 10, 11]))
         assert recving == {"b"} and failed == set()
         assert worker.take_load_errors() == set()
         for cache in caches:
@@ -131,8 +143,7 @@ def test_sync_loads_finish_inside_submit_and_report_only_errors(vault_address: s
     caches = kv_caches()
     worker = make_worker(vault_address, {0: [kv_view(caches)]})
     try:
-        worker.submit(StepJobs(stores=[StoreJob("a", refs(0, [0, 1], [1, 2]))]))
-        wait(worker, {"a"}, sending=1)
+        store(worker, "a", refs(0, [0, 1], [1, 2]))
         worker.submit(StepJobs(loads=[LoadJob("b", refs(0, [0, 1, 2], [8, 9, 10]), sync=True)]))
         for cache in caches:
             assert torch.equal(cache[8:10], cache[1:3]), "a sync load is done when submit returns"
@@ -147,11 +158,9 @@ def test_long_requests_move_in_chunks(vault_address: str, monkeypatch: pytest.Mo
     caches = kv_caches()
     worker = make_worker(vault_address, {0: [kv_view(caches)]})
     try:
-        worker.submit(StepJobs(stores=[StoreJob("a", refs(0, [0, 1, 2, 3, 4], [1, 2, 3, 4, 5]))]))
-        wait(worker, {"a"}, sending=1)
+        store(worker, "a", refs(0, [0, 1, 2, 3, 4], [1, 2, 3, 4, 5]))
         assert worker.counters.totals()["stored_blocks"] == 5
-        worker.submit(StepJobs(loads=[LoadJob("b", refs(0, [0, 1, 2, 3, 4], [7, 8, 9, 10, 11]))]))
-        wait(worker, set(), recving=1)
+        load(worker, "b", refs(0, [0, 1, 2, 3, 4], [7, 8, 9, 10, 11]))
         assert worker.take_load_errors() == set()
         for cache in caches:
             assert torch.equal(cache[7:12], cache[1:6])
@@ -162,10 +171,8 @@ def test_long_requests_move_in_chunks(vault_address: str, monkeypatch: pytest.Mo
 def test_stores_skip_blocks_the_vault_already_holds(vault_address: str) -> None:
     worker = make_worker(vault_address, {0: [kv_view(kv_caches())]})
     try:
-        worker.submit(StepJobs(stores=[StoreJob("a", refs(0, [0, 1], [1, 2]))]))
-        wait(worker, {"a"}, sending=1)
-        worker.submit(StepJobs(stores=[StoreJob("b", refs(0, [0, 1, 2], [1, 2, 3]))]))
-        wait(worker, {"b"}, sending=1)
+        store(worker, "a", refs(0, [0, 1], [1, 2]))
+        store(worker, "b", refs(0, [0, 1, 2], [1, 2, 3]))
         totals = worker.counters.totals()
         assert totals["stored_blocks"] == 3
         assert totals["store_skipped_blocks"] == 2
@@ -177,10 +184,8 @@ def test_int8_codec_round_trips_within_quantization_error(vault_address: str) ->
     caches = kv_caches(dtype=torch.bfloat16)
     worker = make_worker(vault_address, {0: [kv_view(caches)]}, codec="int8")
     try:
-        worker.submit(StepJobs(stores=[StoreJob("a", refs(0, [0], [2]))]))
-        wait(worker, {"a"}, sending=1)
-        worker.submit(StepJobs(loads=[LoadJob("b", refs(0, [0], [7]))]))
-        wait(worker, set(), recving=1)
+        store(worker, "a", refs(0, [0], [2]))
+        load(worker, "b", refs(0, [0], [7]))
         for cache in caches:
             assert cache[7].dtype == torch.bfloat16
             assert not torch.equal(cache[7], cache[2])
@@ -193,8 +198,7 @@ def test_corrupt_and_missing_blocks_are_reported_and_never_written(vault_address
     caches = kv_caches()
     worker = make_worker(vault_address, {0: [kv_view(caches)]})
     try:
-        worker.submit(StepJobs(stores=[StoreJob("a", refs(0, [0, 1], [1, 2]))]))
-        wait(worker, {"a"}, sending=1)
+        store(worker, "a", refs(0, [0, 1], [1, 2]))
         ns = worker.namespaces[worker.topology.streams[0]]
         with Cluster({"kv_cold": vault_address}) as cluster:
             (blob,) = cluster.get(ns, [KEYS[1]])
@@ -204,8 +208,7 @@ def test_corrupt_and_missing_blocks_are_reported_and_never_written(vault_address
             cluster.put(ns, {KEYS[1]: bytes(bad)})
 
         before = [c[9:12].clone() for c in caches]
-        worker.submit(StepJobs(loads=[LoadJob("b", refs(0, [0, 1, 2], [9, 10, 11]))]))
-        _, recving, failed = wait(worker, set(), recving=1)
+        recving, failed = load(worker, "b", refs(0, [0, 1, 2], [9, 10, 11]))
         assert recving == {"b"} and failed == set()
         assert worker.take_load_errors() == {10, 11}, "block 1 is corrupt, block 2 was never stored"
         for cache, old in zip(caches, before, strict=True):
@@ -238,14 +241,12 @@ def test_several_groups_fail_whole_requests(vault_address: str) -> None:
             assert time.monotonic() < deadline
             time.sleep(0.005)
 
-        worker.submit(StepJobs(loads=[LoadJob("ok", refs(0, [0, 1], [8, 9]) + refs(1, [1], [10]))]))
-        _, recving, failed = wait(worker, set(), recving=1)
+        recving, failed = load(worker, "ok", refs(0, [0, 1], [8, 9]) + refs(1, [1], [10]))
         assert recving == {"ok"} and failed == set()
         assert torch.equal(conv[0][10], snapshot)
         assert torch.equal(ssm[0][10], ssm[0][5])
 
-        worker.submit(StepJobs(loads=[LoadJob("bad", refs(0, [0, 1], [8, 9]) + refs(1, [0], [11]))]))
-        _, recving, failed = wait(worker, set(), recving=1)
+        recving, failed = load(worker, "bad", refs(0, [0, 1], [8, 9]) + refs(1, [0], [11]))
         assert recving == failed == {"bad"}
         assert worker.take_load_errors() == set()
     finally:
