@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tierkv.connectors.vllm import CONNECTOR_NAME, MODULE_PATH
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -29,6 +31,30 @@ HIDDEN, LAYERS, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 128, 2, 1000, 4, 2, 32
 
 Output = tuple[list[int], list[float]]
 """Greedy token ids and the logprob of each chosen token."""
+
+
+def llama_config(
+    *,
+    layers: int = LAYERS,
+    hidden: int = HIDDEN,
+    heads: int = HEADS,
+    kv_heads: int = KV_HEADS,
+    head_dim: int = HEAD_DIM,
+) -> dict[str, Any]:
+    """``config.json`` of a small float32 Llama (default: 2 layers, 2 KV heads of 32)."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 2048,
+        "torch_dtype": "float32",
+    }
 
 
 def write_tiny_llama(
@@ -41,29 +67,14 @@ def write_tiny_llama(
     kv_heads: int = KV_HEADS,
     head_dim: int = HEAD_DIM,
 ) -> Path:
-    """A small Llama (default: 2 layers, 2 KV heads of 32) with seeded weights; returns its directory."""
+    """:func:`llama_config` with seeded weights and a word tokenizer; returns its directory."""
     import torch
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
-    intermediate = 2 * hidden
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "intermediate_size": intermediate,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "vocab_size": VOCAB,
-        "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-5,
-        "torch_dtype": "float32",
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "tie_word_embeddings": False,
-    }
+    config = llama_config(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+    config |= {"rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
+    intermediate = config["intermediate_size"]
     (path / "config.json").write_text(json.dumps(config))
     gen = torch.Generator().manual_seed(seed)
 
@@ -111,6 +122,17 @@ def write_word_tokenizer(path: Path) -> None:
     (path / "tokenizer_config.json").write_text(json.dumps(config))
 
 
+def transfer_config(extra: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``kv_transfer_config`` that runs TierKVConnector in both roles with ``extra``."""
+    return {
+        "kv_connector": CONNECTOR_NAME,
+        "kv_connector_module_path": MODULE_PATH,
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": extra,
+    }
+
+
 def make_llm(
     model: Path, extra: dict[str, Any] | None = None, max_model_len: int = MAX_MODEL_LEN, **engine: Any
 ) -> Any:
@@ -121,15 +143,7 @@ def make_llm(
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
-    transfer = None
-    if extra is not None:
-        transfer = KVTransferConfig(
-            kv_connector="TierKVConnector",
-            kv_connector_module_path="tierkv.connectors.vllm.connector",
-            kv_role="kv_both",
-            kv_load_failure_policy="recompute",
-            kv_connector_extra_config=extra,
-        )
+    transfer = None if extra is None else KVTransferConfig(**transfer_config(extra))
     args: dict[str, Any] = {
         "load_format": "safetensors",
         "skip_tokenizer_init": True,
@@ -213,6 +227,26 @@ def connector_totals(llm: Any) -> dict[str, int]:
     for k, v in worker_connector().totals().items():
         totals[k] += v
     return totals
+
+
+def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The counters that changed from ``before`` to ``after``, by how much."""
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+def generate_counted(llm: Any, tokens: list[int]) -> tuple[Output, dict[str, int]]:
+    """One request, stepped until its stores are done: its output and the counters it moved."""
+    before = connector_totals(llm)
+    out = generate(llm, [tokens])[0]
+    drain(llm)
+    return out, delta(before, connector_totals(llm))
+
+
+def store_then_forget(llm: Any, tokens: list[int]) -> tuple[Output, dict[str, int]]:
+    """:func:`generate_counted` (storing the blocks of ``tokens``), then empty vLLM's own prefix cache."""
+    out, moved = generate_counted(llm, tokens)
+    assert llm.reset_prefix_cache(), "vLLM still holds blocks after the stores were reported done"
+    return out, moved
 
 
 def shutdown(llm: Any) -> None:

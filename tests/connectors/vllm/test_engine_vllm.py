@@ -20,13 +20,12 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm b
 from tests.connectors.vllm.engine import (
     BLOCK_SIZE,
     Output,
-    connector_totals,
-    drain,
-    generate,
+    generate_counted,
     make_llm,
     prompt,
     scheduler_connector,
     shutdown,
+    store_then_forget,
     write_tiny_llama,
 )
 from tierkv.client.vault import VaultClient
@@ -96,33 +95,17 @@ def llm(model_dir: Path, vault: VaultProcess, load_mode: str) -> Iterator[Any]:
     shutdown(engine)
 
 
-def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
-
-
-def store_then_forget(llm: Any, tokens: list[int]) -> Output:
-    """Run ``tokens`` once (storing its blocks), then empty vLLM's own prefix cache."""
-    out = generate(llm, [tokens])[0]
-    drain(llm)
-    assert llm.reset_prefix_cache(), "vLLM still holds blocks after the stores were reported done"
-    return out
-
-
 def assert_same(got: Output, want: Output) -> None:
     assert got[0] == want[0]
     assert got[1] == pytest.approx(want[1], abs=1e-4)
 
 
 def test_identical_prompt_is_restored_from_the_vault(llm: Any, reference: dict[str, Output]) -> None:
-    before = connector_totals(llm)
-    first = store_then_forget(llm, STORED)
-    stored = delta(before, connector_totals(llm))
+    first, stored = store_then_forget(llm, STORED)
     assert stored["stored_blocks"] == 9
     assert stored["store_requests"] == 1
 
-    before = connector_totals(llm)
-    second = generate(llm, [STORED])[0]
-    restored = delta(before, connector_totals(llm))
+    second, restored = generate_counted(llm, STORED)
     assert restored["lookup_hit_tokens"] == 9 * BLOCK_SIZE
     assert restored["restored_blocks"] == 9
     assert restored.get("load_errors", 0) == 0
@@ -132,9 +115,7 @@ def test_identical_prompt_is_restored_from_the_vault(llm: Any, reference: dict[s
 
 def test_longer_prompt_restores_only_the_shared_blocks(llm: Any, reference: dict[str, Output]) -> None:
     store_then_forget(llm, STORED)
-    before = connector_totals(llm)
-    out = generate(llm, [LONGER])[0]
-    restored = delta(before, connector_totals(llm))
+    out, restored = generate_counted(llm, LONGER)
     assert restored["lookup_hit_tokens"] == 6 * BLOCK_SIZE
     assert restored["restored_blocks"] == 6
     assert_same(out, reference["longer"])
@@ -166,10 +147,7 @@ def test_corrupted_block_is_reported_and_recomputed(
         tampered[-1] ^= 0xFF
         assert client.put(namespace, {key: bytes(tampered)}) == 1
 
-    before = connector_totals(llm)
-    out = generate(llm, [CORRUPTED])[0]
-    drain(llm)
-    seen = delta(before, connector_totals(llm))
+    out, seen = generate_counted(llm, CORRUPTED)
     assert seen["load_errors"] == 1
     assert seen["restored_blocks"] == 8
     assert_same(out, reference["corrupted"])
@@ -187,10 +165,7 @@ def test_vault_down_recomputes_without_hanging(
     store_then_forget(llm, DOWN)
     vault.kill()
     try:
-        before = connector_totals(llm)
-        out = generate(llm, [DOWN])[0]
-        drain(llm)
-        seen = delta(before, connector_totals(llm))
+        out, seen = generate_counted(llm, DOWN)
     finally:
         revived = VaultProcess(vault.path, port=vault.port, max_bytes="256MiB").start()
         request.addfinalizer(lambda: revived.stop(timeout=10))

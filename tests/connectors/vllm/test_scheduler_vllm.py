@@ -34,6 +34,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from tests.conftest import VaultFactory
+from tests.connectors.vllm.engine import llama_config, transfer_config
 from tierkv.client.cluster import Cluster
 from tierkv.codec.torch_codec import encode_tensor
 from tierkv.connectors.vllm.connector import TierKVConnector, TierKVMetadata
@@ -50,20 +51,7 @@ MAMBA_SHAPES = ((3, 16), (2, 8, 8))
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("config-only")
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "vocab_size": 1000,
-        "max_position_embeddings": 2048,
-        "torch_dtype": "float32",
-    }
-    (path / "config.json").write_text(json.dumps(config))
+    (path / "config.json").write_text(json.dumps(llama_config()))
     init_none_hash(sha256)
     return path
 
@@ -105,13 +93,7 @@ def make_scheduler(
         cache_config=CacheConfig(
             block_size=BS, enable_prefix_caching=True, mamba_cache_mode="align" if align else "none"
         ),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="TierKVConnector",
-            kv_connector_module_path="tierkv.connectors.vllm.connector",
-            kv_role="kv_both",
-            kv_load_failure_policy="recompute",
-            kv_connector_extra_config={"kv_cold": address, "timeout": 1.0, **extra},
-        ),
+        kv_transfer_config=KVTransferConfig(**transfer_config({"kv_cold": address, "timeout": 1.0, **extra})),
         device_config=DeviceConfig("cpu"),
     )
     config.cache_config.num_gpu_blocks = 256

