@@ -285,3 +285,20 @@ def test_full_store_queue_drops_instead_of_blocking(blackhole: str) -> None:
         assert sending == {"slow"}
     finally:
         worker.shutdown()
+
+
+def test_full_store_queue_drops_snapshots_without_reporting_them(blackhole: str) -> None:
+    views: dict[int, list[GroupView]] = {
+        0: [kv_view(kv_caches())],
+        1: [StateGroupView(["m"], [[torch.randn(NUM_BLOCKS, 3, 4), torch.randn(NUM_BLOCKS, 2, 4, 4)]])],
+    }
+    worker = make_worker(blackhole, views, timeout=1.0, max_inflight_stores=1, max_queued_stores=0)
+    try:
+        worker.submit(StepJobs(stores=[StoreJob("slow", refs(0, [0], [1]))]))
+        worker.submit(StepJobs(stores=[StoreJob("snap", refs(1, [1], [5]), snapshot=True)]))
+        totals = worker.counters.totals()
+        assert totals["snapshot_blocks"] == 1 and totals["stores_dropped"] == 1
+        sending, _, _ = wait(worker, {"slow", "snap"}, sending=1)
+        assert sending == {"slow"}, "a snapshot holds no vLLM blocks, so it is never reported"
+    finally:
+        worker.shutdown()

@@ -155,20 +155,27 @@ class WorkerSide:
 
     # -- stores ------------------------------------------------------------------------------------
 
-    def _submit_store(self, job: StoreJob) -> None:
+    def _admit(self, req_id: str | None) -> bool:
+        """Take a place in the store queue, or count the store as dropped (never wait for one).
+
+        ``req_id`` names a request whose blocks vLLM keeps until the store is reported; a refused one
+        is reported at once. Snapshots were already copied out and pass ``None``.
+        """
         st = self._state
         with st.cond:
             accept = not self._closed and st.queued_stores < self._max_pending_stores
             if accept:
                 st.queued_stores += 1
-                st.stores_pending.add(job.req_id)
-            else:
-                st.stores_done.add(job.req_id)
+            if req_id is not None:
+                (st.stores_pending if accept else st.stores_done).add(req_id)
         if not accept:
             self.counters.add("stores_dropped")
-            logger.debug("store queue full: request %s is not stored", job.req_id)
-            return
-        self._stores.submit(self._guarded_store, job, None)
+            logger.debug("store queue full: %s is not stored", req_id or "a state snapshot")
+        return accept
+
+    def _submit_store(self, job: StoreJob) -> None:
+        if self._admit(job.req_id):
+            self._stores.submit(self._guarded_store, job, None)
 
     def _submit_snapshot(self, job: StoreJob) -> None:
         """Copy offered state blocks now (vLLM may reuse them after this step), ship them later."""
@@ -180,15 +187,8 @@ class WorkerSide:
         if not copies:
             return
         self.counters.add("snapshot_blocks", sum(len(refs) for refs, _ in copies.values()))
-        st = self._state
-        with st.cond:
-            accept = not self._closed and st.queued_stores < self._max_pending_stores
-            if accept:
-                st.queued_stores += 1
-        if not accept:
-            self.counters.add("stores_dropped")
-            return
-        self._stores.submit(self._guarded_store, job, copies)
+        if self._admit(None):
+            self._stores.submit(self._guarded_store, job, copies)
 
     def _guarded_store(
         self, job: StoreJob, copies: dict[Stream, tuple[list[BlockRef], torch.Tensor]] | None
