@@ -1,12 +1,15 @@
 """``tierkv bench``: does tiering pay on this hardware? Real measurements, three ways.
 
 - :mod:`.synthetic` — store and restore KV shaped like a real model through real vaults (the default);
-- :mod:`.hf` — prefill vs hot hit vs cold restore TTFT with a random-weight transformers model;
+- :mod:`.hf` — prefill vs hot hit vs cold restore TTFT with a random-weight transformers model, the
+  restore split into network, codec and cache injection and set against the bare data plane;
 - :mod:`.engine` — cold vs restored TTFT of any OpenAI-compatible server (vLLM, EXO), streamed.
 
+:mod:`.common` holds what the modes share (result record, time budget, progress bar, setting checks);
 :mod:`.breakeven` turns the measured prefill and restore rates into the prompt length above which a
-restore beats recomputing; :mod:`.record` stamps every run with machine, versions and settings;
-:mod:`.render` draws the tables. Submodules are imported on demand (torch only by :mod:`.hf`).
+restore beats recomputing; :mod:`.quality` measures what a lossy codec costs in output;
+:mod:`.record` stamps every run with machine, versions and settings; :mod:`.render` draws the tables.
+Submodules are imported on demand (torch only by :mod:`.hf` when it runs, and :mod:`.quality`).
 """
 
 from __future__ import annotations

@@ -257,6 +257,24 @@ def net_of(
     return [(n, max(floor_s, t - common_s)) for n, t in points]
 
 
+def ttft_break_even(
+    prefill: Sequence[tuple[float, float]],
+    restore: Sequence[tuple[float, float]],
+    common_s: float,
+    *,
+    bytes_per_token: float | None = None,
+    what: str = "restored TTFT",
+) -> BreakEven:
+    """Break-even from measured ``(tokens, TTFT)`` of prefills and of restores.
+
+    Both are fitted net of ``common_s`` (what every request pays alike; the hot-hit TTFT), which comes
+    back in the savings shown.
+    """
+    prefill_model = PrefillModel.fit(net_of(prefill, common_s))
+    restore_model = RestoreModel.fit(net_of(restore, common_s), bytes_per_token=bytes_per_token, what=what)
+    return break_even(prefill_model, restore_model, common_s=common_s)
+
+
 def _lengths(lengths: Sequence[int]) -> str:
     return ", ".join(f"{n:,}" for n in lengths)
 
@@ -270,4 +288,5 @@ __all__ = [
     "break_even",
     "crossover",
     "net_of",
+    "ttft_break_even",
 ]

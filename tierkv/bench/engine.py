@@ -30,10 +30,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tierkv.bench import BenchError
-from tierkv.bench.breakeven import BreakEven, PrefillModel, RestoreModel, break_even, net_of
+from tierkv.bench.breakeven import ttft_break_even
+from tierkv.bench.common import BenchRun, Deadline, check_sweep, progress_bar, settings_document
 from tierkv.bench.prompts import PromptMaker
 from tierkv.bench.record import RunMeta, median
 
@@ -70,18 +70,19 @@ class EngineSettings:
             raise BenchError(f"--api must be one of {', '.join(APIS)}")
         if self.evict not in EVICTIONS:
             raise BenchError(f"--evict must be one of {', '.join(EVICTIONS)}")
-        if not self.lengths or min(self.lengths) < 1 or self.repeats < 1 or self.max_tokens < 1:
-            raise BenchError("prompt lengths, repeats and --max-new-tokens must be positive")
-        if (
-            self.flood_tokens < 1
-            or self.flood_prompt_tokens < 1
-            or self.settle_s < 0
-            or self.max_seconds <= 0
-        ):
-            raise BenchError("flood sizes and --max-seconds must be positive, --settle not negative")
+        check_sweep(
+            self,
+            positive={
+                "--max-new-tokens": self.max_tokens,
+                "--flood-tokens": self.flood_tokens,
+                "flood prompt tokens": self.flood_prompt_tokens,
+            },
+        )
+        if self.settle_s < 0:
+            raise BenchError("--settle must not be negative")
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        return settings_document(self)
 
 
 @dataclasses.dataclass
@@ -268,32 +269,20 @@ class EngineRow:
 
 
 @dataclasses.dataclass
-class EngineResult:
-    meta: RunMeta
+class EngineResult(BenchRun):
     settings: EngineSettings
     model: str = ""
     api: str = ""
     evict_method: str = ""
     tokenizer: str = ""
     rows: list[EngineRow] = dataclasses.field(default_factory=list)
-    breakeven: dict[str, BreakEven] = dataclasses.field(default_factory=dict)
-    truncated: bool = False
-    warnings: list[str] = dataclasses.field(default_factory=list)
-    errors: list[str] = dataclasses.field(default_factory=list)
-    verdict: str = ""
 
     @property
     def ok(self) -> bool:
         return not self.errors and any(r.restored for r in self.rows)
 
-    def document(self) -> dict[str, Any]:
+    def figures_document(self) -> dict[str, Any]:
         return {
-            **self.meta.as_dict(),
-            "ok": self.ok,
-            "verdict": self.verdict,
-            "warnings": self.warnings,
-            "errors": self.errors,
-            "truncated": self.truncated,
             "engine": {
                 "url": self.settings.url,
                 "model": self.model,
@@ -302,7 +291,6 @@ class EngineResult:
                 "token_counts": self.tokenizer,
             },
             "results": [r.as_dict() for r in self.rows],
-            "breakeven": {k: b.as_dict() for k, b in self.breakeven.items()},
         }
 
 
@@ -420,7 +408,7 @@ class _Engine:
 
 def run_engine(settings: EngineSettings, console: Console) -> EngineResult:
     settings.validate()
-    started = time.monotonic()
+    deadline = Deadline(settings.max_seconds)
     meta = RunMeta("engine", settings.as_dict())
     result = EngineResult(meta, settings)
     engine = _Engine(settings, result)
@@ -432,11 +420,11 @@ def run_engine(settings: EngineSettings, console: Console) -> EngineResult:
         maker = PromptMaker(seed=settings.seed, count=counter)
         if counter is not None:
             engine.flood_maker = PromptMaker(seed=settings.seed + 1, count=counter)
-        _measure(engine, maker, settings, result, started, console)
+        _measure(engine, maker, settings, result, deadline, console)
     except BenchError as exc:
         result.errors.append(str(exc))
     _conclude(result)
-    meta.finish(time.monotonic() - started)
+    result.finish(deadline)
     return result
 
 
@@ -445,37 +433,34 @@ def _measure(
     maker: PromptMaker,
     s: EngineSettings,
     result: EngineResult,
-    started: float,
+    deadline: Deadline,
     console: Console,
 ) -> None:
     lengths = sorted(set(s.lengths))
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("engine", total=len(lengths) * s.repeats)
+    with progress_bar(console, len(lengths) * s.repeats) as bar:
         for n in lengths:
             row = EngineRow(n)
             result.rows.append(row)
             for rep in range(s.repeats):
-                if time.monotonic() - started > s.max_seconds:
-                    result.truncated = True
-                    result.warnings.append(f"stopped at --max-seconds {s.max_seconds:g}")
+                if result.out_of_time(deadline):
+                    result.warnings.append(deadline.note())
                     return
                 label = f"{n:,} tokens ({rep + 1}/{s.repeats})"
                 text = maker.prompt(n)
-                progress.update(task, description=f"{label}: cold")
+                bar.label(f"{label}: cold")
                 cold = engine.send(text)
                 row.cold.append(cold)
                 if cold.prompt_tokens:
                     row.prompt_tokens = cold.prompt_tokens
                     maker.observe(len(text.split()), cold.prompt_tokens)
-                progress.update(task, description=f"{label}: hot")
+                bar.label(f"{label}: hot")
                 row.hot.append(engine.send(text))
                 time.sleep(s.settle_s)
-                progress.update(task, description=f"{label}: evict")
+                bar.label(f"{label}: evict")
                 engine.evict()
-                progress.update(task, description=f"{label}: restored")
+                bar.label(f"{label}: restored")
                 row.restored.append(engine.send(text))
-                progress.advance(task)
+                bar.advance()
 
 
 def _conclude(result: EngineResult) -> None:
@@ -509,24 +494,20 @@ def _conclude(result: EngineResult) -> None:
                 f"{at}: restored is as fast as a hot hit: the flood may not have evicted the prompt "
                 "(raise --flood-tokens)"
             )
-        if s.min_speedup is not None and (f["speedup"] or 0) < s.min_speedup:
-            result.errors.append(
-                f"{at}: speedup {f['speedup'] or 0:.2f}× is below --min-speedup {s.min_speedup:g}"
-            )
+        result.check_speedup(row.tokens, f["speedup"], s.min_speedup)
     result.warnings = list(dict.fromkeys(result.warnings))
     if rows:
-        common = median([m.ttft_s for r in rows for m in r.hot]) or 0.0
-        prefill = PrefillModel.fit(net_of([(r.tokens, m.ttft_s) for r in rows for m in r.cold], common))
-        restore = RestoreModel.fit(
-            net_of([(r.tokens, m.ttft_s) for r in rows for m in r.restored], common), what="restored TTFT"
+        result.breakeven["restored via engine"] = ttft_break_even(
+            [(r.tokens, m.ttft_s) for r in rows for m in r.cold],
+            [(r.tokens, m.ttft_s) for r in rows for m in r.restored],
+            median([m.ttft_s for r in rows for m in r.hot]) or 0.0,
         )
-        result.breakeven["restored via engine"] = break_even(prefill, restore, common_s=common)
     result.verdict = engine_verdict(result)
 
 
 def engine_verdict(result: EngineResult) -> str:
     if not result.ok:
-        return "FAIL: " + (result.errors[0] if result.errors else "no request completed")
+        return result.failure("no request completed")
     top = result.rows[-1]
     f = top.figures()
     be = next(iter(result.breakeven.values()))

@@ -26,15 +26,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-from tierkv.bench import BenchError
-from tierkv.bench.breakeven import BreakEven, PrefillModel, RestoreModel, break_even
+from tierkv.bench.breakeven import PrefillModel, RestoreModel, break_even
+from tierkv.bench.common import (
+    BenchRun,
+    Deadline,
+    check_codecs,
+    check_sweep,
+    progress_bar,
+    settings_document,
+)
 from tierkv.bench.record import RunMeta, median, percentile
 from tierkv.bench.shapes import ModelShape
-from tierkv.bench.vaults import VaultSet, VaultSettings, counter_delta, open_vaults
+from tierkv.bench.vaults import VaultSet, VaultSettings, watched_vaults
 from tierkv.client.cluster import KV_COLD, SSM_COLD
-from tierkv.codec import CODECS, LayerGroup, decode, encode, max_abs_error, snr_db
+from tierkv.codec import LayerGroup, decode, encode, max_abs_error, snr_db
 from tierkv.codec.bits import to_float32
 from tierkv.config import Config
 from tierkv.errors import CodecError
@@ -60,29 +66,21 @@ class SyntheticSettings:
     seed: int = 0
 
     def validate(self) -> None:
-        if not self.lengths or any(n < self.block_tokens for n in self.lengths):
-            raise BenchError(f"every prompt length must be at least one block ({self.block_tokens} tokens)")
-        unknown = [c for c in self.codecs if c not in CODECS]
-        if unknown or not self.codecs:
-            raise BenchError(f"unknown codec {unknown or self.codecs}; expected some of {sorted(CODECS)}")
-        if self.repeats < 1 or self.block_tokens < 1 or self.batch_bytes < 1 or self.ssm_every < 1:
-            raise BenchError("repeats, block tokens, batch size and the snapshot interval must be positive")
-        if self.max_seconds <= 0:
-            raise BenchError("--max-seconds must be positive")
+        check_sweep(
+            self,
+            min_length=self.block_tokens,
+            what="one block",
+            positive={
+                "--block-tokens": self.block_tokens,
+                "--batch-mib": self.batch_bytes,
+                "--ssm-every": self.ssm_every,
+            },
+        )
+        check_codecs(self.codecs)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "shape": dataclasses.asdict(self.shape),
-            "lengths": list(self.lengths),
-            "codecs": list(self.codecs),
-            "repeats": self.repeats,
-            "block_tokens": self.block_tokens,
-            "batch_bytes": self.batch_bytes,
-            "ssm_every": self.ssm_every,
-            "max_seconds": self.max_seconds,
-            "prefill_model": None if self.prefill is None else self.prefill.as_dict(),
-            "seed": self.seed,
-        }
+        prefill = None if self.prefill is None else self.prefill.as_dict()
+        return {**settings_document(self, drop=["prefill"]), "prefill_model": prefill}
 
     def blocks(self, tokens: int) -> int:
         return tokens // self.block_tokens
@@ -183,36 +181,23 @@ class CellResult:
 
 
 @dataclasses.dataclass
-class SyntheticResult:
-    meta: RunMeta
+class SyntheticResult(BenchRun):
     settings: SyntheticSettings
     cells: list[CellResult] = dataclasses.field(default_factory=list)
     quality: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     vaults: dict[str, Any] = dataclasses.field(default_factory=dict)
     restore_models: dict[str, RestoreModel] = dataclasses.field(default_factory=dict)
-    breakeven: dict[str, BreakEven] = dataclasses.field(default_factory=dict)
-    truncated: bool = False
-    warnings: list[str] = dataclasses.field(default_factory=list)
-    errors: list[str] = dataclasses.field(default_factory=list)
-    verdict: str = ""
 
     @property
     def ok(self) -> bool:
         return not self.errors and bool(self.cells) and all(c.complete for c in self.cells if c.repeats)
 
-    def document(self) -> dict[str, Any]:
+    def figures_document(self) -> dict[str, Any]:
         return {
-            **self.meta.as_dict(),
-            "ok": self.ok,
-            "verdict": self.verdict,
-            "warnings": self.warnings,
-            "errors": self.errors,
-            "truncated": self.truncated,
             "vaults": self.vaults,
             "codecs": self.quality,
             "results": [c.as_dict() for c in self.cells],
             "restore_models": {k: m.as_dict() for k, m in self.restore_models.items()},
-            "breakeven": {k: b.as_dict() for k, b in self.breakeven.items()},
         }
 
 
@@ -293,27 +278,24 @@ def run_synthetic(
 ) -> SyntheticResult:
     """Run the sweep; never raises for a measurement problem (it lands in ``errors``), only for setup."""
     settings.validate()
-    started = time.monotonic()
+    deadline = Deadline(settings.max_seconds)
     meta = RunMeta("synthetic", {**settings.as_dict(), "vaults": dataclasses.asdict(vault_settings)})
     result = SyntheticResult(meta, settings)
     rng = np.random.default_rng(settings.seed)
     work = _Workload(settings, rng)
     result.quality = {c: work.quality(c) for c in settings.codecs}
-    need = settings.stored_bytes_bound()
-    if vault_settings.mode != "config":
-        budget = max(vault_settings.max_bytes, int(need * 1.25) + (64 << 20))
-        vault_settings = dataclasses.replace(vault_settings, max_bytes=budget)
-    with open_vaults(config, vault_settings, need_ssm=bool(settings.shape.ssm_layers)) as vaults:
-        before = vaults.stats()
-        result.vaults = {**vaults.describe(), "before": before}
+    with watched_vaults(
+        config,
+        vault_settings.at_least(int(settings.stored_bytes_bound() * 1.25) + (64 << 20)),
+        need_ssm=bool(settings.shape.ssm_layers),
+        record=result.vaults,
+        warnings=result.warnings,
+    ) as vaults:
         run_id = uuid.uuid4().hex[:12]
         _warm_up(vaults, work, run_id)
-        _sweep(vaults, work, settings, result, run_id, started, rng, console)
-        after = vaults.stats()
-        result.vaults.update(after=after, delta=counter_delta(before, after))
-        result.warnings.extend(vaults.warnings)
+        _sweep(vaults, work, settings, result, run_id, deadline, rng, console)
     _conclude(result)
-    meta.finish(time.monotonic() - started)
+    result.finish(deadline)
     return result
 
 
@@ -335,15 +317,13 @@ def _sweep(
     s: SyntheticSettings,
     result: SyntheticResult,
     run_id: str,
-    started: float,
+    deadline: Deadline,
     rng: np.random.Generator,
     console: Console,
 ) -> None:
     cells = [(n, codec) for n in sorted(set(s.lengths)) for codec in s.codecs]
     total = sum(2 * s.blocks(n) * s.repeats for n, _ in cells)
-    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("synthetic sweep", total=total)
+    with progress_bar(console, total, percent=True) as bar:
         for n, codec in cells:
             cell = CellResult(
                 tokens=n,
@@ -354,12 +334,10 @@ def _sweep(
                 ssm_bytes=s.shape.ssm_bytes_per_snapshot,
             )
             for rep in range(s.repeats):
-                if time.monotonic() - started > s.max_seconds:
-                    result.truncated = True
+                if result.out_of_time(deadline):
                     break
-                label = f"{s.shape.name} {n:,} tokens {codec} ({rep + 1}/{s.repeats})"
-                progress.update(task, description=label)
-                _one_repeat(vaults, work, cell, run_id, rep, rng, lambda k: progress.advance(task, k))
+                bar.label(f"{s.shape.name} {n:,} tokens {codec} ({rep + 1}/{s.repeats})")
+                _one_repeat(vaults, work, cell, run_id, rep, rng, bar.advance)
             if cell.repeats:
                 result.cells.append(cell)
             if result.truncated:
@@ -368,7 +346,7 @@ def _sweep(
         done = {(c.tokens, c.codec) for c in result.cells}
         skipped = [f"{n:,}/{c}" for n, c in cells if (n, c) not in done]
         result.warnings.append(
-            f"stopped at --max-seconds {s.max_seconds:g}: "
+            f"{deadline.note()}: "
             + (f"skipped {', '.join(skipped)}" if skipped else "fewer repeats than asked")
         )
 
@@ -530,8 +508,7 @@ def _conclude(result: SyntheticResult) -> None:
 
 def synthetic_verdict(result: SyntheticResult) -> str:
     if not result.ok:
-        first = result.errors[0] if result.errors else "no measurement completed"
-        return f"FAIL: {first}"
+        return result.failure("no measurement completed")
     shape = result.settings.shape.name
     longest = max(c.cached_tokens for c in result.cells)
     codec, model = min(result.restore_models.items(), key=lambda kv: kv[1].seconds(longest))

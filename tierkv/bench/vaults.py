@@ -38,6 +38,12 @@ class VaultSettings:
     sync: str = "durable"
     timeout_s: float = 30.0
 
+    def at_least(self, nbytes: int) -> VaultSettings:
+        """Vaults started here get a budget of at least ``nbytes`` (configured ones keep theirs)."""
+        if self.mode == "config" or self.max_bytes >= nbytes:
+            return self
+        return dataclasses.replace(self, max_bytes=nbytes)
+
 
 @dataclasses.dataclass
 class VaultSet:
@@ -128,6 +134,26 @@ def open_vaults(
 
 
 @contextlib.contextmanager
+def watched_vaults(
+    config: Config,
+    settings: VaultSettings,
+    *,
+    need_ssm: bool,
+    record: dict[str, Any],
+    warnings: list[str],
+) -> Iterator[VaultSet]:
+    """:func:`open_vaults`, with where they are and their counters before, after and the change put in
+    ``record``, and their warnings added to ``warnings``, so a run's figures carry the vaults' side."""
+    with open_vaults(config, settings, need_ssm=need_ssm) as vaults:
+        before = vaults.stats()
+        record.update(vaults.describe(), before=before)
+        yield vaults
+        after = vaults.stats()
+        record.update(after=after, delta=counter_delta(before, after))
+        warnings.extend(vaults.warnings)
+
+
+@contextlib.contextmanager
 def _local_vaults(
     settings: VaultSettings, need_ssm: bool, warnings: list[str], cluster_timeout: float
 ) -> Iterator[VaultSet]:
@@ -162,4 +188,4 @@ def _local_vaults(
                     logger.warning("%s vault exited with %d:\n%s", role, code, proc.log_tail())
 
 
-__all__ = ["VAULT_MODES", "VaultSet", "VaultSettings", "counter_delta", "open_vaults"]
+__all__ = ["VAULT_MODES", "VaultSet", "VaultSettings", "counter_delta", "open_vaults", "watched_vaults"]
