@@ -162,8 +162,10 @@ def bench(
     tokens: Annotated[
         str | None,
         typer.Option(
+            "--tokens",
+            "--lengths",
             help="Prompt lengths, comma-separated (4k = 4096). Default: 1k,4k,16k; --hf 512,2048; "
-            "--engine-api 1k,4k."
+            "--engine-api 1k,4k.",
         ),
     ] = None,
     codec: Annotated[str, typer.Option(help="Codecs to compare (--hf uses the first).")] = "raw,int8",
