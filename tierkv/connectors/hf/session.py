@@ -53,6 +53,7 @@ from tierkv.connectors.hf.text import decode, encode_with_offsets, tokenized_gen
 from tierkv.errors import ConfigError
 from tierkv.keys import Namespace, block_keys
 from tierkv.tiering.background import BoundedWorker
+from tierkv.tiering.batches import byte_batches
 from tierkv.tiering.checks import at_least, one_of
 from tierkv.tiering.hot import HotEntry, HotTier, TokenArray, as_tokens
 from tierkv.tiering.plan import (
@@ -616,15 +617,12 @@ class TieredSession:
         n_blocks = full_blocks(len(tokens), self.block_size)
         if self.layout.has_kv and n_blocks > payload.cold_blocks:
             keys = self._kv_keys(tokens, n_blocks)
-            batch: dict[bytes, bytes] = {}
-            size = 0
-            for i in range(payload.cold_blocks, n_blocks):
-                blob = self.blocks.encode_kv_block(payload.kv, i)
-                batch[keys[i]] = blob
-                size += len(blob)
-                if size >= self.put_batch_bytes or i == n_blocks - 1:
-                    self._put(batch, KV_ROLE)
-                    batch, size = {}, 0
+            blobs = (
+                (keys[i], self.blocks.encode_kv_block(payload.kv, i))
+                for i in range(payload.cold_blocks, n_blocks)
+            )
+            for batch in byte_batches(blobs, self.put_batch_bytes):
+                self._put(batch, KV_ROLE)
         positions = sorted(
             p
             for p in payload.states

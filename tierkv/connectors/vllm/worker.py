@@ -29,6 +29,7 @@ from tierkv.connectors.vllm.lazy import LazyCluster
 from tierkv.connectors.vllm.plan import KV, BlockRef, LoadJob, StepJobs, StoreJob, Stream, Topology
 from tierkv.connectors.vllm.stats import Counters
 from tierkv.errors import TierKVError
+from tierkv.tiering.batches import byte_batches
 
 logger = logging.getLogger(__name__)
 
@@ -221,27 +222,24 @@ class WorkerSide:
                 present = cluster.prefix_lookup(ns, [r.key for r in wanted], role=stream.role)
                 tally["store_skipped_blocks"] += present
                 chunks = self._gathered(view, wanted[present:])
-            batch: dict[bytes, bytes] = {}
-            size = 0
-            for refs, data in chunks:
-                for ref, block in zip(refs, data, strict=True):
-                    blob = encode_tensor(
-                        block,
-                        codec=self.codec if stream.kind == KV else "raw",  # state pages: exact bytes
-                        tokens=self.topology.block_size,
-                        layer_group=stream.layer_group,
-                    )
-                    batch[ref.key] = blob
-                    size += len(blob)
-                    if size >= MAX_PUT_BYTES:
-                        self._put(cluster, ns, stream, batch, tally)
-                        batch, size = {}, 0
-            if batch:
+            for batch in byte_batches(self._encoded(stream, chunks), MAX_PUT_BYTES):
                 self._put(cluster, ns, stream, batch, tally)
         for name, value in tally.items():
             self.counters.add(name, value)
         if not job.snapshot:
             self.counters.add("store_requests")
+
+    def _encoded(
+        self, stream: Stream, chunks: Iterable[tuple[list[BlockRef], torch.Tensor]]
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, blob)`` of each block, encoded as it is asked for."""
+        codec = self.codec if stream.kind == KV else "raw"  # state pages: exact bytes
+        for refs, data in chunks:
+            for ref, block in zip(refs, data, strict=True):
+                blob = encode_tensor(
+                    block, codec=codec, tokens=self.topology.block_size, layer_group=stream.layer_group
+                )
+                yield ref.key, blob
 
     @staticmethod
     def _put(
