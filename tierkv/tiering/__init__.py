@@ -1,6 +1,12 @@
-"""Engine-agnostic tiering logic: the hot tier, restore planning, character-level prefix reuse."""
+"""Engine-agnostic tiering logic: the hot tier, restore planning, character-level prefix reuse.
+
+Also what every engine hook shares: bounded background work, byte-bounded put batches and the checks
+of its settings.
+"""
 
 from tierkv.tiering.background import BoundedWorker
+from tierkv.tiering.batches import byte_batches
+from tierkv.tiering.checks import at_least, one_of
 from tierkv.tiering.hot import HotEntry, HotTier, as_tokens, common_prefix_len
 from tierkv.tiering.plan import (
     RestorePlan,
@@ -37,10 +43,13 @@ __all__ = [
     "TextPlan",
     "TokenizedText",
     "as_tokens",
+    "at_least",
+    "byte_batches",
     "common_prefix_chars",
     "common_prefix_len",
     "full_blocks",
     "match_text",
+    "one_of",
     "plan_from_index",
     "plan_restore",
     "plan_text",
