@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tierkv.bench.hf import DATAPLANE_TARGET, SPEEDUP_AT, HFRow, targets
+from tierkv.bench.hf import DATAPLANE_TARGET, REPLAYS, SPEEDUP_AT, HFRow, targets
 
 pytest.importorskip("transformers")
 
@@ -47,8 +47,8 @@ def test_hf_bench_restores_from_the_vaults_and_reports_ttft(tmp_path: Path) -> N
         assert sum(shares) == pytest.approx(1.0) and row["network_share"] > 0 and row["codec_share"] > 0
         runs = row["runs"]
         assert all(t > r for t, r in zip(runs["restore_ttft_s"], runs["restore_s"], strict=True))
-        # the data plane replayed exactly the restore's BatchGet, once per repeat
-        assert row["dataplane_bytes"] == row["bytes_fetched"] and len(runs["dataplane_s"]) == 2
+        # the data plane replayed exactly the restore's BatchGet, REPLAYS times per repeat
+        assert row["dataplane_bytes"] == row["bytes_fetched"] and len(runs["dataplane_s"]) == 2 * REPLAYS
     assert doc["vaults"]["delta"]["hits"] >= sum((n - 1) // 16 for n in rows)
     assert doc["vaults"]["delta"]["keys"] == 0, "the run deletes what it stored"
     assert [t["name"] for t in doc["targets"]] == ["speedup_at_4k", "restore_vs_dataplane", "restore_linear"]
@@ -93,6 +93,7 @@ def test_targets_read_the_rows() -> None:
     assert plane.met is True and plane.value[SPEEDUP_AT] == pytest.approx(0.08 / 0.06)
     assert "at 1,024 tokens" in plane.measured  # the worst ratio is named
     assert linear.met is None and linear.value[1024] == pytest.approx(1008 / 0.02)
+    assert "fit " in linear.measured  # two lengths: a line through the restore times
 
     slow = [_row(SPEEDUP_AT, 5.8, 0.5, 0.3, 0.1)]
     speed, plane, _ = targets(slow)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from tierkv.bench import BenchError
-from tierkv.bench.breakeven import ttft_break_even
+from tierkv.bench.breakeven import RestoreModel, ttft_break_even
 from tierkv.bench.common import (
     Bar,
     BenchRun,
@@ -65,6 +65,7 @@ SPEEDUP_AT = 4096
 SPEEDUP_TARGET = 20.0
 DATAPLANE_TARGET = 2.0
 AGREEMENT_TOKENS = 64
+REPLAYS = 3
 STORE_TIMEOUT_S = 120.0
 _TORCH_DTYPES = ("bfloat16", "float16", "float32")
 _PARTS = ("plan", "network", "codec", "inject")
@@ -107,8 +108,8 @@ class HFRow:
 
     ``restore_s`` is the restore itself (``plan_s + network_s + codec_s + inject_s``); the rest of the
     cold-restore TTFT is the forward pass over the prompt tokens after the last restored block
-    (``compute_s`` in the figures). ``dataplane_s`` times the restore's BatchGet replayed bare, moving
-    ``dataplane_bytes``.
+    (``compute_s`` in the figures). ``dataplane_s`` times the restore's BatchGet replayed bare
+    (:data:`REPLAYS` times per restore), each moving ``dataplane_bytes``.
     """
 
     tokens: int
@@ -132,7 +133,7 @@ class HFRow:
         self.hot_ttft_s.append(hot.ttft_s)
         self.hot_sources.append(hot.source)
 
-    def add_restore(self, restored: GenerationStats, replay: tuple[float, int] | None) -> None:
+    def add_restore(self, restored: GenerationStats, replays: Sequence[tuple[float, int]]) -> None:
         self.restore_ttft_s.append(restored.ttft_s)
         self.restore_sources.append(restored.source)
         self.restore_s.append(restored.restore_s)
@@ -140,9 +141,9 @@ class HFRow:
             getattr(self, f"{part}_s").append(getattr(restored, f"{part}_s"))
         self.restored_tokens = restored.cold_hits
         self.bytes_fetched = restored.bytes_fetched
-        if replay is not None:
-            self.dataplane_s.append(replay[0])
-            self.dataplane_bytes = replay[1]
+        for seconds, nbytes in replays:
+            self.dataplane_s.append(seconds)
+            self.dataplane_bytes = nbytes
 
     def shares(self) -> dict[str, float | None]:
         """Fractions of the restore time (all repeats together) spent in each part; they sum to 1."""
@@ -253,15 +254,18 @@ class RecordingCluster:
     def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD) -> int:
         return self.cluster.prefix_lookup(namespace, keys, role=role)
 
-    def replay(self) -> tuple[float, int] | None:
-        """Seconds and bytes of the latest KV BatchGet done again with nothing around it."""
+    def replay(self, times: int) -> list[tuple[float, int]]:
+        """Seconds and bytes of the latest KV BatchGet done again ``times`` times with nothing around it
+        (none when the restore made no BatchGet)."""
         if self.last_get is None:
-            return None
+            return []
         namespace, keys = self.last_get
-        start = time.perf_counter()
-        blobs = self.cluster.get_buffers(namespace, keys, role=KV_COLD)
-        seconds = time.perf_counter() - start
-        return seconds, sum(len(b) for b in blobs if b is not None)
+        runs = []
+        for _ in range(times):
+            start = time.perf_counter()
+            blobs = self.cluster.get_buffers(namespace, keys, role=KV_COLD)
+            runs.append((time.perf_counter() - start, sum(len(b) for b in blobs if b is not None)))
+        return runs
 
     def delete_stored(self) -> None:
         for (namespace, role), keys in self.stored.items():
@@ -411,7 +415,7 @@ def _measure_length(
         session.hot.clear()
         cluster.last_get = None
         restored = _generate(session, ids)
-        row.add_restore(restored, cluster.replay())
+        row.add_restore(restored, cluster.replay(REPLAYS))
         if restored.cold_hits == 0:
             result.errors.append(
                 f"{n:,} tokens: the restore after persist found nothing in the vaults (source "
@@ -508,12 +512,17 @@ def targets(rows: Sequence[HFRow]) -> list[Target]:
         ratios[worst] <= DATAPLANE_TARGET if ratios else None,
     )
     rates = {n: f["restore_tokens_per_s"] for n, f in figures.items() if f["restore_tokens_per_s"]}
-    spread = ratio(max(rates.values()), min(rates.values())) if rates else None
+    measured = (
+        ", ".join(f"{n:,}: {v:,.0f}" for n, v in rates.items()) + " tokens/s" if rates else "not measured"
+    )
+    points = [(r.restored_tokens, t) for r in rows if r.restored_tokens for t in r.restore_s if t > 0]
+    if len({n for n, _ in points}) >= 2:
+        line = RestoreModel.fit(points, what="restores")
+        measured += f"; fit {line.fixed_s * 1000:.1f} ms + n / {line.tokens_per_s:,.0f} tokens/s"
     linear = Target(
         "restore_linear",
-        "restore time linear in tokens (restore tokens/s flat across lengths)",
-        ", ".join(f"{n:,}: {v:,.0f}" for n, v in rates.items())
-        + (f" tokens/s (max/min {spread:.2f})" if spread is not None else "not measured"),
+        "restore time linear in tokens (a fixed cost + tokens / a flat rate)",
+        measured,
         rates,
     )
     return [speed, plane, linear]
