@@ -124,6 +124,8 @@ class VaultConfig:
     workers: int = 16
     max_message_bytes: ByteSize = ByteSize(64 * 1024**2)
     frame_bytes: ByteSize = ByteSize(4 * 1024**2)
+    bulk: bool = True
+    bulk_port: int = 0
     max_batch_bytes: ByteSize = ByteSize(1024**3)
     grace_s: float = 5.0
 
@@ -137,6 +139,7 @@ class VaultConfig:
     def _validate(self, source: str, key: str) -> None:
         _check_port(self.port, source, f"{key}.port", allow_zero=True)
         _check_port(self.metrics_port, source, f"{key}.metrics_port", allow_zero=True)
+        _check_port(self.bulk_port, source, f"{key}.bulk_port", allow_zero=True)
         if self.max_bytes < 1024 * 1024:
             raise ConfigError(source, f"{key}.max_bytes", "expected at least 1MiB")
         if self.workers < 1:

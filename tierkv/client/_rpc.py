@@ -53,6 +53,7 @@ class ClientOptions:
     frame_bytes: int = 4 * MiB
     max_batch_bytes: int = 64 * MiB
     min_bytes_per_s: float = 100e6
+    bulk: bool = True
 
     def channel_options(self) -> list[tuple[str, Any]]:
         tune_malloc()
@@ -131,10 +132,15 @@ def map_error(exc: grpc.RpcError, address: str) -> VaultError:
     """Translate a gRPC failure into the tierkv exception tree (the only place this happens)."""
     code = exc.code() if hasattr(exc, "code") else None
     details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
-    name = code.name if code is not None else "UNKNOWN"
+    return error_for(code.name if code is not None else "UNKNOWN", details, address)
+
+
+def error_for(name: str, details: str, address: str) -> VaultError:
+    """The tierkv exception for a status named ``name`` (gRPC's, or a bulk-channel ERROR record's)."""
+    code = getattr(grpc.StatusCode, name, None)
     if code in _UNAVAILABLE:
         return VaultUnavailable(f"{name}: {details}", address=address, code=name)
-    cls = _MAPPED.get(code, VaultError) if code is not None else VaultError
+    cls = _MAPPED.get(code, VaultError) if isinstance(code, grpc.StatusCode) else VaultError
     return cls(f"{name}: {details}", address=address, code=name)
 
 
@@ -178,7 +184,7 @@ class GetAssembler:
         self._decoder = FrameDecoder(max_item_bytes=1 << 40)
         self.received_bytes = 0
 
-    def feed(self, frame: bytes, address: str) -> None:
+    def feed(self, frame: Buffer, address: str) -> None:
         self.received_bytes += len(frame)
         try:
             blobs = self._decoder.feed(frame)
@@ -216,6 +222,7 @@ def stats_from_reply(raw: bytes) -> VaultStats:
         corrupt=r.corrupt,
         bytes_in=r.bytes_in,
         bytes_out=r.bytes_out,
+        bulk_port=r.bulk_port,
         uptime_s=r.uptime_s,
         sync_mode=r.sync_mode,
         policy=r.policy,

@@ -24,6 +24,7 @@ class VaultStats:
     sync_mode: str
     policy: str
     path: str
+    bulk_port: int = 0
 
     @property
     def hit_rate(self) -> float | None:

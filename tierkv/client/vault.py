@@ -12,6 +12,8 @@ the serving path: :class:`tierkv.client.cluster.Cluster` turns failures into mis
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,13 +22,16 @@ from grpc_health.v1 import health_pb2
 
 from tierkv.client import _rpc
 from tierkv.client._rpc import ClientOptions, Items
+from tierkv.client.bulk import BulkChannel
 from tierkv.client.types import VaultStats
 from tierkv.config import TLSConfig
-from tierkv.errors import VaultError
+from tierkv.errors import VaultError, VaultUnavailable
 from tierkv.wire import pb
 from tierkv.wire.framing import Buffer
 
 log = logging.getLogger(__name__)
+
+_BULK_RETRY_S = 30.0
 
 
 class VaultClient:
@@ -45,6 +50,9 @@ class VaultClient:
         self.options = ClientOptions(timeout=timeout, token=token, tls=tls, **options)
         self._channel, stubs = _rpc.connect(address, self.options, aio=False)
         self._put, self._get, self._unary, self._health = stubs.put, stubs.get, stubs.unary, stubs.health
+        self._bulk: BulkChannel | None = None
+        self._bulk_retry_at = 0.0
+        self._bulk_lock = threading.Lock()
 
     @property
     def timeout(self) -> float:
@@ -73,8 +81,19 @@ class VaultClient:
         """Like :meth:`get` without the final copy: memoryviews into the received frames."""
         if not keys:
             return []
-        assembler = _rpc.GetAssembler(len(keys), self.options)
         request = _rpc.keys_request(pb.BatchGetRequest, namespace, keys)
+        channel = self._bulk_channel()
+        if channel is not None:
+            assembler = _rpc.GetAssembler(len(keys), self.options)
+            try:
+                channel.batch_get(request, assembler, timeout=self.timeout)
+                return assembler.finish(self.address)
+            except VaultUnavailable as exc:
+                if exc.code != "CONNECT":
+                    raise
+                log.info("bulk port of %s unreachable, using gRPC: %s", self.address, exc)
+                self._drop_bulk()
+        assembler = _rpc.GetAssembler(len(keys), self.options)
         try:
             for frame in self._get(request, timeout=self.timeout, metadata=self.options.metadata()):
                 assembler.feed(frame, self.address)
@@ -111,6 +130,33 @@ class VaultClient:
             return False
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
+    def _bulk_channel(self) -> BulkChannel | None:
+        """The vault's bulk data plane, asked for once (and again after a failure, at most every 30 s)."""
+        if not self.options.bulk or (self.options.tls is not None and self.options.tls.enabled):
+            return None
+        with self._bulk_lock:
+            if self._bulk is not None or time.monotonic() < self._bulk_retry_at:
+                return self._bulk
+            self._bulk_retry_at = time.monotonic() + _BULK_RETRY_S
+        try:
+            port = self.stats().bulk_port
+        except VaultError:
+            return None
+        if not port:
+            return None
+        host = self.address.rpartition(":")[0]
+        channel = BulkChannel(host, port, token=self.options.token, address=self.address)
+        with self._bulk_lock:
+            self._bulk = self._bulk or channel
+            return self._bulk
+
+    def _drop_bulk(self) -> None:
+        with self._bulk_lock:
+            channel, self._bulk = self._bulk, None
+            self._bulk_retry_at = time.monotonic() + _BULK_RETRY_S
+        if channel is not None:
+            channel.close()
+
     def _call(self, name: str, request: bytes) -> bytes:
         try:
             result: bytes = self._unary[name](request, timeout=self.timeout, metadata=self.options.metadata())
@@ -121,6 +167,7 @@ class VaultClient:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def close(self) -> None:
+        self._drop_bulk()
         self._channel.close()
 
     def __enter__(self) -> VaultClient:

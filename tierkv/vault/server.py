@@ -23,6 +23,7 @@ from tierkv._malloc import tune_malloc
 from tierkv.config import Config
 from tierkv.errors import ConfigError
 from tierkv.vault.auth import TokenAuthInterceptor
+from tierkv.vault.bulk import BulkServer
 from tierkv.vault.metrics import VaultMetrics
 from tierkv.vault.notify import sd_notify
 from tierkv.vault.policy import make_policy
@@ -79,6 +80,7 @@ class VaultServer:
         self._server.add_generic_rpc_handlers((self.service.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.port = 0
+        self.bulk: BulkServer | None = None
         self.authenticated = bool(token)
         self._stopped = threading.Event()
 
@@ -97,6 +99,7 @@ class VaultServer:
             self.store.close()
             raise PortInUseError(f"cannot bind {address}: the port is taken or the address is not local")
         self.port = port
+        self.bulk = self._start_bulk()
         self._server.start()
         for name in ("", SERVICE):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -113,6 +116,23 @@ class VaultServer:
         )
         return port
 
+    def _start_bulk(self) -> BulkServer | None:
+        vc = self.config.vault
+        if not vc.bulk:
+            return None
+        if self.config.tls.enabled:
+            log.info("TLS is on: BatchGet stays on gRPC (the bulk port is plaintext)")
+            return None
+        try:
+            bulk = BulkServer(self.service, vc.host, vc.bulk_port, token=self.config.auth.load_token())
+        except OSError as exc:
+            self.store.close()
+            raise PortInUseError(f"cannot bind the bulk port {_join(vc.host, vc.bulk_port)}: {exc}") from exc
+        bulk.start()
+        self.service.bulk_port = bulk.port
+        log.info("bulk data plane on %s", _join(vc.host, bulk.port))
+        return bulk
+
     def stop(self, grace: float | None = None) -> None:
         """Graceful stop; safe to call twice."""
         if self._stopped.is_set():
@@ -123,6 +143,8 @@ class VaultServer:
         self.service.draining.set()
         grace_s = self.config.vault.grace_s if grace is None else grace
         self._server.stop(grace_s).wait()
+        if self.bulk is not None:
+            self.bulk.stop(grace_s)
         self.store.close()
         log.info("vault stopped")
 

@@ -20,8 +20,17 @@ from google.protobuf.message import DecodeError, Message
 from tierkv import __version__
 from tierkv.vault.metrics import VaultMetrics
 from tierkv.vault.store import Lookup, Store, StoreFullError
-from tierkv.wire import SERVICE, Blob, FrameDecoder, FrameError, encode_frames, pb
-from tierkv.wire.framing import CORRUPT, FOUND, MAX_KEY_BYTES, MAX_NAMESPACE_BYTES, MISSING, FrameLimitError
+from tierkv.wire import SERVICE, Blob, FrameDecoder, FrameError, pb
+from tierkv.wire.framing import (
+    CORRUPT,
+    FOUND,
+    MAX_KEY_BYTES,
+    MAX_NAMESPACE_BYTES,
+    MISSING,
+    Buffer,
+    FrameLimitError,
+    encode_frame_parts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +39,9 @@ MAX_KEYS_PER_CALL = 1 << 20
 _STATUS = {Lookup.FOUND: FOUND, Lookup.MISSING: MISSING, Lookup.CORRUPT: CORRUPT}
 
 
-class _Abort(Exception):
+class Abort(Exception):
+    """Ends a call with a gRPC status (the bulk channel sends the same code as an ERROR record)."""
+
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(details)
         self.code = code
@@ -54,6 +65,7 @@ class VaultService:
         self.metrics = metrics
         self.started = time.monotonic()
         self.draining = threading.Event()
+        self.bulk_port = 0
         self._bytes_in = 0
         self._bytes_out = 0
         self._io_lock = threading.Lock()
@@ -89,14 +101,14 @@ class VaultService:
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
-                self._check_serving()
-                msg = _parse(request_type, request)
+                self.check_serving()
+                msg = parse_message(request_type, request)
                 return fn(msg).SerializeToString()
-            except _Abort as exc:
+            except Abort as exc:
                 code = exc.code
                 _abort(context, exc)
             finally:
-                self._observe(name, code, start)
+                self.observe(name, code, start)
 
         return handle
 
@@ -105,13 +117,13 @@ class VaultService:
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
-                self._check_serving()
+                self.check_serving()
                 return self.put(frames).SerializeToString()
-            except _Abort as exc:
+            except Abort as exc:
                 code = exc.code
                 _abort(context, exc)
             finally:
-                self._observe("Put", code, start)
+                self.observe("Put", code, start)
 
         return handle
 
@@ -119,22 +131,22 @@ class VaultService:
         start = time.perf_counter()
         code = grpc.StatusCode.OK
         try:
-            self._check_serving()
-            msg = _parse(pb.BatchGetRequest, request)
+            self.check_serving()
+            msg = parse_message(pb.BatchGetRequest, request)
             yield from self.batch_get(msg)
-        except _Abort as exc:
+        except Abort as exc:
             code = exc.code
             _abort(context, exc)
         finally:
-            self._observe("BatchGet", code, start)
+            self.observe("BatchGet", code, start)
 
-    def _observe(self, method: str, code: grpc.StatusCode, start: float) -> None:
+    def observe(self, method: str, code: grpc.StatusCode, start: float) -> None:
         self.metrics.requests.labels(method, code.name).inc()
         self.metrics.latency.labels(method).observe(time.perf_counter() - start)
 
-    def _check_serving(self) -> None:
+    def check_serving(self) -> None:
         if self.draining.is_set():
-            raise _Abort(grpc.StatusCode.UNAVAILABLE, "vault is shutting down")
+            raise Abort(grpc.StatusCode.UNAVAILABLE, "vault is shutting down")
 
     # -- methods -----------------------------------------------------------------------------------
 
@@ -154,13 +166,13 @@ class VaultService:
             code = grpc.StatusCode.INVALID_ARGUMENT
             if isinstance(exc, FrameLimitError):
                 code = grpc.StatusCode.RESOURCE_EXHAUSTED
-            raise _Abort(code, str(exc)) from exc
+            raise Abort(code, str(exc)) from exc
         if not items:
             return pb.PutReply()
         try:
             outcome = self.store.put_many(decoder.namespace or b"", items)
         except StoreFullError as exc:
-            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
+            raise Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
         nbytes = decoder.total_bytes
         self._count_io(bytes_in=nbytes)
         self.metrics.batch_bytes.labels("Put").observe(nbytes)
@@ -172,6 +184,12 @@ class VaultService:
         )
 
     def batch_get(self, request: pb.BatchGetRequest) -> Iterator[bytes]:
+        for parts in self.batch_get_parts(request):
+            yield b"".join(parts)
+
+    def batch_get_parts(self, request: pb.BatchGetRequest) -> Iterator[list[Buffer]]:
+        """The reply frames as gather lists pointing into LMDB's map: valid until the next item is asked
+        for, so a caller copies or sends each one before moving on."""
         keys = _check_keys(request.namespace, request.keys)
         sent = 0
         with self.store.view_many(request.namespace, keys) as views:
@@ -179,9 +197,9 @@ class VaultService:
                 Blob(key=key, data=view, index=i, status=_STATUS[status])
                 for i, (key, (status, view)) in enumerate(zip(keys, views, strict=True))
             )
-            for frame in encode_frames(blobs, frame_bytes=self.limits.frame_bytes):
-                sent += len(frame)
-                yield frame
+            for parts in encode_frame_parts(blobs, frame_bytes=self.limits.frame_bytes):
+                sent += sum(len(p) for p in parts)
+                yield parts
         self._count_io(bytes_out=sent)
         self.metrics.batch_bytes.labels("BatchGet").observe(sent)
 
@@ -217,6 +235,7 @@ class VaultService:
             sync_mode=self.store.sync_mode,
             policy=self.store.policy.name,
             path=str(self.store.path),
+            bulk_port=self.bulk_port,
         )
 
     def _count_io(self, *, bytes_in: int = 0, bytes_out: int = 0) -> None:
@@ -233,28 +252,26 @@ def _identity(value: Any) -> Any:
     return value
 
 
-def _parse(message_type: type[M], data: bytes) -> M:
+def parse_message(message_type: type[M], data: bytes) -> M:
     try:
         return message_type.FromString(data)
     except DecodeError as exc:
-        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {message_type.__name__}: {exc}") from exc
+        raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {message_type.__name__}: {exc}") from exc
 
 
 def _check_keys(namespace: bytes, keys: Iterable[bytes]) -> list[bytes]:
     if len(namespace) > MAX_NAMESPACE_BYTES:
-        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"namespace longer than {MAX_NAMESPACE_BYTES} bytes")
+        raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"namespace longer than {MAX_NAMESPACE_BYTES} bytes")
     out = list(keys)
     if len(out) > MAX_KEYS_PER_CALL:
-        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"more than {MAX_KEYS_PER_CALL} keys in one call")
+        raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"more than {MAX_KEYS_PER_CALL} keys in one call")
     for key in out:
         if not key or len(key) > MAX_KEY_BYTES:
-            raise _Abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"key length {len(key)} outside 1..{MAX_KEY_BYTES}"
-            )
+            raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"key length {len(key)} outside 1..{MAX_KEY_BYTES}")
     return out
 
 
-def _abort(context: grpc.ServicerContext, exc: _Abort) -> NoReturn:
+def _abort(context: grpc.ServicerContext, exc: Abort) -> NoReturn:
     if exc.code is not grpc.StatusCode.UNAVAILABLE:
         log.info("rejecting call: %s %s", exc.code.name, exc.details)
     context.abort(exc.code, exc.details)

@@ -78,11 +78,16 @@ def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
     raise FrameError("truncated or oversized varint in frame")
 
 
-def build_frame(header: pb.FrameHeader, parts: Sequence[Buffer]) -> bytes:
-    """Serialize one Frame: the header through protobuf, the body parts by a single join."""
+def frame_parts(header: pb.FrameHeader, parts: Sequence[Buffer]) -> list[Buffer]:
+    """One Frame as a gather list: the serialized header fields, then the body parts untouched."""
     head = header.SerializeToString()
     body_len = sum(len(p) for p in parts)
-    return b"".join([b"\x0a", _varint(len(head)), head, b"\x12", _varint(body_len), *parts])
+    return [b"".join([b"\x0a", _varint(len(head)), head, b"\x12", _varint(body_len)]), *parts]
+
+
+def build_frame(header: pb.FrameHeader, parts: Sequence[Buffer]) -> bytes:
+    """Serialize one Frame: the header through protobuf, the body parts by a single join."""
+    return b"".join(frame_parts(header, parts))
 
 
 def parse_frame(data: Buffer) -> tuple[pb.FrameHeader, memoryview]:
@@ -112,15 +117,24 @@ def encode_frames(blobs: Iterable[Blob], *, frame_bytes: int, namespace: bytes =
     Whole blobs are never split needlessly: a blob that fits in an empty frame starts a new frame rather
     than straddling two, so the receiver can hand it on as a zero-copy slice.
     """
+    for parts in encode_frame_parts(blobs, frame_bytes=frame_bytes, namespace=namespace):
+        yield b"".join(parts)
+
+
+def encode_frame_parts(
+    blobs: Iterable[Blob], *, frame_bytes: int, namespace: bytes = b""
+) -> Iterator[list[Buffer]]:
+    """Like :func:`encode_frames`, but each frame as a gather list that still points into the blobs
+    (for scatter-gather sends that never copy the payload in Python)."""
     if frame_bytes <= 0:
         raise ValueError("frame_bytes must be positive")
     header = pb.FrameHeader(namespace=namespace)
     parts: list[Buffer] = []
     used = 0
 
-    def flush() -> bytes:
+    def flush() -> list[Buffer]:
         nonlocal header, parts, used
-        frame = build_frame(header, parts)
+        frame = frame_parts(header, parts)
         header, parts, used = pb.FrameHeader(), [], 0
         return frame
 

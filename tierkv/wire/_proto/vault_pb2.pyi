@@ -362,6 +362,7 @@ class StatsReply(_message.Message):
     SYNC_MODE_FIELD_NUMBER: _builtins.int
     POLICY_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
+    BULK_PORT_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     role: _builtins.str
     keys: _builtins.int
@@ -377,6 +378,8 @@ class StatsReply(_message.Message):
     sync_mode: _builtins.str
     policy: _builtins.str
     path: _builtins.str
+    bulk_port: _builtins.int
+    """TCP port of the bulk data plane (tierkv-bulk/1); 0 = off"""
     def __init__(
         self,
         *,
@@ -395,10 +398,11 @@ class StatsReply(_message.Message):
         sync_mode: _builtins.str = ...,
         policy: _builtins.str = ...,
         path: _builtins.str = ...,
+        bulk_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "corrupt", b"corrupt", "evictions", b"evictions", "hits", b"hits", "keys", b"keys", "max_bytes", b"max_bytes", "misses", b"misses", "path", b"path", "policy", b"policy", "role", b"role", "sync_mode", b"sync_mode", "uptime_s", b"uptime_s", "used_bytes", b"used_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bulk_port", b"bulk_port", "bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "corrupt", b"corrupt", "evictions", b"evictions", "hits", b"hits", "keys", b"keys", "max_bytes", b"max_bytes", "misses", b"misses", "path", b"path", "policy", b"policy", "role", b"role", "sync_mode", b"sync_mode", "uptime_s", b"uptime_s", "used_bytes", b"used_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
