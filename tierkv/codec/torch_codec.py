@@ -10,6 +10,7 @@ and the exception table are shared with :mod:`tierkv.codec.blob`; this module on
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -217,6 +218,17 @@ def _dequantize(
     return out.view(header.shape)
 
 
+def _payload_view(payload: npt.NDArray[np.uint8], header: BlobHeader) -> torch.Tensor:
+    """A tensor over a raw payload's bytes, without a copy; only ever read from."""
+    bits = payload.view(np.int16) if header.dtype == "bfloat16" else payload.view(np.dtype(header.dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only buffers: we never write through the view
+        tensor = torch.from_numpy(bits)
+    if header.dtype == "bfloat16":
+        tensor = tensor.view(torch.bfloat16)
+    return tensor.view(header.shape)
+
+
 def decode_tensor(
     blob: Buffer,
     device: torch.device | str = "cpu",
@@ -256,6 +268,10 @@ def decode_tensor(
     if header.codec == "int8":
         result = _dequantize(header, payload, target, dev, accelerator=dev.type != "cpu")
     else:
+        if out is not None and out.device.type == "cpu" and target == header.dtype:
+            # one copy, straight from the received bytes into (possibly strided) ``out``
+            out.copy_(_payload_view(payload, header))
+            return header, out
         direct = out is not None and out.device.type == "cpu" and out.is_contiguous()
         host = out if direct and out is not None else torch.empty(header.shape, dtype=torch_dtype)
         np_blob.decode_payload(header, payload, dtype_info(target), out=numpy_view(host))

@@ -54,18 +54,25 @@ class BlockCodec:
         return encode_tensor(t, codec=self.codec, tokens=self.block_size, layer_group=LayerGroup.ATTENTION)
 
     def decode_kv_blocks(self, blobs: Sequence[Buffer | None], device: torch.device) -> DecodeResult:
-        """Decode the leading run of blobs that are present and verify; stop at the first that is not."""
+        """Decode the leading run of blobs that are present and verify; stop at the first that is not.
+
+        Each block is decoded straight into its token range of one preallocated tensor (no concatenation).
+        """
         expected = self.layout.block_shape(self.block_size)
-        tensors: list[torch.Tensor] = []
-        rejected = 0
-        for i, blob in enumerate(blobs):
-            if blob is None:
-                break
+        present = next((i for i, b in enumerate(blobs) if b is None), len(blobs))
+        if present == 0:
+            return DecodeResult(None, 0, 0)
+        size = list(expected)
+        size[3] = present * self.block_size
+        kv = torch.empty(size, dtype=self.layout.kv_dtype, device=device)
+        decoded = rejected = 0
+        for i, blob in enumerate(blobs[:present]):
+            assert blob is not None
             try:
-                _, t = decode_tensor(
+                decode_tensor(
                     blob,
-                    device=device,
                     dtype=self.layout.kv_dtype,
+                    out=kv[:, :, :, i * self.block_size : (i + 1) * self.block_size],
                     expect_shape=expected,
                     expect_dtype=self.layout.kv_dtype,
                     expect_codec=self.codec,
@@ -76,12 +83,11 @@ class BlockCodec:
                 logger.warning("KV block %d rejected: %s", i, exc)
                 rejected = 1
                 break
-            tensors.append(t)
+            decoded += 1
         self.rejected += rejected
-        if not tensors:
+        if not decoded:
             return DecodeResult(None, 0, rejected)
-        kv = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=3)
-        return DecodeResult(kv, len(tensors), rejected)
+        return DecodeResult(kv[:, :, :, : decoded * self.block_size], decoded, rejected)
 
     def encode_states(self, snapshot: StateSnapshot, position: int) -> dict[LayerGroup, bytes]:
         """The SSM and CONV blobs of a snapshot taken after ``position`` tokens."""
