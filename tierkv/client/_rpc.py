@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -114,6 +114,33 @@ def connect(address: str, options: ClientOptions, *, aio: bool) -> tuple[Any, St
         health=health_pb2_grpc.HealthStub(channel),
     )
     return channel, stubs
+
+
+class ClientBase:
+    """What the sync and asyncio clients share: options, one channel, the bound stubs, the deadline."""
+
+    aio: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 2.0,
+        token: str | None = None,
+        tls: TLSConfig | None = None,
+        **options: Any,
+    ) -> None:
+        self.address = address
+        self.options = ClientOptions(timeout=timeout, token=token, tls=tls, **options)
+        self._channel, stubs = connect(address, self.options, aio=self.aio)
+        self._put, self._get, self._unary, self._health = stubs.put, stubs.get, stubs.unary, stubs.health
+
+    @property
+    def timeout(self) -> float:
+        return self.options.timeout
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.address!r}, timeout={self.timeout})"
 
 
 def _read(path: str) -> bytes | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -15,33 +14,17 @@ from grpc_health.v1 import health_pb2
 from tierkv.client import _rpc
 from tierkv.client._rpc import ClientOptions, Items
 from tierkv.client.types import VaultStats
-from tierkv.config import TLSConfig
 from tierkv.wire import Blob, pb
 from tierkv.wire.framing import Buffer
 
 log = logging.getLogger(__name__)
 
 
-class AsyncVaultClient:
-    """One vault over one ``grpc.aio`` channel. Create and use it inside a running event loop."""
+class AsyncVaultClient(_rpc.ClientBase):
+    """One vault over one ``grpc.aio`` channel (BatchGet included: the bulk port is the sync client's).
+    Create and use it inside a running event loop; same options as :class:`~tierkv.client.VaultClient`."""
 
-    def __init__(
-        self,
-        address: str,
-        *,
-        timeout: float = 2.0,
-        token: str | None = None,
-        tls: TLSConfig | None = None,
-        **options: Any,
-    ) -> None:
-        self.address = address
-        self.options = ClientOptions(timeout=timeout, token=token, tls=tls, **options)
-        self._channel, stubs = _rpc.connect(address, self.options, aio=True)
-        self._put, self._get, self._unary, self._health = stubs.put, stubs.get, stubs.unary, stubs.health
-
-    @property
-    def timeout(self) -> float:
-        return self.options.timeout
+    aio = True
 
     async def put(self, namespace: bytes, items: Items, *, priority: int = 0) -> int:
         stored = 0

@@ -21,10 +21,9 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from tierkv.client import _rpc
-from tierkv.client._rpc import ClientOptions, Items
+from tierkv.client._rpc import Items
 from tierkv.client.bulk import BulkChannel
 from tierkv.client.types import VaultStats
-from tierkv.config import TLSConfig
 from tierkv.errors import VaultError, VaultUnavailable
 from tierkv.wire import pb
 from tierkv.wire.framing import Buffer
@@ -34,29 +33,16 @@ log = logging.getLogger(__name__)
 _BULK_RETRY_S = 30.0
 
 
-class VaultClient:
-    """One vault over one gRPC channel. Thread-safe; use as a context manager or call :meth:`close`."""
+class VaultClient(_rpc.ClientBase):
+    """One vault over one gRPC channel (plus its bulk port for BatchGet). Thread-safe; use as a context
+    manager or call :meth:`close`. Keyword options: ``timeout``, ``token``, ``tls`` and the fields of
+    :class:`~tierkv.client._rpc.ClientOptions` (frame and batch sizes, message limit, ``bulk``)."""
 
-    def __init__(
-        self,
-        address: str,
-        *,
-        timeout: float = 2.0,
-        token: str | None = None,
-        tls: TLSConfig | None = None,
-        **options: Any,
-    ) -> None:
-        self.address = address
-        self.options = ClientOptions(timeout=timeout, token=token, tls=tls, **options)
-        self._channel, stubs = _rpc.connect(address, self.options, aio=False)
-        self._put, self._get, self._unary, self._health = stubs.put, stubs.get, stubs.unary, stubs.health
+    def __init__(self, address: str, **options: Any) -> None:
+        super().__init__(address, **options)
         self._bulk: BulkChannel | None = None
         self._bulk_retry_at = 0.0
         self._bulk_lock = threading.Lock()
-
-    @property
-    def timeout(self) -> float:
-        return self.options.timeout
 
     # -- data --------------------------------------------------------------------------------------
 
@@ -175,9 +161,6 @@ class VaultClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return f"VaultClient({self.address!r}, timeout={self.timeout})"
 
 
 __all__ = ["VaultClient", "VaultError"]
