@@ -133,10 +133,13 @@ def _workload(
         start = time.perf_counter()
         n_present = cluster.prefix_lookup(ns.digest, keys, role=KV_COLD)
         lookup_s = time.perf_counter() - start
-        start = time.perf_counter()
-        fetched = cluster.get_buffers(ns.digest, keys[:n_present], role=KV_COLD)
-        restored = [decode(b)[1] if b is not None else None for b in fetched]
-        restore_s = time.perf_counter() - start
+        timings = []
+        for _ in range(2):  # the first one also opens the bulk connection
+            start = time.perf_counter()
+            fetched = cluster.get_buffers(ns.digest, keys[:n_present], role=KV_COLD)
+            restored = [decode(b)[1] if b is not None else None for b in fetched]
+            timings.append(time.perf_counter() - start)
+        first_s, restore_s = timings
         verified = all(
             r is not None and np.array_equal(r, b) for r, b in zip(restored, blocks[:n_present], strict=True)
         )
@@ -147,7 +150,11 @@ def _workload(
     for col in ("what", "value"):
         table.add_column(col)
     table.add_row("prefix lookup", f"{n_present}/{len(keys)} blocks present, {lookup_s * 1000:.1f} ms")
-    table.add_row("BatchGet + verify + decode", f"{restore_s * 1000:.1f} ms for {human_bytes(kv_bytes)}")
+    table.add_row(
+        "BatchGet + verify + decode",
+        f"{restore_s * 1000:.1f} ms for {human_bytes(kv_bytes)} "
+        f"(first time, connecting: {first_s * 1000:.1f} ms)",
+    )
     table.add_row("restore throughput", f"{kv_bytes / restore_s / 1e9:.2f} GB/s")
     table.add_row("bit-exact", "yes" if verified and ssm_ok else "[red]NO[/red]")
     table.add_row(
