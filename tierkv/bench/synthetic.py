@@ -253,14 +253,10 @@ class _Workload:
     def quality(self, codec: str) -> dict[str, Any]:
         """SNR and largest error of the codec on the pool, decoded into the model's dtype."""
         dtype = self.s.shape.dtype
+        blobs = [self.encode_block(i, codec) for i in range(POOL_BLOCKS)]
         ref = np.concatenate([to_float32(b, dtype).reshape(-1) for b in self.pool])
-        dec = np.concatenate(
-            [
-                to_float32(self.decode_block(self.encode_block(i, codec), codec), dtype).reshape(-1)
-                for i in range(POOL_BLOCKS)
-            ]
-        )
-        wire = sum(len(self.encode_block(i, codec)) for i in range(POOL_BLOCKS))
+        dec = np.concatenate([to_float32(self.decode_block(b, codec), dtype).reshape(-1) for b in blobs])
+        wire = sum(len(b) for b in blobs)
         snr = snr_db(ref, dec)
         return {
             "codec": codec,
