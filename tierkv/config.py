@@ -16,7 +16,6 @@ import dataclasses
 import os
 import re
 import sys
-import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -293,8 +292,6 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
         return tuple(_coerce(item_tp, item, source, f"{key}[{i}]") for i, item in enumerate(items))
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return _build(tp, value, source, key)
-    if origin in (types.UnionType, typing.Union):
-        raise ConfigError(source, key, "unsupported union type in schema")
     return _scalar(tp, value, source, key)
 
 

@@ -38,7 +38,6 @@ class DemoResult:
     restored_blocks: int
     verified: bool
     shared_prefix_blocks: int
-    vault_hits: int
     exit_codes: list[int]
 
     @property
@@ -78,9 +77,7 @@ def run_demo(state_dir: Path, console: Console, *, tokens: int = 4096, block_tok
         console.print(status_table(cluster_status(cfg), f"tierkv status ({cfg.source})"))
         result = _workload(cfg, console, shape_name=shape.name, tokens=tokens, block_tokens=block_tokens)
         console.rule("[bold]5. status after the workload")
-        nodes = cluster_status(cfg)
-        console.print(status_table(nodes, "tierkv status"))
-        result.vault_hits = sum(n.hits for n in nodes)
+        console.print(status_table(cluster_status(cfg), "tierkv status"))
     finally:
         console.rule("[bold]6. stop the vaults (SIGTERM)")
         for role, vp in vaults.items():
@@ -172,6 +169,5 @@ def _workload(
         restored_blocks=n_present,
         verified=verified and ssm_ok,
         shared_prefix_blocks=shared,
-        vault_hits=0,
         exit_codes=[],
     )

@@ -6,7 +6,6 @@ import os
 import random
 from pathlib import Path
 
-import lmdb
 import pytest
 
 from tierkv.vault.policy import PriorityLRUPolicy
@@ -178,4 +177,3 @@ def test_policy_change_reranks_existing_entries(tmp_path: Path) -> None:
         with s._env.begin() as txn:
             ranks = [bytes(k) for k, _ in txn.cursor(db=s._order)]
         assert len(ranks) == 1 and ranks[0][:2] == (3).to_bytes(2, "big")
-    assert isinstance(lmdb.version(), tuple)

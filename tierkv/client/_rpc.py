@@ -56,7 +56,6 @@ class ClientOptions:
     bulk: bool = True
 
     def channel_options(self) -> list[tuple[str, Any]]:
-        tune_malloc()
         return [
             ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.max_send_message_length", self.max_message_bytes),
@@ -96,6 +95,7 @@ class Stubs:
 
 def connect(address: str, options: ClientOptions, *, aio: bool) -> tuple[Any, Stubs]:
     """Open a channel to ``address`` and bind every vault method to it with identity serializers."""
+    tune_malloc()
     creds = options.credentials()
     opts = options.channel_options()
     module: Any = grpc.aio if aio else grpc
@@ -206,13 +206,11 @@ def keys_request(
 class GetAssembler:
     """Collects BatchGet frames into one result per requested key, in request order."""
 
-    def __init__(self, n_keys: int, options: ClientOptions) -> None:
+    def __init__(self, n_keys: int) -> None:
         self.results: list[Buffer | None] = [None] * n_keys
         self._decoder = FrameDecoder(max_item_bytes=1 << 40)
-        self.received_bytes = 0
 
     def feed(self, frame: Buffer, address: str) -> None:
-        self.received_bytes += len(frame)
         try:
             blobs = self._decoder.feed(frame)
         except FrameError as exc:

@@ -47,7 +47,7 @@ class AsyncVaultClient(_rpc.ClientBase):
     async def get_buffers(self, namespace: bytes, keys: Sequence[bytes]) -> list[Buffer | None]:
         if not keys:
             return []
-        assembler = _rpc.GetAssembler(len(keys), self.options)
+        assembler = _rpc.GetAssembler(len(keys))
         request = _rpc.keys_request(pb.BatchGetRequest, namespace, keys)
         try:
             async for frame in self._get(request, timeout=self.timeout, metadata=self.options.metadata()):

@@ -70,7 +70,7 @@ class VaultClient(_rpc.ClientBase):
         request = _rpc.keys_request(pb.BatchGetRequest, namespace, keys)
         channel = self._bulk_channel()
         if channel is not None:
-            assembler = _rpc.GetAssembler(len(keys), self.options)
+            assembler = _rpc.GetAssembler(len(keys))
             try:
                 channel.batch_get(request, assembler, timeout=self.timeout)
                 return assembler.finish(self.address)
@@ -79,7 +79,7 @@ class VaultClient(_rpc.ClientBase):
                     raise
                 log.info("bulk port of %s unreachable, using gRPC: %s", self.address, exc)
                 self._drop_bulk()
-        assembler = _rpc.GetAssembler(len(keys), self.options)
+        assembler = _rpc.GetAssembler(len(keys))
         try:
             for frame in self._get(request, timeout=self.timeout, metadata=self.options.metadata()):
                 assembler.feed(frame, self.address)
