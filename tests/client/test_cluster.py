@@ -47,6 +47,12 @@ def test_sharded_roundtrip_with_one_batch_call_per_vault(vault_factory: VaultFac
         assert cluster.put(b"ns", blobs) == 300
         assert cluster.get(b"ns", ks) == list(blobs.values())
         assert cluster.prefix_lookup(b"ns", ks) == 300
+        for v in vaults:
+            for method in ("put", "get", "prefix_lookup"):
+                calls = cluster.metrics.registry.get_sample_value(
+                    "tierkv_client_call_seconds_count", {"vault": v.address, "method": method}
+                )
+                assert calls == 1, f"{method} made {calls} calls to {v.address}, expected one"
     counts = []
     for v in vaults:
         with VaultClient(v.address) as c:
