@@ -75,6 +75,7 @@ def test_block_keys_use_the_hash_at_each_block_end() -> None:
     topo = make_topology([GroupPlan(0, KV, 32, ("l",))], [], hash_block_size=16)
     assert topo.hashes_per_block == 2
     assert topo.block_keys(KEYS[:5]) == [KEYS[1], KEYS[3]]
+    assert topo.block_keys(KEYS[:6], start=1) == [KEYS[3], KEYS[5]]
 
 
 def test_topology_refuses_what_it_cannot_restore_exactly() -> None:

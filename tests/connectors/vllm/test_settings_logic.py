@@ -13,7 +13,7 @@ from tierkv.connectors.vllm.plan import KV, GroupPlan, make_topology
 from tierkv.connectors.vllm.settings import ConnectorSettings
 from tierkv.connectors.vllm.stats import Counters, merge
 from tierkv.errors import ConfigError
-from tierkv.keys import block_keys
+from tierkv.keys import block_keys, wrap_engine_hashes
 
 TOML = """
 [cluster]
@@ -134,8 +134,11 @@ def test_engine_keys_wrap_vllm_hashes_per_block() -> None:
     topo = make_topology([GroupPlan(0, KV, 8, ("a",))], [], 4)
     book = KeyBook(identity(), topo, "engine:sha256:default")
     hashes = [bytes([i]) * 32 for i in range(5)]
-    keys = book.keys(TokenRequest("r", [], block_hashes=hashes))
-    assert len(keys) == 2
+    req = TokenRequest("r", [], block_hashes=hashes[:3])
+    assert book.keys(req) == wrap_engine_hashes(book.namespace, [hashes[1]])
+    req.block_hashes = hashes
+    keys = book.keys(req)
+    assert keys == wrap_engine_hashes(book.namespace, [hashes[1], hashes[3]]), "the hash at each block's end"
     other = KeyBook(identity(), topo, "engine:sha256:7").keys(TokenRequest("r", [], block_hashes=hashes))
     assert set(keys).isdisjoint(other), "another NONE_HASH seed must not share keys"
 

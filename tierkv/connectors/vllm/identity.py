@@ -110,12 +110,8 @@ class KeyBook:
         have = self._cache.setdefault(request.request_id, [])
         if self.uses_engine_hashes:
             hashes: Sequence[bytes] = request.block_hashes
-            r = self.topology.hashes_per_block
-            wanted = len(hashes) // r
-            if wanted > len(have):
-                raw = [bytes(hashes[(j + 1) * r - 1]) for j in range(len(have), wanted)]
-                have.extend(wrap_engine_hashes(self.namespace, raw))
-            return have[:wanted]
+            have.extend(wrap_engine_hashes(self.namespace, self.topology.block_keys(hashes, len(have))))
+            return have[: len(hashes) // self.topology.hashes_per_block]
         if getattr(request, "mm_features", None):
             return []
         bs = self.topology.block_size

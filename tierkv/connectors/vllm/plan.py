@@ -97,10 +97,13 @@ class Topology:
     def hashes_per_block(self) -> int:
         return self.block_size // self.hash_block_size
 
-    def block_keys(self, hashes: Sequence[bytes]) -> list[bytes]:
-        """One key per full block: the chained hash at the block's last hash boundary covers its prefix."""
+    def block_keys(self, hashes: Sequence[bytes], start: int = 0) -> list[bytes]:
+        """The engine hash of each full block from block ``start`` on.
+
+        The chained hash at a block's last hash boundary covers the block's whole prefix.
+        """
         r = self.hashes_per_block
-        return [bytes(hashes[(j + 1) * r - 1]) for j in range(len(hashes) // r)]
+        return [hashes[(j + 1) * r - 1] for j in range(start, len(hashes) // r)]
 
 
 def make_topology(groups: Sequence[GroupPlan], skipped: Sequence[str], hash_block_size: int) -> Topology:
