@@ -183,6 +183,21 @@ def test_out_dtype_conversions(src: str, codec: str, dst: str) -> None:
     assert y.tobytes() == expected.tobytes()
 
 
+@pytest.mark.parametrize("src", DTYPES)
+@pytest.mark.parametrize("codec", ["raw", "int8"])
+@pytest.mark.parametrize("dst", DTYPES)
+def test_decode_into_out_gives_the_bytes_of_a_fresh_decode(src: str, codec: str, dst: str) -> None:
+    x = make((6, 33), src, seed=9)
+    x[1, 4], x[4, 0] = (0x7F80, 0x7FC1) if src == "bfloat16" else (np.inf, np.nan)  # int8 keeps these raw
+    blob = encode(x, codec, group_size=16, **kw(src))
+    _, fresh = decode(blob, out_dtype=dst)
+    out = np.full(x.shape, 0x5A5A if dst == "bfloat16" else np.nan, fresh.dtype)
+    _, got = decode(blob, out_dtype=dst, out=out)
+    assert got is out and out.tobytes() == fresh.tobytes()
+    with pytest.raises(CodecError, match="out is"):  # byte-swapped storage is not the storage dtype
+        decode(blob, out_dtype=dst, out=np.empty(x.shape, fresh.dtype.newbyteorder(">")))
+
+
 def test_decode_into_out_and_zero_copy_view() -> None:
     x = make((8, 64), "float16")
     blob = encode(x, "int8")

@@ -66,11 +66,16 @@ def f32_to_bf16_bits(
     return out
 
 
-def to_float32(values: npt.NDArray[Any], dtype: str) -> npt.NDArray[np.float32]:
+def to_float32(
+    values: npt.NDArray[Any], dtype: str, out: npt.NDArray[np.float32] | None = None
+) -> npt.NDArray[np.float32]:
     """Stored values of ``dtype`` (bfloat16 as ``uint16`` bits) -> float32, exactly."""
     if dtype == "bfloat16":
-        return bf16_bits_to_f32(values)
-    return values.astype(np.float32)
+        return bf16_bits_to_f32(values, out)
+    if out is None:
+        return values.astype(np.float32)
+    np.copyto(out, values)
+    return out
 
 
 def from_float32(
@@ -86,8 +91,21 @@ def from_float32(
     return out
 
 
-def convert(values: npt.NDArray[Any], src: str, dst: str) -> npt.NDArray[Any]:
-    """Stored values of dtype ``src`` -> storage of ``dst``; a copy of the bits when they are equal."""
+def convert(
+    values: npt.NDArray[Any], src: str, dst: str, out: npt.NDArray[Any] | None = None
+) -> npt.NDArray[Any]:
+    """Stored values of dtype ``src`` -> storage of ``dst``; a copy of the bits when they are equal.
+
+    With ``out`` (the shape of ``values``, storage of ``dst``) the result is written there and no
+    intermediate array is made unless both dtypes are 16-bit (they meet in a float32 scratch).
+    """
     if src == dst:
-        return values.copy()
-    return from_float32(to_float32(values, src), dst)
+        if out is None:
+            return values.copy()
+        np.copyto(out, values)
+        return out
+    if dst == "float32":
+        return to_float32(values, src, out)
+    # from_float32 never writes its input, so float32 values need no widening copy
+    wide = values if src == "float32" else to_float32(values, src)
+    return from_float32(wide, dst, out)

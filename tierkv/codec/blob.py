@@ -280,7 +280,7 @@ def decode_payload(
     if header.codec == "raw":
         values = payload.view(src.storage)
         if out is not None:
-            out.reshape(-1)[:] = values if target is src else convert(values, src.name, target.name)
+            convert(values, src.name, target.name, out=out.reshape(-1))
             return out
         if target is not src:
             return convert(values, src.name, target.name).reshape(header.shape)
@@ -297,7 +297,7 @@ def decode_payload(
 
 def check_out(out: npt.NDArray[Any], header: BlobHeader, target: DTypeInfo) -> None:
     """``out`` must be a writable C-contiguous array of the blob's shape in the target storage dtype."""
-    if out.shape != header.shape or out.dtype.newbyteorder("<") != target.storage:
+    if out.shape != header.shape or out.dtype != target.storage:
         raise CodecError(
             f"out is {out.dtype}{list(out.shape)}, blob decodes to {target.storage}{list(header.shape)}"
         )

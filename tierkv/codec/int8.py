@@ -251,5 +251,5 @@ def restore_exceptions(
     for index in indices:
         start = int(index) * g
         n = layout.group_len(int(index))
-        out[start : start + n] = convert(raw[pos : pos + n], src, dst)
+        convert(raw[pos : pos + n], src, dst, out=out[start : start + n])
         pos += n

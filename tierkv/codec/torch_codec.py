@@ -212,7 +212,7 @@ def _dequantize(
         start = int(index) * g
         n = layout.group_len(int(index))
         host = torch.empty(n, dtype=TORCH_DTYPES[target])
-        numpy_view(host)[:] = convert(raw[pos : pos + n], header.dtype, target)
+        convert(raw[pos : pos + n], header.dtype, target, out=numpy_view(host))
         out[start : start + n].copy_(host)
         pos += n
     return out.view(header.shape)
