@@ -161,9 +161,8 @@ class SchedulerSide:
             return
         bs = self.topology.block_size
         window = Window(entry.window.start, entry.window.start + num_external_tokens // bs)
-        keys = self.block_keys(request)
-        refs = load_refs(self.topology, keys, block_ids, window)
-        self._loading.add(request.request_id)
+        refs = load_refs(self.topology, self.block_keys(request), block_ids, window)
+        broken = refs is None
         if refs is None:
             logger.error("request %s: vLLM allocated no block for part of the load", request.request_id)
             refs = [
@@ -171,13 +170,10 @@ class SchedulerSide:
                 for g in self.topology.kv_groups
                 for pos in range(window.start, min(window.stop, len(block_ids[g.index])))
             ]
-            self._jobs.loads.append(
-                LoadJob(request.request_id, tuple(refs), broken=True, sync=self.sync_loads)
-            )
-            return
-        self._jobs.loads.append(LoadJob(request.request_id, tuple(refs), sync=self.sync_loads))
-        if self.sync_loads:
-            self._loading.discard(request.request_id)
+        self._jobs.loads.append(LoadJob(request.request_id, tuple(refs), broken=broken, sync=self.sync_loads))
+        if not self.sync_loads:
+            # Until the worker reports it in finished_recving; sync loads are done within their step.
+            self._loading.add(request.request_id)
 
     # -- store -------------------------------------------------------------------------------------
 
@@ -185,12 +181,13 @@ class SchedulerSide:
         """vLLM's ``request_finished_all_groups``: True when the blocks must wait for a store."""
         self._requests.pop(request.request_id, None)
         self._lookups.pop(request.request_id, None)
-        refs = finished_refs(self.topology, self.block_keys(request), block_ids, request.num_computed_tokens)
+        refs: list[BlockRef] = []
+        # A request aborted while its blocks were still loading holds nothing worth storing yet.
+        if self.stores and request.request_id not in self._loading:
+            keys = self.block_keys(request)
+            refs = finished_refs(self.topology, keys, block_ids, request.num_computed_tokens)
         if self._forget is not None:
             self._forget(request.request_id)
-        if request.request_id in self._loading or not self.stores:
-            # A request aborted while its blocks were still loading holds nothing worth storing yet.
-            refs = []
         if not refs:
             return False
         self._jobs.stores.append(StoreJob(request.request_id, tuple(refs)))

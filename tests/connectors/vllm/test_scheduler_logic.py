@@ -1,0 +1,87 @@
+"""The connector's scheduler half against a real vault process, without vLLM.
+
+The engine-level contract is covered with vLLM's real ``Scheduler`` in ``test_scheduler_vllm.py``; here
+the half is driven directly, for the paths that engine cannot be steered into on demand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+from tierkv.client.cluster import Cluster
+from tierkv.connectors.vllm.plan import KV, GroupPlan, make_topology
+from tierkv.connectors.vllm.scheduler import SchedulerSide
+from tierkv.vault.launcher import VaultProcess
+
+BS = 16
+KEYS = [hashlib.sha256(f"block-{i}".encode()).digest() for i in range(8)]
+NAMESPACE = hashlib.sha256(b"scheduler-logic").digest()
+
+
+@dataclass
+class FakeRequest:
+    """The fields of a vLLM request the scheduler half reads."""
+
+    request_id: str
+    num_tokens: int
+    num_computed_tokens: int = 0
+
+
+def make_scheduler(address: str, **options: object) -> SchedulerSide:
+    topo = make_topology([GroupPlan(0, KV, BS, ("l0",))], [], BS)
+    return SchedulerSide(
+        topo,
+        {topo.streams[0]: [NAMESPACE]},
+        lambda: Cluster({"kv_cold": address}, timeout=2.0),
+        lambda request: KEYS[: request.num_tokens // BS],
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def matched(scheduler: SchedulerSide, request: FakeRequest) -> tuple[int | None, bool]:
+    """Ask until the asynchronous lookup has answered."""
+    deadline = time.monotonic() + 20
+    while (answer := scheduler.matched_tokens(request, 0))[0] is None:
+        assert time.monotonic() < deadline, "lookup never answered"
+        time.sleep(0.005)
+    return answer
+
+
+def test_broken_sync_load_does_not_block_the_later_store(vault: VaultProcess) -> None:
+    with Cluster({"kv_cold": vault.address}) as cluster:
+        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:4]}) == 4
+    scheduler = make_scheduler(vault.address, sync_loads=True)
+    try:
+        request = FakeRequest("r", num_tokens=4 * BS + 3)
+        assert matched(scheduler, request) == (4 * BS, False), "sync loads are not asynchronous"
+        scheduler.after_alloc(request, [[5, 0, 7, 8]], 4 * BS)  # vLLM's null block where one was needed
+        (load,) = scheduler.take_jobs({}).loads
+        assert load.broken and load.sync
+        assert [r.block_id for r in load.refs] == [5, 0, 7, 8]
+
+        request.num_computed_tokens = request.num_tokens
+        assert scheduler.finished(request, [[5, 6, 7, 8, 9]]), "the recomputed blocks are stored"
+        (store,) = scheduler.take_jobs({}).stores
+        assert [r.block_id for r in store.refs] == [5, 6, 7, 8]
+    finally:
+        scheduler.shutdown()
+
+
+def test_request_finished_while_loading_asynchronously_is_not_stored(vault: VaultProcess) -> None:
+    with Cluster({"kv_cold": vault.address}) as cluster:
+        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:2]}) == 2
+    scheduler = make_scheduler(vault.address)
+    try:
+        request = FakeRequest("r", num_tokens=3 * BS)
+        assert matched(scheduler, request) == (2 * BS, True)
+        scheduler.after_alloc(request, [[3, 4, 5]], 2 * BS)
+        assert not scheduler.finished(request, [[3, 4, 5]])
+        assert scheduler.take_jobs({}).stores == []
+
+        scheduler.transfers_done(set(), {"r"})
+        again = FakeRequest("r", num_tokens=3 * BS, num_computed_tokens=3 * BS)
+        assert scheduler.finished(again, [[3, 4, 5]]), "once the load is reported the request stores"
+    finally:
+        scheduler.shutdown()
