@@ -85,19 +85,26 @@ class Int8Layout:
     def group_len(self, index: int) -> int:
         return min(self.group_size, self.value_count - index * self.group_size)
 
+    def pieces(self) -> Iterator[tuple[int, int, int]]:
+        """``(first group, groups, values per group)``: the full groups, then the short tail group."""
+        if self.full_groups:
+            yield 0, self.full_groups, self.group_size
+        if self.tail:
+            yield self.full_groups, 1, self.tail
+
     def parts(
         self, region: npt.NDArray[np.uint8]
     ) -> Iterator[tuple[int, npt.NDArray[np.float32], npt.NDArray[np.int8]]]:
-        """Yield ``(first value, scales (n,), q (n, width))`` views: the full groups, then the tail."""
-        width = self.group_size + SCALE_BYTES
-        body = self.full_groups * width
-        if self.full_groups:
-            records = region[:body].reshape(self.full_groups, width)
-            yield 0, records[:, :SCALE_BYTES].view("<f4")[:, 0], records[:, SCALE_BYTES:].view(np.int8)
-        if self.tail:
-            record = region[body : body + SCALE_BYTES + self.tail].reshape(1, SCALE_BYTES + self.tail)
-            start = self.full_groups * self.group_size
-            yield start, record[:, :SCALE_BYTES].view("<f4")[:, 0], record[:, SCALE_BYTES:].view(np.int8)
+        """Yield ``(first value, scales (n,), q (n, width))`` views of each of :meth:`pieces`."""
+        offset = 0
+        for first, n, width in self.pieces():
+            records = region[offset : offset + n * (SCALE_BYTES + width)].reshape(n, SCALE_BYTES + width)
+            yield (
+                first * self.group_size,
+                records[:, :SCALE_BYTES].view("<f4")[:, 0],
+                records[:, SCALE_BYTES:].view(np.int8),
+            )
+            offset += n * (SCALE_BYTES + width)
 
 
 def _amax_to_f32(amax_bits: npt.NDArray[Any], info: DTypeInfo) -> npt.NDArray[np.float32]:

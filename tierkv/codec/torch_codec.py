@@ -108,11 +108,8 @@ def _quantize(
     keep_raw = torch.zeros(layout.groups, dtype=torch.bool, device=flat.device)
     g = layout.group_size
     step = max(1, CPU_CHUNK_VALUES // g) if on_cpu else max(1, layout.full_groups)
-    pieces = [(0, layout.full_groups, g)] if layout.full_groups else []
-    if layout.tail:
-        pieces.append((layout.full_groups, 1, layout.tail))
     offset = 0
-    for first, n, width in pieces:
+    for first, n, width in layout.pieces():
         records = work[offset : offset + n * (SCALE_BYTES + width)].view(n, SCALE_BYTES + width)
         src = flat[first * g : first * g + n * width].view(n, width)
         for r0 in range(0, n, step):
@@ -183,19 +180,18 @@ def _dequantize(
     """
     layout = int8_codec.Int8Layout(header.value_count, header.group_size)
     indices, raw = int8_codec.parse_exceptions(payload, layout, header.dtype_info)
-    on_cpu = device.type == "cpu"
-    staging = torch.empty(
-        layout.groups_len, dtype=torch.uint8, pin_memory=not on_cpu and torch.cuda.is_available()
-    )
-    numpy_view(staging)[:] = payload[: layout.groups_len]
-    region = staging if on_cpu else staging.to(device, non_blocking=True)
+    records_bytes = payload[: layout.groups_len]
+    if device.type == "cpu":
+        region = _read_only_tensor(records_bytes)  # read in place: no staging copy
+    else:
+        staging = torch.empty(layout.groups_len, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        numpy_view(staging)[:] = records_bytes
+        region = staging.to(device, non_blocking=True)
     out = torch.empty(header.value_count, dtype=TORCH_DTYPES[target], device=device)
     g = layout.group_size
     step = max(1, layout.full_groups) if accelerator else max(1, CPU_CHUNK_VALUES // g)
     offset = 0
-    for first, n, width in ((0, layout.full_groups, g), (layout.full_groups, 1, layout.tail)):
-        if n == 0 or width == 0:
-            continue
+    for first, n, width in layout.pieces():
         records = region[offset : offset + n * (SCALE_BYTES + width)].view(n, SCALE_BYTES + width)
         scales = records[:, :SCALE_BYTES].clone(memory_format=torch.contiguous_format).view(torch.float32)
         q = records[:, SCALE_BYTES:].view(torch.int8)
@@ -218,12 +214,17 @@ def _dequantize(
     return out.view(header.shape)
 
 
+def _read_only_tensor(array: npt.NDArray[Any]) -> torch.Tensor:
+    """A tensor over ``array``'s memory (possibly a read-only received buffer); callers only read it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch warns about read-only buffers
+        return torch.from_numpy(array)
+
+
 def _payload_view(payload: npt.NDArray[np.uint8], header: BlobHeader) -> torch.Tensor:
     """A tensor over a raw payload's bytes, without a copy; only ever read from."""
     bits = payload.view(np.int16) if header.dtype == "bfloat16" else payload.view(np.dtype(header.dtype))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only buffers: we never write through the view
-        tensor = torch.from_numpy(bits)
+    tensor = _read_only_tensor(bits)
     if header.dtype == "bfloat16":
         tensor = tensor.view(torch.bfloat16)
     return tensor.view(header.shape)
