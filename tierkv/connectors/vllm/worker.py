@@ -83,6 +83,7 @@ class WorkerSide:
         self.codec = codec
         self.counters = counters or Counters()
         self.per_block_errors = len(topology.groups) == 1
+        self._groups = {g.index: g for g in topology.groups}
         self._cluster = LazyCluster(cluster_factory)
         self._max_pending_stores = max_inflight_stores + max_queued_stores
         self._state = _Transfers()
@@ -147,7 +148,7 @@ class WorkerSide:
             errors, st.error_blocks = st.error_blocks, set()
         return errors
 
-    def shutdown(self, timeout: float = 10.0) -> None:
+    def shutdown(self) -> None:
         """Let running transfers finish (each bounded by its RPC deadlines), then close the cluster."""
         self._closed = True
         self._loads.shutdown(wait=True, cancel_futures=True)
@@ -347,10 +348,9 @@ class WorkerSide:
     # -- helpers -----------------------------------------------------------------------------------
 
     def _by_stream(self, refs: Sequence[BlockRef]) -> dict[Stream, list[BlockRef]]:
-        groups = {g.index: g for g in self.topology.groups}
         out: dict[Stream, list[BlockRef]] = defaultdict(list)
         for ref in refs:
-            group = groups.get(ref.group)
+            group = self._groups.get(ref.group)
             if group is None:
                 continue
             for stream in group.streams:
