@@ -154,3 +154,13 @@ def test_prompts_are_varied_unique_and_sized_by_the_counter() -> None:
     estimated = PromptMaker(seed=3)
     estimated.observe(words=100, tokens=150)
     assert len(estimated.prompt(300).split()) == 200
+
+
+def test_evict_none_says_once_that_restored_is_a_hot_hit() -> None:
+    b = Behaviour(cold_s=0.05, hot_s=0.01, restore_s=0.02, tail_s=0.0)
+    with serve(b) as (url, engine):
+        result = run_engine(settings(url, lengths=(100, 200), evict="none"), QUIET)
+    assert result.ok, result.errors
+    assert "reset" not in [p for p, _ in engine.log] and result.evict_method == ""
+    assert [r.tokens for r in result.rows] == [100, 200]
+    assert result.warnings.count("--evict none: 'restored' is just another hot hit") == 1

@@ -33,7 +33,7 @@ from rich.console import Console
 
 from tierkv.bench import BenchError
 from tierkv.bench.breakeven import ttft_break_even
-from tierkv.bench.common import BenchRun, Deadline, check_sweep, progress_bar, settings_document
+from tierkv.bench.common import BenchRun, Deadline, check_sweep, progress_bar, ratio, settings_document
 from tierkv.bench.prompts import PromptMaker
 from tierkv.bench.record import RunMeta, median
 
@@ -252,9 +252,9 @@ class EngineRow:
             "cold_ttft_s": cold,
             "hot_ttft_s": hot,
             "restored_ttft_s": restored,
-            "speedup": cold / restored if cold and restored else None,
-            "hot_speedup": cold / hot if cold and hot else None,
-            "prefill_tokens_per_s": self.tokens / cold if cold else None,
+            "speedup": ratio(cold, restored),
+            "hot_speedup": ratio(cold, hot),
+            "prefill_tokens_per_s": ratio(self.tokens, cold),
             "cold_total_s": median([m.total_s for m in self.cold]),
             "restored_total_s": median([m.total_s for m in self.restored]),
         }
@@ -467,6 +467,8 @@ def _conclude(result: EngineResult) -> None:
     s = result.settings
     rows = [r for r in result.rows if r.restored]
     result.rows = rows
+    if rows and s.evict == "none":
+        result.warnings.append("--evict none: 'restored' is just another hot hit")
     for row in rows:
         f = row.figures()
         at = f"{row.tokens:,} tokens"
@@ -487,9 +489,7 @@ def _conclude(result: EngineResult) -> None:
                 f"{at}: the engine reports 0 cached prompt tokens for the restored request"
             )
         hot = f["hot_ttft_s"]
-        if s.evict == "none":
-            result.warnings.append("--evict none: 'restored' is just another hot hit")
-        elif result.evict_method.startswith("flood") and hot and f["restored_ttft_s"] <= 1.1 * hot:
+        if result.evict_method.startswith("flood") and hot and f["restored_ttft_s"] <= 1.1 * hot:
             result.warnings.append(
                 f"{at}: restored is as fast as a hot hit: the flood may not have evicted the prompt "
                 "(raise --flood-tokens)"
