@@ -27,12 +27,12 @@ from typing import Any
 
 from tests.connectors.vllm.engine import (
     BLOCK_SIZE,
+    connector_totals,
     drain,
     make_llm,
     prompt,
-    scheduler_connector,
+    shutdown,
     timed,
-    worker_connector,
     write_tiny_llama,
 )
 from tierkv.vault.launcher import VaultProcess
@@ -55,7 +55,7 @@ def measure(llm: Any, lengths: list[int], runs: int) -> list[dict[str, Any]]:
         samples: dict[str, list[float]] = {"prefill": [], "restore": [], "local": []}
         for run in range(runs):
             tokens = prompt(length * 1000 + run, length)
-            before = worker_connector().totals()["restored_blocks"]
+            before = connector_totals(llm)["restored_blocks"]
             samples["prefill"].append(timed(llm, tokens))
             drain(llm)
             assert llm.reset_prefix_cache()
@@ -63,7 +63,7 @@ def measure(llm: Any, lengths: list[int], runs: int) -> list[dict[str, Any]]:
             drain(llm)
             samples["local"].append(timed(llm, tokens))
             drain(llm)
-            restored = worker_connector().totals()["restored_blocks"] - before
+            restored = connector_totals(llm)["restored_blocks"] - before
             assert restored == (length - 1) // BLOCK_SIZE, f"expected a full restore, got {restored} blocks"
         med = {k: statistics.median(v) for k, v in samples.items()}
         rows.append(
@@ -94,11 +94,11 @@ def main() -> None:
         try:
             extra = {"kv_cold": vault.address, "load_mode": args.load_mode}
             llm = make_llm(model, extra, max_model_len=max(lengths) + 64)
-            rows = measure(llm, lengths, args.runs)
-            totals = {**scheduler_connector(llm).totals()}
-            for k, v in worker_connector().totals().items():
-                totals[k] += v
-            llm.llm_engine.engine_core.shutdown()
+            try:
+                rows = measure(llm, lengths, args.runs)
+                totals = connector_totals(llm)
+            finally:
+                shutdown(llm)
         finally:
             vault.stop()
     if args.json:

@@ -27,6 +27,7 @@ import pytest
 from rich.console import Console
 
 from tests.conftest import VaultFactory
+from tests.connectors.vllm.engine import transfer_config
 from tierkv.bench.engine import EngineSettings, run_engine
 from tierkv.bench.prompts import PromptMaker
 from tierkv.client.vault import VaultClient
@@ -119,13 +120,7 @@ def vllm_server(vault_factory: VaultFactory, tmp_path: Path) -> Iterator[tuple[s
     vault = vault_factory(name="kv", max_bytes="512MiB")
     model = write_model(tmp_path / "model")
     port = free_port()
-    transfer = {
-        "kv_connector": "TierKVConnector",
-        "kv_connector_module_path": "tierkv.connectors.vllm.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"kv_cold": vault.address},
-    }
+    transfer = transfer_config({"kv_cold": vault.address})
     args = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", "tiny-bench", "--load-format", "dummy",

@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tierkv.connectors.vllm import CONNECTOR_NAME, MODULE_PATH
-
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+from tierkv.connectors.vllm.stats import merge
 
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 1024
@@ -138,8 +136,13 @@ def make_llm(
 ) -> Any:
     """An in-process engine; with ``extra`` it runs TierKVConnector with that extra config.
 
-    ``engine`` overrides vLLM engine arguments (dtype, block_size, mamba_cache_mode ...).
+    ``engine`` overrides vLLM engine arguments (dtype, block_size, mamba_cache_mode ...). The engine
+    core runs in this process (so tests reach both connector halves) with a 1 GiB CPU KV cache; these
+    settings are made here, not on import, so that importing the helpers leaves servers started by
+    other tests on vLLM's defaults.
     """
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -223,10 +226,7 @@ def worker_connector() -> Any:
 
 def connector_totals(llm: Any) -> dict[str, int]:
     """The connector's counters, scheduler and worker halves summed."""
-    totals = dict(scheduler_connector(llm).totals())
-    for k, v in worker_connector().totals().items():
-        totals[k] += v
-    return totals
+    return merge(scheduler_connector(llm).totals(), worker_connector().totals())
 
 
 def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
