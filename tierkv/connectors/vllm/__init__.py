@@ -1,7 +1,8 @@
 """vLLM integration: ``TierKVConnector`` (KV connector API v1, hybrid-allocator aware).
 
 Importing this package never imports vLLM; :mod:`tierkv.connectors.vllm.connector` (the module named in
-``kv_connector_module_path``), :mod:`.metrics` and :mod:`.smoke_test` do. The engine-independent rules
+``kv_connector_module_path``) and :mod:`.metrics` do (:mod:`.smoke_test` speaks HTTP to a running server
+and needs no vLLM). The engine-independent rules
 live in :mod:`.plan`, the tensor layouts in :mod:`.layout`, the two halves in :mod:`.scheduler` and
 :mod:`.worker`.
 """

@@ -193,14 +193,12 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         model_config = vllm_config.model_config
         parallel = vllm_config.parallel_config
         hf_config = model_config.hf_config.to_dict() if model_config.hf_config is not None else {}
-        dtypes = [
-            str(getattr(g.kv_cache_spec, "dtype", model_config.dtype))
-            for g in kv_cache_config.kv_cache_groups
-        ]
+        groups = kv_cache_config.kv_cache_groups
+        dtype = getattr(groups[0].kv_cache_spec if groups else None, "dtype", model_config.dtype)
         return make_identity(
             hf_config,
             model=self.settings.model_id or str(model_config.model),
-            dtype=dtypes[0] if dtypes else str(model_config.dtype),
+            dtype=str(dtype),
             codec=self.settings.codec,
             block_size=self.topology.block_size,
             kv_layout=str(kv_cache_config.kv_cache_layout or vllm_config.cache_config.kv_cache_layout or ""),
