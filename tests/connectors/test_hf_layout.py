@@ -73,6 +73,11 @@ def test_kv_blocks_round_trip(codec: str) -> None:
         assert err == 0.0
     else:
         assert 0.0 < err < 0.02 * ref.abs().max().item()
+    # Behind a prefix (a hot entry's first block): one tensor, prefix first, then the decoded block.
+    joined = bc.decode_kv_blocks([blobs[1]], CPU, kv, 16)
+    assert joined.blocks == 1 and joined.kv is not None and joined.kv.shape == ref.shape
+    assert torch.equal(joined.kv[:, :, :, :16], ref[:, :, :, :16])
+    assert torch.equal(joined.kv[:, :, :, 16:], result.kv[:, :, :, 16:])
 
 
 def test_tampered_or_misplaced_blobs_are_rejected() -> None:
@@ -92,7 +97,10 @@ def test_tampered_or_misplaced_blobs_are_rejected() -> None:
     snap = snapshot_states(layout, cache)
     states = bc.encode_states(snap, 32)
     assert set(states) == {LayerGroup.SSM, LayerGroup.CONV}
-    assert bc.decode_states(dict(states), 32, CPU) is not None
+    restored = bc.decode_states(dict(states), 32, CPU)
+    assert restored is not None
+    for a, b in zip(snap.recurrent + snap.conv, restored.recurrent + restored.conv, strict=True):
+        assert torch.equal(a, b)
     assert bc.decode_states(dict(states), 48, CPU) is None  # snapshot of another position
     assert bc.decode_states({LayerGroup.SSM: states[LayerGroup.SSM], LayerGroup.CONV: None}, 32, CPU) is None
     swapped = {LayerGroup.SSM: states[LayerGroup.CONV], LayerGroup.CONV: states[LayerGroup.SSM]}

@@ -31,7 +31,7 @@ STATE_CODEC = "raw"
 
 @dataclass
 class DecodeResult:
-    """Leading valid blocks of a batch, concatenated: ``[layers, 2, kv_heads, n * block, head_dim]``."""
+    """A prefix and the leading valid blocks of a batch: ``[layers, 2, kv_heads, tokens, head_dim]``."""
 
     kv: torch.Tensor | None
     blocks: int
@@ -45,34 +45,48 @@ class BlockCodec:
         self.layout = layout
         self.block_size = block_size
         self.codec = codec
-        self.rejected = 0
 
     def encode_kv_block(self, kv: Sequence[KV], block: int) -> bytes:
         """Blob of block ``block`` taken from per-layer KV tensors ``[1, heads, seq, dim]``."""
         s, e = block * self.block_size, (block + 1) * self.block_size
-        t = torch.stack([torch.stack((k[0, :, s:e], v[0, :, s:e])) for k, v in kv])
+        # One stack of every layer's K and V slice: a single copy into the block tensor.
+        parts = [x[0, :, s:e] for layer in kv for x in layer]
+        t = torch.stack(parts).view(len(kv), 2, *parts[0].shape)
         return encode_tensor(t, codec=self.codec, tokens=self.block_size, layer_group=LayerGroup.ATTENTION)
 
-    def decode_kv_blocks(self, blobs: Sequence[Buffer | None], device: torch.device) -> DecodeResult:
+    def decode_kv_blocks(
+        self,
+        blobs: Sequence[Buffer | None],
+        device: torch.device,
+        prefix: Sequence[KV] = (),
+        prefix_tokens: int = 0,
+    ) -> DecodeResult:
         """Decode the leading run of blobs that are present and verify; stop at the first that is not.
 
-        Each block is decoded straight into its token range of one preallocated tensor (no concatenation).
+        The result holds the first ``prefix_tokens`` tokens of ``prefix`` (per-layer KV, e.g. a hot
+        entry's) followed by the decoded blocks: each block is decoded straight into its token range
+        of one preallocated tensor, so a restore that joins the tiers needs no concatenation.
         """
         expected = self.layout.block_shape(self.block_size)
         present = next((i for i, b in enumerate(blobs) if b is None), len(blobs))
         if present == 0:
             return DecodeResult(None, 0, 0)
         size = list(expected)
-        size[3] = present * self.block_size
+        size[3] = prefix_tokens + present * self.block_size
         kv = torch.empty(size, dtype=self.layout.kv_dtype, device=device)
+        if prefix_tokens:
+            for layer, (k, v) in zip(kv[:, :, :, :prefix_tokens], prefix, strict=True):
+                layer[0].copy_(k[0, :, :prefix_tokens])
+                layer[1].copy_(v[0, :, :prefix_tokens])
         decoded = rejected = 0
         for i, blob in enumerate(blobs[:present]):
             assert blob is not None
+            start = prefix_tokens + i * self.block_size
             try:
                 decode_tensor(
                     blob,
                     dtype=self.layout.kv_dtype,
-                    out=kv[:, :, :, i * self.block_size : (i + 1) * self.block_size],
+                    out=kv[:, :, :, start : start + self.block_size],
                     expect_shape=expected,
                     expect_dtype=self.layout.kv_dtype,
                     expect_codec=self.codec,
@@ -84,10 +98,9 @@ class BlockCodec:
                 rejected = 1
                 break
             decoded += 1
-        self.rejected += rejected
         if not decoded:
             return DecodeResult(None, 0, rejected)
-        return DecodeResult(kv[:, :, :, : decoded * self.block_size], decoded, rejected)
+        return DecodeResult(kv[:, :, :, : prefix_tokens + decoded * self.block_size], decoded, rejected)
 
     def encode_states(self, snapshot: StateSnapshot, position: int) -> dict[LayerGroup, bytes]:
         """The SSM and CONV blobs of a snapshot taken after ``position`` tokens."""
@@ -120,7 +133,6 @@ class BlockCodec:
                 return None
             split = self._decode_group(blob, group, specs, position, device)
             if split is None:
-                self.rejected += 1
                 return None
             parts[group] = split
         return StateSnapshot(conv=parts[LayerGroup.CONV], recurrent=parts[LayerGroup.SSM])

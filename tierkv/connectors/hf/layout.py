@@ -90,10 +90,6 @@ class CacheLayout:
         item = torch.empty((), dtype=self.kv_dtype).element_size()
         return len(self.attention_layers) * 2 * self.kv_heads * self.head_dim * item
 
-    @staticmethod
-    def group_dtype(specs: Sequence[StateSpec]) -> torch.dtype | None:
-        return specs[0].dtype if specs else None
-
     def describe(self) -> str:
         """A stable text form, part of the namespace: blobs from another layout never match."""
         parts = [
@@ -181,14 +177,18 @@ def probe_layout(model: Any) -> CacheLayout:
 
 @dataclass(frozen=True)
 class Continuation:
-    """How closely a model's cached continuations match one full prefill (relative logit errors)."""
+    """How closely a model's cached continuations match one full prefill (relative logit errors).
+
+    ``decoded`` is ``None`` when the token-by-token path was not measured (models without recurrent
+    state, whose decode state is never snapshotted).
+    """
 
     chunked: float
-    decoded: float
+    decoded: float | None
 
     def decode_matches_prefill(self, rtol: float = 5e-4) -> bool:
         """Whether state after token-by-token decoding may stand in for a prefill's state."""
-        return self.decoded <= rtol
+        return self.decoded is not None and self.decoded <= rtol
 
 
 def _forward(model: Any, ids: torch.Tensor, cache: DynamicCache, start: int) -> torch.Tensor:
@@ -199,33 +199,37 @@ def _forward(model: Any, ids: torch.Tensor, cache: DynamicCache, start: int) -> 
     return logits[0, -1].float()
 
 
-def check_continuation(model: Any, length: int = 8, split: int = 5, rtol: float = 0.05) -> Continuation:
+def check_continuation(
+    model: Any, length: int = 8, split: int = 5, rtol: float = 0.05, *, decode: bool = True
+) -> Continuation:
     """Measure cached continuations against a full prefill; refuse models that cannot continue.
 
     Restoring a prefix and computing the rest is a prefill in two pieces over one cache. Some
     implementations restart the recurrent state on multi-token input with a cache (Jamba's torch
     path does); for them every restore would be wrong, so :class:`ConfigError` is raised. Rounding
     differences are parts per million of the logits in float32; a broken continuation is off by a
-    tenth. The token-by-token (decode) path is measured too: some recurrent kernels (Zamba2's) or
-    bfloat16 step updates drift from the chunked scan by more than rounding, and then the state left
-    behind by ``generate`` must not be reused as if it came from a prefill.
+    tenth. With ``decode`` the token-by-token path is measured too: some recurrent kernels (Zamba2's)
+    or bfloat16 step updates drift from the chunked scan by more than rounding, and then the state
+    left behind by ``generate`` must not be reused as if it came from a prefill.
     """
     vocab = int(model.config.get_text_config(decoder=True).vocab_size)
     device = model_device(model)
     ids = (torch.arange(1, length + 1, device=device) * 7919 % vocab).unsqueeze(0)
+    decoded: torch.Tensor | None = None
     with torch.no_grad():
         full = model(input_ids=ids).logits[0, -1].float()
         chunked_cache = DynamicCache(config=model.config)
         _forward(model, ids[:, :split], chunked_cache, 0)
         chunked = _forward(model, ids[:, split:], chunked_cache, split)
-        decode_cache = DynamicCache(config=model.config)
-        decoded = _forward(model, ids[:, :split], decode_cache, 0)
-        for pos in range(split, length):
-            decoded = _forward(model, ids[:, pos : pos + 1], decode_cache, pos)
+        if decode:
+            decode_cache = DynamicCache(config=model.config)
+            decoded = _forward(model, ids[:, :split], decode_cache, 0)
+            for pos in range(split, length):
+                decoded = _forward(model, ids[:, pos : pos + 1], decode_cache, pos)
     scale = max(float(full.abs().max()), 1e-6)
     result = Continuation(
         chunked=float((full - chunked).abs().max()) / scale,
-        decoded=float((full - decoded).abs().max()) / scale,
+        decoded=None if decoded is None else float((full - decoded).abs().max()) / scale,
     )
     if not result.chunked <= rtol:
         raise ConfigError(

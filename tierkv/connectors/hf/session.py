@@ -79,7 +79,9 @@ class ClusterLike(Protocol):
 
     def put(self, namespace: bytes, items: Mapping[bytes, bytes], role: str = ...) -> int: ...
 
-    def get(self, namespace: bytes, keys: Sequence[bytes], role: str = ...) -> list[bytes | None]: ...
+    def get_buffers(
+        self, namespace: bytes, keys: Sequence[bytes], role: str = ...
+    ) -> Sequence[Buffer | None]: ...
 
     def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], role: str = ...) -> int: ...
 
@@ -224,9 +226,9 @@ class TieredSession:
         self.min_text_fraction = min_text_fraction
         self.device = model_device(model)
         self.layout: CacheLayout = probe_layout(model)
-        continuation = check_continuation(model)
+        continuation = check_continuation(model, decode=self.layout.has_states)
         self.decode_snapshots = continuation.decode_matches_prefill()
-        if self.layout.has_states and not self.decode_snapshots:
+        if continuation.decoded is not None and not self.decode_snapshots:
             logger.info(
                 "%s: decoding drifts from prefill by %.2g (relative); recurrent state is snapshotted "
                 "during prefill only",
@@ -497,13 +499,13 @@ class TieredSession:
             if self.layout.has_states and cold_n * self.block_size > hot_n:
                 cold_n, cold_state = self._fetch_states(tokens, cold_n, hot_n, stats)
         plan = plan_restore(n_tokens, self.block_size, hot_n, cold_n)
-        cold_kv: torch.Tensor | None = None
+        restored_kv: torch.Tensor | None = None
         if plan.cold_blocks and self.layout.has_kv:
-            cold_kv, plan = self._fetch_kv(keys, plan, hot_n, stats)
+            restored_kv, plan = self._fetch_kv(keys, plan, entry, hot_n, stats)
         if plan.cold_blocks == 0:
             cold_state = None
         t = time.perf_counter()
-        kv, states = self._assemble(entry, plan, cold_kv, cold_state)
+        kv, states = self._assemble(entry, plan, restored_kv, cold_state)
         cache = build_cache(self.model, self.layout, kv, states.get(plan.restored))
         stats.inject_s += time.perf_counter() - t
         cold_states: set[int] = set()
@@ -521,10 +523,14 @@ class TieredSession:
         self,
         entry: HotEntry[_HotPayload] | None,
         plan: RestorePlan,
-        cold_kv: torch.Tensor | None,
+        restored_kv: torch.Tensor | None,
         cold_state: StateSnapshot | None,
     ) -> tuple[list[KV], dict[int, StateSnapshot]]:
-        """Per-layer KV of the restored prefix and the state snapshots known to hold for it."""
+        """Per-layer KV of the restored prefix and the state snapshots known to hold for it.
+
+        ``restored_kv`` (hot prefix and cold blocks in one tensor) is present when the vaults served
+        blocks; otherwise the prefix is a view of the hot entry.
+        """
         hot_n = plan.hot_tokens
         states: dict[int, StateSnapshot] = {}
         if entry is not None and hot_n:
@@ -533,33 +539,29 @@ class TieredSession:
             states[plan.restored] = cold_state
         if plan.restored == 0:
             return [], {}
-        if cold_kv is None:
+        if restored_kv is None:
             assert entry is not None
             return [(k[:, :, :hot_n], v[:, :, :hot_n]) for k, v in entry.payload.kv], states
-        kv: list[KV] = []
-        for i in range(len(self.layout.attention_layers)):
-            ck, cv = cold_kv[i, 0].unsqueeze(0), cold_kv[i, 1].unsqueeze(0)
-            if hot_n:
-                assert entry is not None
-                hk, hv = entry.payload.kv[i]
-                ck = torch.cat((hk[:, :, :hot_n], ck), dim=2)
-                cv = torch.cat((hv[:, :, :hot_n], cv), dim=2)
-            kv.append((ck, cv))
-        return kv, states
+        return [(layer[0].unsqueeze(0), layer[1].unsqueeze(0)) for layer in restored_kv], states
 
     def _fetch_kv(
-        self, keys: list[bytes], plan: RestorePlan, hot_n: int, stats: GenerationStats
+        self,
+        keys: list[bytes],
+        plan: RestorePlan,
+        entry: HotEntry[_HotPayload] | None,
+        hot_n: int,
+        stats: GenerationStats,
     ) -> tuple[torch.Tensor | None, RestorePlan]:
-        """One get for the planned blocks; a shorter verified run shrinks the plan."""
+        """One get for the planned blocks, decoded behind the hot prefix; a shorter verified run shrinks
+        the plan (back to the whole hot match, ``hot_n`` tokens, if it no longer reaches past it)."""
         assert self.cluster is not None
         t = time.perf_counter()
-        # Zero-copy views into the received frames when the cluster offers them.
-        fetch: Callable[..., Sequence[Buffer | None]] = getattr(self.cluster, "get_buffers", self.cluster.get)
-        blobs = fetch(self.namespace, keys[plan.cold_start : plan.cold_stop], role=KV_ROLE)
+        blobs = self.cluster.get_buffers(self.namespace, keys[plan.cold_start : plan.cold_stop], role=KV_ROLE)
         stats.network_s += time.perf_counter() - t
         stats.bytes_fetched += sum(len(b) for b in blobs if b is not None)
         t = time.perf_counter()
-        result = self.blocks.decode_kv_blocks(blobs, self.device)
+        prefix = entry.payload.kv if entry is not None and plan.hot_tokens else []
+        result = self.blocks.decode_kv_blocks(blobs, self.device, prefix, plan.hot_tokens)
         stats.codec_s += time.perf_counter() - t
         stats.rejected_blobs += result.rejected
         if result.blocks == plan.cold_blocks:
@@ -570,7 +572,7 @@ class TieredSession:
         shrunk = plan_restore(plan.prompt_len, self.block_size, hot_n, plan.cold_start + result.blocks)
         if shrunk.cold_blocks == 0 or result.kv is None:
             return None, shrunk
-        return result.kv[:, :, :, : shrunk.cold_tokens], shrunk
+        return result.kv[:, :, :, : shrunk.restored], shrunk
 
     def _fetch_states(
         self, tokens: TokenArray, kv_blocks: int, hot_n: int, stats: GenerationStats
@@ -589,7 +591,9 @@ class TieredSession:
         groups = self.blocks.state_groups()
         for b in candidates:
             t = time.perf_counter()
-            blobs = self.cluster.get(self.namespace, [group_keys[g][b - 1] for g in groups], role=STATE_ROLE)
+            blobs = self.cluster.get_buffers(
+                self.namespace, [group_keys[g][b - 1] for g in groups], role=STATE_ROLE
+            )
             stats.network_s += time.perf_counter() - t
             stats.bytes_fetched += sum(len(x) for x in blobs if x is not None)
             if any(x is None for x in blobs):
