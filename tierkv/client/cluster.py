@@ -99,8 +99,13 @@ class Cluster:
         self._fallback_logged = threading.Event()
 
     @classmethod
-    def from_config(cls, config: Config, **overrides: Any) -> Cluster:
-        """Build from ``[cluster]`` of tierkv.toml, with the token from ``[auth]`` and TLS from ``[tls]``."""
+    def from_config(
+        cls, config: Config, roles: Mapping[str, Sequence[str]] | None = None, **overrides: Any
+    ) -> Cluster:
+        """Build from ``[cluster]`` of tierkv.toml, with the token from ``[auth]`` and TLS from ``[tls]``.
+
+        ``roles`` replaces the file's vault addresses (engine hooks that take them inline pass them here).
+        """
         cc = config.cluster
         options: dict[str, Any] = {
             "timeout": cc.timeout,
@@ -109,7 +114,8 @@ class Cluster:
             "tls": config.tls if config.tls.enabled else None,
         }
         options.update(overrides)
-        roles = {KV_COLD: [e.address for e in cc.kv_cold], SSM_COLD: [e.address for e in cc.ssm_cold]}
+        if roles is None:
+            roles = {KV_COLD: [e.address for e in cc.kv_cold], SSM_COLD: [e.address for e in cc.ssm_cold]}
         return cls(roles, **options)
 
     # -- routing -----------------------------------------------------------------------------------

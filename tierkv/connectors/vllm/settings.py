@@ -144,16 +144,8 @@ class ConnectorSettings:
 
     def cluster(self) -> Cluster:
         """A :class:`Cluster` for these vaults (token from ``[auth]``, TLS from ``[tls]`` of the TOML)."""
-        roles: dict[str, tuple[str, ...]] = {KV_COLD: self.kv_cold}
-        if self.ssm_cold:
-            roles[SSM_COLD] = self.ssm_cold
-        tls = self.config.tls if self.config.tls.enabled else None
-        return Cluster(
-            roles,
-            timeout=self.timeout,
-            token=self.config.auth.load_token(),
-            tls=tls,
-            replication=self.config.cluster.replication,
+        return Cluster.from_config(
+            self.config, roles={KV_COLD: self.kv_cold, SSM_COLD: self.ssm_cold}, timeout=self.timeout
         )
 
 
