@@ -1,0 +1,66 @@
+"""Host and port, parsed and printed in one place (IPv6 literals included).
+
+``HostPort.parse("[::1]:50051")`` and ``HostPort("::1", 50051).address == "[::1]:50051"``; the bare host
+(no brackets) is what sockets bind and connect to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPort:
+    """A TCP endpoint. ``host`` is stored bare: ``::1``, never ``[::1]``."""
+
+    host: str
+    port: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "host", bare_host(self.host))
+
+    @classmethod
+    def parse(cls, text: str, *, allow_zero: bool = False) -> HostPort:
+        """``host:port`` or ``[v6]:port``; ValueError saying what was expected otherwise."""
+        host, sep, port = text.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"expected host:port (IPv6 as [addr]:port), got {text!r}")
+        if host.count(":") and not (host.startswith("[") and host.endswith("]")):
+            raise ValueError(f"an IPv6 host needs brackets, as in [{host}]:{port}; got {text!r}")
+        number = int(port)
+        check_port(number, allow_zero=allow_zero)
+        return cls(host, number)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` as gRPC and people write it (``[::1]:50051`` for IPv6)."""
+        return join_host_port(self.host, self.port)
+
+    @property
+    def is_ipv6(self) -> bool:
+        return ":" in self.host
+
+    def __str__(self) -> str:
+        return self.address
+
+
+def bare_host(host: str) -> str:
+    """``[::1]`` → ``::1``; other hosts unchanged."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def join_host_port(host: str, port: int) -> str:
+    """``host:port``, bracketing an IPv6 literal."""
+    host = bare_host(host)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def check_port(port: int, *, allow_zero: bool = False) -> int:
+    """``port`` if it is a TCP port (0 = "pick a free one" only when ``allow_zero``)."""
+    low = 0 if allow_zero else 1
+    if isinstance(port, bool) or not isinstance(port, int) or not low <= port <= 65535:
+        raise ValueError(f"expected a port in {low}..65535, got {port!r}")
+    return port
+
+
+__all__ = ["HostPort", "bare_host", "check_port", "join_host_port"]
