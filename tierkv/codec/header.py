@@ -244,61 +244,14 @@ def read_header(blob: Buffer, *, partial: bool = False) -> BlobHeader:
     unless ``partial`` is true, which accepts any prefix holding the whole header (e.g. a ranged read).
     """
     view = as_byte_view(blob)
-    if len(view) < MIN_HEADER_LEN:
-        raise CorruptBlobError(f"truncated blob: {len(view)} bytes, a header needs at least {MIN_HEADER_LEN}")
-    (
-        magic,
-        version,
-        header_len,
-        codec_id,
-        dtype_id,
-        ndim,
-        layer_group,
-        flags,
-        reserved,
-        group_size,
-        tokens,
-        value_count,
-        payload_len,
-        payload_checksum,
-    ) = _FIXED.unpack_from(view)
-    if magic != MAGIC:
-        raise CorruptBlobError(f"not a tierkv blob: magic {bytes(magic)!r}")
-    if ndim > MAX_NDIM or header_len != MIN_HEADER_LEN + _U64.size * ndim:
-        raise CorruptBlobError(f"inconsistent header: ndim {ndim}, header_len {header_len}")
-    if len(view) < header_len:
-        raise CorruptBlobError(f"truncated blob: {len(view)} bytes, the header alone needs {header_len}")
-    (stored,) = _U64.unpack_from(view, header_len - _U64.size)
-    if stored != checksum(view[: header_len - _U64.size]):
-        raise CorruptBlobError("header checksum mismatch")
-    if version != FORMAT_VERSION:
-        raise CodecError(f"unsupported blob format version {version} (this reader knows {FORMAT_VERSION})")
-    try:
-        codec = Codec(codec_id)
-        dtype = _DTYPE_BY_ID[dtype_id]
-        group = LayerGroup(layer_group)
-    except (ValueError, KeyError) as exc:
-        raise CodecError(
-            f"unknown codec/dtype/layer group ids {codec_id}/{dtype_id}/{layer_group}; newer writer?"
-        ) from exc
-    if flags & ~KNOWN_FLAGS or reserved:
-        raise CodecError(f"unknown header flags {flags:#06x} / reserved {reserved:#06x}; newer writer?")
+    fields = _verified_fields(view)
+    (_, version, header_len, codec_id, dtype_id, ndim, layer_group, flags, reserved) = fields[:9]
+    group_size, tokens, value_count, payload_len, payload_checksum = fields[9:]
+    codec, dtype, group = _known_ids(codec_id, dtype_id, layer_group, flags, reserved)
     shape = struct.unpack_from(f"<{ndim}Q", view, _FIXED.size)
     if math.prod(shape) != value_count:
         raise CorruptBlobError(f"value count {value_count} does not match shape {shape}")
-    if codec is Codec.RAW:
-        if group_size or flags or payload_len != value_count * dtype.itemsize:
-            raise CorruptBlobError(
-                f"inconsistent raw header: group {group_size}, flags {flags}, payload {payload_len}"
-            )
-    else:
-        base = int8_groups_len(value_count, group_size)
-        has_table = payload_len > base
-        if group_size < 1 or payload_len < base or has_table != bool(flags & FLAG_EXCEPTIONS):
-            raise CorruptBlobError(
-                f"inconsistent int8 header: group {group_size}, values {value_count}, "
-                f"payload {payload_len}, flags {flags}"
-            )
+    _check_payload_len(codec, dtype, group_size, flags, value_count, payload_len)
     if not partial and len(view) != header_len + payload_len:
         raise CorruptBlobError(
             f"blob length {len(view)} != header {header_len} + payload {payload_len} (truncated or padded)"
@@ -316,6 +269,60 @@ def read_header(blob: Buffer, *, partial: bool = False) -> BlobHeader:
         payload_checksum=payload_checksum,
         version=version,
     )
+
+
+def _verified_fields(view: memoryview) -> tuple[Any, ...]:
+    """The fixed header fields, once magic, length, header checksum and format version check out."""
+    if len(view) < MIN_HEADER_LEN:
+        raise CorruptBlobError(f"truncated blob: {len(view)} bytes, a header needs at least {MIN_HEADER_LEN}")
+    fields = _FIXED.unpack_from(view)
+    magic, version, header_len, ndim = fields[0], fields[1], fields[2], fields[5]
+    if magic != MAGIC:
+        raise CorruptBlobError(f"not a tierkv blob: magic {bytes(magic)!r}")
+    if ndim > MAX_NDIM or header_len != MIN_HEADER_LEN + _U64.size * ndim:
+        raise CorruptBlobError(f"inconsistent header: ndim {ndim}, header_len {header_len}")
+    if len(view) < header_len:
+        raise CorruptBlobError(f"truncated blob: {len(view)} bytes, the header alone needs {header_len}")
+    (stored,) = _U64.unpack_from(view, header_len - _U64.size)
+    if stored != checksum(view[: header_len - _U64.size]):
+        raise CorruptBlobError("header checksum mismatch")
+    if version != FORMAT_VERSION:
+        raise CodecError(f"unsupported blob format version {version} (this reader knows {FORMAT_VERSION})")
+    return tuple(fields)
+
+
+def _known_ids(
+    codec_id: int, dtype_id: int, layer_group: int, flags: int, reserved: int
+) -> tuple[Codec, DTypeInfo, LayerGroup]:
+    """Codec, dtype and layer group of a header; a :class:`CodecError` for ids a newer writer made."""
+    try:
+        ids = Codec(codec_id), _DTYPE_BY_ID[dtype_id], LayerGroup(layer_group)
+    except (ValueError, KeyError) as exc:
+        raise CodecError(
+            f"unknown codec/dtype/layer group ids {codec_id}/{dtype_id}/{layer_group}; newer writer?"
+        ) from exc
+    if flags & ~KNOWN_FLAGS or reserved:
+        raise CodecError(f"unknown header flags {flags:#06x} / reserved {reserved:#06x}; newer writer?")
+    return ids
+
+
+def _check_payload_len(
+    codec: Codec, dtype: DTypeInfo, group_size: int, flags: int, value_count: int, payload_len: int
+) -> None:
+    """The payload length a header declares must be the one its codec produces for its values."""
+    if codec is Codec.RAW:
+        if group_size or flags or payload_len != value_count * dtype.itemsize:
+            raise CorruptBlobError(
+                f"inconsistent raw header: group {group_size}, flags {flags}, payload {payload_len}"
+            )
+        return
+    base = int8_groups_len(value_count, group_size)
+    has_table = payload_len > base
+    if group_size < 1 or payload_len < base or has_table != bool(flags & FLAG_EXCEPTIONS):
+        raise CorruptBlobError(
+            f"inconsistent int8 header: group {group_size}, values {value_count}, "
+            f"payload {payload_len}, flags {flags}"
+        )
 
 
 def check_u32(name: str, value: int) -> int:
