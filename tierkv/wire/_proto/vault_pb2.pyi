@@ -294,16 +294,20 @@ class FlushRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NAMESPACE_FIELD_NUMBER: _builtins.int
+    ALL_NAMESPACES_FIELD_NUMBER: _builtins.int
     namespace: _builtins.bytes
-    """empty: every namespace"""
+    """the namespace to empty (required unless all_namespaces)"""
+    all_namespaces: _builtins.bool
+    """empty every namespace (admin role only; namespace must be empty)"""
     def __init__(
         self,
         *,
         namespace: _builtins.bytes = ...,
+        all_namespaces: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_namespaces", b"all_namespaces", "namespace", b"namespace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -363,6 +367,9 @@ class StatsReply(_message.Message):
     POLICY_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
     BULK_PORT_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    ACCESS_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     role: _builtins.str
     keys: _builtins.int
@@ -380,6 +387,16 @@ class StatsReply(_message.Message):
     path: _builtins.str
     bulk_port: _builtins.int
     """TCP port of the bulk data plane (tierkv-bulk/1); 0 = off"""
+    tenant: _builtins.str
+    """the caller's tenant (keys / used_bytes / max_bytes are its own"""
+    access: _builtins.str
+    """unless the caller is an admin)
+    the caller's access role: "admin" or "user"
+    """
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantStats]:
+        """every tenant's figures (admin callers only)"""
+
     def __init__(
         self,
         *,
@@ -399,11 +416,46 @@ class StatsReply(_message.Message):
         policy: _builtins.str = ...,
         path: _builtins.str = ...,
         bulk_port: _builtins.int = ...,
+        tenant: _builtins.str = ...,
+        access: _builtins.str = ...,
+        tenants: _abc.Iterable[Global___TenantStats] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bulk_port", b"bulk_port", "bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "corrupt", b"corrupt", "evictions", b"evictions", "hits", b"hits", "keys", b"keys", "max_bytes", b"max_bytes", "misses", b"misses", "path", b"path", "policy", b"policy", "role", b"role", "sync_mode", b"sync_mode", "uptime_s", b"uptime_s", "used_bytes", b"used_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access", b"access", "bulk_port", b"bulk_port", "bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "corrupt", b"corrupt", "evictions", b"evictions", "hits", b"hits", "keys", b"keys", "max_bytes", b"max_bytes", "misses", b"misses", "path", b"path", "policy", b"policy", "role", b"role", "sync_mode", b"sync_mode", "tenant", b"tenant", "tenants", b"tenants", "uptime_s", b"uptime_s", "used_bytes", b"used_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatsReply: _TypeAlias = StatsReply  # noqa: Y015
+
+@_typing.final
+class TenantStats(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    USED_BYTES_FIELD_NUMBER: _builtins.int
+    QUOTA_BYTES_FIELD_NUMBER: _builtins.int
+    EVICTIONS_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    keys: _builtins.int
+    used_bytes: _builtins.int
+    quota_bytes: _builtins.int
+    """0: no quota of its own (bounded by the vault's budget)"""
+    evictions: _builtins.int
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        keys: _builtins.int = ...,
+        used_bytes: _builtins.int = ...,
+        quota_bytes: _builtins.int = ...,
+        evictions: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evictions", b"evictions", "keys", b"keys", "quota_bytes", b"quota_bytes", "tenant", b"tenant", "used_bytes", b"used_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantStats: _TypeAlias = TenantStats  # noqa: Y015
