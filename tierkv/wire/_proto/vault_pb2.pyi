@@ -253,7 +253,10 @@ class DeleteRequest(_message.Message):
 
     NAMESPACE_FIELD_NUMBER: _builtins.int
     KEYS_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
     namespace: _builtins.bytes
+    tenant: _builtins.str
+    """admin only: act in this tenant's namespaces (default: the caller's)"""
     @_builtins.property
     def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
     def __init__(
@@ -261,10 +264,11 @@ class DeleteRequest(_message.Message):
         *,
         namespace: _builtins.bytes = ...,
         keys: _abc.Iterable[_builtins.bytes] | None = ...,
+        tenant: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "namespace", b"namespace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "namespace", b"namespace", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -295,19 +299,23 @@ class FlushRequest(_message.Message):
 
     NAMESPACE_FIELD_NUMBER: _builtins.int
     ALL_NAMESPACES_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
     namespace: _builtins.bytes
     """the namespace to empty (required unless all_namespaces)"""
     all_namespaces: _builtins.bool
     """empty every namespace (admin role only; namespace must be empty)"""
+    tenant: _builtins.str
+    """admin only: act in this tenant's namespaces (default: the caller's;"""
     def __init__(
         self,
         *,
         namespace: _builtins.bytes = ...,
         all_namespaces: _builtins.bool = ...,
+        tenant: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_namespaces", b"all_namespaces", "namespace", b"namespace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_namespaces", b"all_namespaces", "namespace", b"namespace", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
