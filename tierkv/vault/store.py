@@ -24,10 +24,12 @@ import contextlib
 import dataclasses
 import enum
 import logging
+import re
 import struct
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,11 @@ _INDEX = struct.Struct("<QQHQ")
 _U64 = struct.Struct("<Q")
 _MIB = 1024 * 1024
 _MAX_TOUCHES = 200_000
+_TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+DEFAULT_TENANT = "default"
+MAX_TENANTS = 64
+READ_TXN_MAX_S = 0.5
+"""A reader in the middle of a reply ends its read transaction after this long (and reopens one)."""
 
 
 class Lookup(enum.IntEnum):
@@ -52,6 +59,10 @@ class Lookup(enum.IntEnum):
 
 class StoreFullError(Exception):
     """The store could not make room (map cannot grow and eviction freed too little, or disk full)."""
+
+
+class UnknownTenantError(KeyError):
+    """A call named a tenant this store does not have."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,29 +110,48 @@ def checksum(fkey: bytes, data: bytes | bytearray | memoryview) -> int:
 
 
 class _SharedExclusive:
-    """Many transactions at once, or one map resize alone (LMDB forbids resizing under open txns)."""
+    """Many transactions at once, or one map resize alone (LMDB forbids resizing under open txns).
+
+    A waiting resize holds back new transactions (so a stream of readers cannot starve it), and readers
+    in the middle of a long reply look at :attr:`exclusive_waiting` to end their transaction early.
+    """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._shared = 0
         self._exclusive = False
+        self._waiting = 0
+
+    @property
+    def exclusive_waiting(self) -> bool:
+        return self._waiting > 0
+
+    def acquire_shared(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
+            self._shared += 1
+
+    def release_shared(self) -> None:
+        with self._cond:
+            self._shared -= 1
+            self._cond.notify_all()
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._exclusive)
-            self._shared += 1
+        self.acquire_shared()
         try:
             yield
         finally:
-            with self._cond:
-                self._shared -= 1
-                self._cond.notify_all()
+            self.release_shared()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
         with self._cond:
-            self._cond.wait_for(lambda: not self._exclusive and self._shared == 0)
+            self._waiting += 1
+            try:
+                self._cond.wait_for(lambda: not self._exclusive and self._shared == 0)
+            finally:
+                self._waiting -= 1
             self._exclusive = True
         try:
             yield
@@ -131,8 +161,142 @@ class _SharedExclusive:
                 self._cond.notify_all()
 
 
+def check_tenant(name: str) -> str:
+    """``name`` if it can name a tenant (letters, digits, ``_.-``, at most 64); ValueError otherwise."""
+    if not _TENANT_NAME.fullmatch(name):
+        raise ValueError(f"tenant name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
+    return name
+
+
+@dataclasses.dataclass(eq=False)
+class _Tenant:
+    """One tenant's three LMDB databases, its quota and its committed figures."""
+
+    name: str
+    data: Any
+    index: Any
+    order: Any
+    quota: int = 0
+    used: int = 0
+    count: int = 0
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    corrupt: int = 0
+
+    @property
+    def meta_suffix(self) -> bytes:
+        return b"/" + self.name.encode()
+
+
+@dataclasses.dataclass(frozen=True)
+class TenantUsage:
+    tenant: str
+    keys: int
+    used_bytes: int
+    quota_bytes: int
+    evictions: int
+
+
+class _Ledger:
+    """Usage figures inside one write transaction; the store takes them only once it has committed."""
+
+    def __init__(self, tenants: Iterable[_Tenant], clock: int) -> None:
+        self.clock = clock
+        self.used = {t.name: t.used for t in tenants}
+        self.count = {t.name: t.count for t in tenants}
+        self.total = sum(self.used.values())
+        self.evicted: Counter[str] = Counter()
+
+    def add(self, tenant: str, charge: int) -> None:
+        self.used[tenant] += charge
+        self.count[tenant] += 1
+        self.total += charge
+
+    def remove(self, tenant: str, charge: int) -> None:
+        self.used[tenant] -= charge
+        self.count[tenant] -= 1
+        self.total -= charge
+
+    def clear(self, tenant: str) -> int:
+        self.total -= self.used[tenant]
+        dropped, self.used[tenant], self.count[tenant] = self.count[tenant], 0, 0
+        return dropped
+
+
+class Reader:
+    """Checksum-verified, zero-copy reads of one tenant's entries in short read transactions.
+
+    A view returned by :meth:`get` is valid until :meth:`release` or :meth:`close`. The transaction opens
+    on the first ``get`` after a release, so a caller that sends views to a slow peer releases (after
+    copying what it still needs) instead of pinning LMDB pages and blocking map growth for as long as the
+    peer takes; :attr:`stale` says when a caller should release even though nothing is blocked.
+    """
+
+    def __init__(self, store: Store, tenant: _Tenant) -> None:
+        self._store = store
+        self._tenant = tenant
+        self._txn: lmdb.Transaction | None = None
+        self._opened = 0.0
+        self._found: list[bytes] = []
+        self._corrupt: list[bytes] = []
+        self._lookups = 0
+
+    @property
+    def stale(self) -> bool:
+        """The open transaction is old or a map resize waits for it."""
+        return self._txn is not None and (
+            time.monotonic() - self._opened > READ_TXN_MAX_S or self._store._rw.exclusive_waiting
+        )
+
+    def get(self, namespace: bytes, key: bytes) -> tuple[Lookup, memoryview | None]:
+        fkey = full_key(namespace, key)
+        txn = self._begin()
+        self._lookups += 1
+        raw = txn.get(fkey, db=self._tenant.index)
+        if raw is None:
+            return Lookup.MISSING, None
+        data = txn.get(fkey, db=self._tenant.data)
+        if data is None or len(raw) != _INDEX.size or checksum(fkey, data) != _Index.unpack(raw).checksum:
+            self._corrupt.append(fkey)
+            return Lookup.CORRUPT, None
+        self._found.append(fkey)
+        return Lookup.FOUND, memoryview(data)
+
+    def _begin(self) -> lmdb.Transaction:
+        if self._txn is None:
+            self._store._rw.acquire_shared()
+            try:
+                self._txn = self._store._env.begin(buffers=True)
+            except BaseException:
+                self._store._rw.release_shared()
+                raise
+            self._opened = time.monotonic()
+        return self._txn
+
+    def release(self) -> None:
+        """End the read transaction: every view handed out so far is invalid from here on."""
+        if self._txn is not None:
+            txn, self._txn = self._txn, None
+            txn.abort()
+            self._store._rw.release_shared()
+
+    def close(self) -> None:
+        """Release, then count hits and misses, note recency and drop corrupt entries."""
+        self.release()
+        self._store._after_reads(self._tenant, self._lookups, self._found, self._corrupt)
+        self._lookups, self._found, self._corrupt = 0, [], []
+
+
 class Store:
-    """A byte-bounded LMDB key-value store with pluggable eviction. Thread-safe."""
+    """A byte-bounded LMDB key-value store with pluggable eviction and per-tenant quotas. Thread-safe.
+
+    Each tenant has its own three databases, so one tenant's namespace never reaches another's entries;
+    the ``default`` tenant uses the unprefixed ones (stores from before tenancy open unchanged). A tenant
+    with a quota evicts only its own entries to stay within it and is never evicted by another tenant's
+    writes; the vault budget is kept by evicting among the writer's own entries and those of tenants
+    without a quota (lowest rank first).
+    """
 
     def __init__(
         self,
@@ -144,6 +308,7 @@ class Store:
         maintenance_interval_s: float = 1.0,
         map_size: int | None = None,
         max_map_size: int | None = None,
+        tenants: Mapping[str, int] | None = None,
     ) -> None:
         if sync_mode not in ("durable", "fast"):
             raise ValueError(f"sync_mode must be 'durable' or 'fast', not {sync_mode!r}")
@@ -153,28 +318,30 @@ class Store:
         self.sync_mode = sync_mode
         self.policy: EvictionPolicy = policy or LRUPolicy()
         self._rank_len = len(self.policy.rank(EntryInfo(clock=0, size=0, priority=0)))
-        initial = map_size or _round_up(2 * self.max_bytes + 64 * _MIB, _MIB)
         self._max_map_size = max_map_size or _round_up(4 * self.max_bytes + 1024 * _MIB, _MIB)
+        # The map starts at its cap: it is address space, not disk, and growing it later would have to
+        # wait for every open read transaction while holding the write lock.
+        initial = map_size or self._max_map_size
         self._env = lmdb.open(
             str(self.path),
             map_size=initial,
-            max_dbs=4,
+            max_dbs=1 + 3 * MAX_TENANTS,
             sync=sync_mode == "durable",
             metasync=sync_mode == "durable",
             max_readers=256,
             readahead=False,
         )
-        self._data = self._env.open_db(b"data")
-        self._index = self._env.open_db(b"index")
-        self._order = self._env.open_db(b"order")
         self._meta = self._env.open_db(b"meta")
+        self._tenants = self._open_tenants(dict(tenants or {}))
+        default = self._tenants[DEFAULT_TENANT]
+        self._data, self._index, self._order = default.data, default.index, default.order
         self._write_lock = threading.Lock()
         self._rw = _SharedExclusive()
         self._touch_lock = threading.Lock()
-        self._touches: OrderedDict[bytes, None] = OrderedDict()
+        self._touches: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self.hits = self.misses = self.evictions = self.corrupt = 0
         self._counter_lock = threading.Lock()
-        self._used, self._count, self._clock = self._load_meta()
+        self._clock = self._load_meta()
         self._closed = threading.Event()
         self._maintainer = threading.Thread(
             target=self._maintain, args=(maintenance_interval_s,), name="tierkv-store-maint", daemon=True
@@ -183,11 +350,48 @@ class Store:
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
-    def _load_meta(self) -> tuple[int, int, int]:
+    def _open_tenants(self, quotas: dict[str, int]) -> dict[str, _Tenant]:
+        """The default tenant, every configured one and every one found in the file (quota-less)."""
+        with self._env.begin() as txn:
+            found = {
+                bytes(k)[: -len(b"/data")].decode(errors="replace")
+                for k in txn.cursor().iternext(values=False)
+                if bytes(k).endswith(b"/data")
+            }
+        names = [DEFAULT_TENANT, *sorted((set(quotas) | found) - {DEFAULT_TENANT})]
+        if len(names) > MAX_TENANTS:
+            raise ValueError(f"at most {MAX_TENANTS} tenants per store, {len(names)} given or found")
+        tenants = {}
+        for name in names:
+            check_tenant(name)
+            prefix = b"" if name == DEFAULT_TENANT else name.encode() + b"/"
+            data, index, order = (self._env.open_db(prefix + part) for part in (b"data", b"index", b"order"))
+            tenants[name] = _Tenant(name, data, index, order, quota=max(0, int(quotas.get(name, 0))))
+        return tenants
+
+    def _tenant(self, name: str) -> _Tenant:
+        try:
+            return self._tenants[name]
+        except KeyError:
+            raise UnknownTenantError(f"no tenant {name!r} in this store") from None
+
+    @property
+    def tenant_names(self) -> list[str]:
+        return list(self._tenants)
+
+    def _load_meta(self) -> int:
+        """Read the totals (per tenant; the default tenant has what the others do not) and the clock."""
         with self._env.begin(write=True) as txn:
             used = _get_u64(txn, self._meta, b"used")
             count = _get_u64(txn, self._meta, b"count")
             clock = _get_u64(txn, self._meta, b"clock")
+            for t in self._tenants.values():
+                if t.name != DEFAULT_TENANT:
+                    t.used = _get_u64(txn, self._meta, b"used" + t.meta_suffix)
+                    t.count = _get_u64(txn, self._meta, b"count" + t.meta_suffix)
+                    used, count = used - t.used, count - t.count
+            default = self._tenants[DEFAULT_TENANT]
+            default.used, default.count = max(0, used), max(0, count)
             stored_policy = txn.get(b"policy", db=self._meta)
             if stored_policy is not None and stored_policy.decode() != self.policy.name:
                 log.info(
@@ -195,89 +399,148 @@ class Store:
                     stored_policy.decode(),
                     self.policy.name,
                 )
-                self._rerank(txn)
+                for t in self._tenants.values():
+                    self._rerank(txn, t)
             txn.put(b"policy", self.policy.name.encode(), db=self._meta)
-        return used, count, clock
+        return clock
 
-    def _rerank(self, txn: lmdb.Transaction) -> None:
-        txn.drop(self._order, delete=False)
-        with txn.cursor(db=self._index) as cur:
+    def _rerank(self, txn: lmdb.Transaction, tenant: _Tenant) -> None:
+        txn.drop(tenant.order, delete=False)
+        with txn.cursor(db=tenant.index) as cur:
             for fkey, raw in cur:
                 entry = _Index.unpack(raw)
-                txn.put(self._rank(entry) + bytes(fkey), b"", db=self._order)
+                txn.put(self._rank(entry) + bytes(fkey), b"", db=tenant.order)
 
     def _rank(self, entry: _Index) -> bytes:
         return self.policy.rank(EntryInfo(clock=entry.clock, size=entry.charge, priority=entry.priority))
 
-    def _save_meta(self, txn: lmdb.Transaction, used: int, count: int, clock: int) -> None:
-        txn.put(b"used", _U64.pack(used), db=self._meta)
-        txn.put(b"count", _U64.pack(count), db=self._meta)
-        txn.put(b"clock", _U64.pack(clock), db=self._meta)
+    def _ledger(self) -> _Ledger:
+        return _Ledger(self._tenants.values(), self._clock)
+
+    def _save_meta(self, txn: lmdb.Transaction, ledger: _Ledger) -> None:
+        txn.put(b"used", _U64.pack(ledger.total), db=self._meta)
+        txn.put(b"count", _U64.pack(sum(ledger.count.values())), db=self._meta)
+        txn.put(b"clock", _U64.pack(ledger.clock), db=self._meta)
+        for t in self._tenants.values():
+            if t.name != DEFAULT_TENANT:
+                txn.put(b"used" + t.meta_suffix, _U64.pack(ledger.used[t.name]), db=self._meta)
+                txn.put(b"count" + t.meta_suffix, _U64.pack(ledger.count[t.name]), db=self._meta)
+
+    def _commit(self, ledger: _Ledger) -> None:
+        """Take a committed transaction's figures."""
+        self._clock = ledger.clock
+        with self._counter_lock:
+            for t in self._tenants.values():
+                t.used, t.count = ledger.used[t.name], ledger.count[t.name]
+                t.evictions += ledger.evicted[t.name]
+            self.evictions += sum(ledger.evicted.values())
 
     # -- writes ------------------------------------------------------------------------------------
 
     def put_many(
-        self, namespace: bytes, items: Sequence[tuple[bytes, bytes | bytearray | memoryview, int]]
+        self,
+        namespace: bytes,
+        items: Sequence[tuple[bytes, bytes | bytearray | memoryview, int]],
+        *,
+        tenant: str = DEFAULT_TENANT,
     ) -> PutOutcome:
         """Store ``(key, blob, priority)`` items in one transaction, evicting as needed to stay in budget."""
+        owner = self._tenant(tenant)
         prepared = [(full_key(namespace, key), data, prio) for key, data, prio in items]
         with self._write_lock:
             for _attempt in range(6):
                 try:
                     with self._rw.shared():
-                        return self._put_txn(prepared)
+                        return self._put_txn(owner, prepared)
                 except lmdb.MapFullError:
                     self._grow_map()
             raise StoreFullError("LMDB map is full and cannot grow further")
 
-    def _put_txn(self, items: Sequence[tuple[bytes, bytes | bytearray | memoryview, int]]) -> PutOutcome:
-        used, count, clock = self._used, self._count, self._clock
+    def _put_txn(
+        self, owner: _Tenant, items: Sequence[tuple[bytes, bytes | bytearray | memoryview, int]]
+    ) -> PutOutcome:
+        ledger = self._ledger()
         rejected: list[int] = []
-        evicted = stored = 0
         try:
             with self._env.begin(write=True) as txn:
-                clock = self._apply_touches(txn, clock)
-                order = txn.cursor(db=self._order)
+                ledger.clock = self._apply_touches(txn, ledger.clock)
                 for i, (fkey, data, priority) in enumerate(items):
-                    charge = len(fkey) - 1 + len(data)
-                    if charge > self.max_bytes:
+                    if not self._put_one(txn, ledger, owner, (fkey, data, priority)):
                         rejected.append(i)
-                        continue
-                    old_raw = txn.get(fkey, db=self._index)
-                    if old_raw is not None:
-                        old = _Index.unpack(old_raw)
-                        txn.delete(self._rank(old) + fkey, db=self._order)
-                        used -= old.charge
-                        count -= 1
-                    while used + charge > self.max_bytes and order.first():
-                        victim_fkey = bytes(order.key()[self._rank_len :])
-                        victim_raw = txn.get(victim_fkey, db=self._index)
-                        order.delete()
-                        if victim_raw is None:
-                            continue
-                        victim = _Index.unpack(victim_raw)
-                        txn.delete(victim_fkey, db=self._index)
-                        txn.delete(victim_fkey, db=self._data)
-                        used -= victim.charge
-                        count -= 1
-                        evicted += 1
-                    clock += 1
-                    entry = _Index(charge, clock, priority, checksum(fkey, data))
-                    txn.put(fkey, data, db=self._data)
-                    txn.put(fkey, entry.pack(), db=self._index)
-                    txn.put(self._rank(entry) + fkey, b"", db=self._order)
-                    used += charge
-                    count += 1
-                    stored += 1
-                self._save_meta(txn, used, count, clock)
+                self._save_meta(txn, ledger)
         except lmdb.MapFullError:
             raise
         except lmdb.Error as exc:
             raise StoreFullError(f"LMDB write failed: {exc}") from exc
-        self._used, self._count, self._clock = used, count, clock
-        with self._counter_lock:
-            self.evictions += evicted
-        return PutOutcome(stored=stored, rejected=rejected, evicted=evicted)
+        self._commit(ledger)
+        evicted = sum(ledger.evicted.values())
+        return PutOutcome(stored=len(items) - len(rejected), rejected=rejected, evicted=evicted)
+
+    def _put_one(
+        self,
+        txn: lmdb.Transaction,
+        ledger: _Ledger,
+        owner: _Tenant,
+        item: tuple[bytes, bytes | bytearray | memoryview, int],
+    ) -> bool:
+        """Write one entry after making room for it; False when it cannot fit (the item is rejected)."""
+        fkey, data, priority = item
+        charge = len(fkey) - 1 + len(data)
+        if charge > min(self.max_bytes, owner.quota or self.max_bytes):
+            return False
+        old = self._drop(txn, owner, fkey)
+        if old is not None:
+            ledger.remove(owner.name, old)
+        if not self._make_room(txn, ledger, owner, charge):
+            return False
+        ledger.clock += 1
+        entry = _Index(charge, ledger.clock, priority, checksum(fkey, data))
+        txn.put(fkey, data, db=owner.data)
+        txn.put(fkey, entry.pack(), db=owner.index)
+        txn.put(self._rank(entry) + fkey, b"", db=owner.order)
+        ledger.add(owner.name, charge)
+        return True
+
+    def _make_room(self, txn: lmdb.Transaction, ledger: _Ledger, owner: _Tenant, charge: int) -> bool:
+        """Evict until ``charge`` more bytes fit the owner's quota and the vault budget."""
+        while owner.quota and ledger.used[owner.name] + charge > owner.quota:
+            if not self._evict_lowest(txn, ledger, owner):
+                return False
+        while ledger.total + charge > self.max_bytes:
+            victim = self._victim(txn, owner)
+            if victim is None or not self._evict_lowest(txn, ledger, victim):
+                return False
+        return True
+
+    def _victim(self, txn: lmdb.Transaction, owner: _Tenant) -> _Tenant | None:
+        """Whose lowest-ranked entry goes: the owner's or a quota-less tenant's, whichever ranks lower."""
+        candidates = [owner, *(t for t in self._tenants.values() if t is not owner and not t.quota)]
+        if len(candidates) == 1:
+            return owner
+        best: tuple[bytes, _Tenant] | None = None
+        for t in candidates:
+            with txn.cursor(db=t.order) as cur:
+                if cur.first():
+                    rank = bytes(cur.key()[: self._rank_len])
+                    if best is None or rank < best[0]:
+                        best = (rank, t)
+        return None if best is None else best[1]
+
+    def _evict_lowest(self, txn: lmdb.Transaction, ledger: _Ledger, tenant: _Tenant) -> bool:
+        """Drop the tenant's lowest-ranked entry; False when it has none."""
+        with txn.cursor(db=tenant.order) as order:
+            if not order.first():
+                return False
+            victim_fkey = bytes(order.key()[self._rank_len :])
+            order.delete()
+        victim_raw = txn.get(victim_fkey, db=tenant.index)
+        if victim_raw is not None:
+            victim = _Index.unpack(victim_raw)
+            txn.delete(victim_fkey, db=tenant.index)
+            txn.delete(victim_fkey, db=tenant.data)
+            ledger.remove(tenant.name, victim.charge)
+            ledger.evicted[tenant.name] += 1
+        return True
 
     def _grow_map(self) -> None:
         current = self._env.info()["map_size"]
@@ -290,28 +553,41 @@ class Store:
             self._env.set_mapsize(new)
         log.info("grew LMDB map from %d to %d bytes", current, new)
 
-    def delete(self, namespace: bytes, keys: Sequence[bytes]) -> int:
-        return self._delete_entries(lambda _txn: [full_key(namespace, k) for k in keys])
+    def delete(self, namespace: bytes, keys: Sequence[bytes], *, tenant: str = DEFAULT_TENANT) -> int:
+        owner = self._tenant(tenant)
+        return self._delete_entries(owner, lambda _txn: [full_key(namespace, k) for k in keys])
 
-    def flush(self, namespace: bytes = b"") -> int:
-        """Delete every entry of ``namespace`` (every entry at all when it is empty)."""
+    def flush(self, namespace: bytes = b"", *, tenant: str | None = None) -> int:
+        """Delete every entry of ``namespace`` in ``tenant`` (default tenant when None); with no
+        namespace, every entry of ``tenant``, or of every tenant when None."""
         if namespace:
+            owner = self._tenant(tenant or DEFAULT_TENANT)
             prefix = full_key(namespace, b"")
-            deleted = self._delete_entries(lambda txn: self._keys_with_prefix(txn, prefix))
+            deleted = self._delete_entries(owner, lambda txn: self._keys_with_prefix(txn, owner, prefix))
         else:
-            with self._write_lock, self._rw.shared(), self._env.begin(write=True) as txn:
-                deleted = self._count
-                for db in (self._data, self._index, self._order):
-                    txn.drop(db, delete=False)
-                self._save_meta(txn, 0, 0, self._clock)
-            self._used, self._count = 0, 0
+            deleted = self._drop_tenants(
+                list(self._tenants.values()) if tenant is None else [self._tenant(tenant)]
+            )
         with self._touch_lock:
             self._touches.clear()
         return deleted
 
-    def _keys_with_prefix(self, txn: lmdb.Transaction, prefix: bytes) -> list[bytes]:
+    def _drop_tenants(self, targets: Sequence[_Tenant]) -> int:
+        with self._write_lock, self._rw.shared():
+            ledger = self._ledger()
+            deleted = 0
+            with self._env.begin(write=True) as txn:
+                for t in targets:
+                    for db in (t.data, t.index, t.order):
+                        txn.drop(db, delete=False)
+                    deleted += ledger.clear(t.name)
+                self._save_meta(txn, ledger)
+            self._commit(ledger)
+        return deleted
+
+    def _keys_with_prefix(self, txn: lmdb.Transaction, owner: _Tenant, prefix: bytes) -> list[bytes]:
         found: list[bytes] = []
-        with txn.cursor(db=self._index) as cur:
+        with txn.cursor(db=owner.index) as cur:
             if cur.set_range(prefix):
                 for fkey in cur.iternext(keys=True, values=False):
                     if not bytes(fkey).startswith(prefix):
@@ -319,115 +595,108 @@ class Store:
                     found.append(bytes(fkey))
         return found
 
-    def _delete_entries(self, select: Callable[[lmdb.Transaction], Sequence[bytes]]) -> int:
+    def _delete_entries(self, owner: _Tenant, select: Callable[[lmdb.Transaction], Sequence[bytes]]) -> int:
         """Drop the entries ``select`` names, in one write transaction with the new totals."""
-        with self._write_lock, self._rw.shared(), self._env.begin(write=True) as txn:
-            used, count, deleted = self._used, self._count, 0
-            for fkey in select(txn):
-                charge = self._drop(txn, fkey)
-                if charge is not None:
-                    used -= charge
-                    count -= 1
-                    deleted += 1
-            self._save_meta(txn, used, count, self._clock)
-        self._used, self._count = used, count
+        with self._write_lock, self._rw.shared():
+            ledger = self._ledger()
+            deleted = 0
+            with self._env.begin(write=True) as txn:
+                for fkey in select(txn):
+                    charge = self._drop(txn, owner, fkey)
+                    if charge is not None:
+                        ledger.remove(owner.name, charge)
+                        deleted += 1
+                self._save_meta(txn, ledger)
+            self._commit(ledger)
         return deleted
 
-    def _drop(self, txn: lmdb.Transaction, fkey: bytes) -> int | None:
-        raw = txn.get(fkey, db=self._index)
+    def _drop(self, txn: lmdb.Transaction, owner: _Tenant, fkey: bytes) -> int | None:
+        raw = txn.get(fkey, db=owner.index)
         if raw is None:
             return None
         entry = _Index.unpack(raw)
-        txn.delete(self._rank(entry) + fkey, db=self._order)
-        txn.delete(fkey, db=self._index)
-        txn.delete(fkey, db=self._data)
+        txn.delete(self._rank(entry) + fkey, db=owner.order)
+        txn.delete(fkey, db=owner.index)
+        txn.delete(fkey, db=owner.data)
         return entry.charge
 
     # -- reads -------------------------------------------------------------------------------------
 
+    def reader(self, tenant: str = DEFAULT_TENANT) -> Reader:
+        """Reads of ``tenant``'s entries; the caller must :meth:`Reader.close` it."""
+        return Reader(self, self._tenant(tenant))
+
     @contextlib.contextmanager
     def view_many(
-        self, namespace: bytes, keys: Sequence[bytes]
+        self, namespace: bytes, keys: Sequence[bytes], *, tenant: str = DEFAULT_TENANT
     ) -> Iterator[list[tuple[Lookup, memoryview | None]]]:
         """Zero-copy, checksum-verified views of the blobs, valid only inside the ``with`` block.
 
         Keep the block short: an open read transaction pins LMDB pages.
         """
-        fkeys = [full_key(namespace, k) for k in keys]
-        results: list[tuple[Lookup, memoryview | None]] = []
-        corrupt: list[bytes] = []
-        with self._rw.shared():
-            txn = self._env.begin(buffers=True)
-            try:
-                for fkey in fkeys:
-                    raw = txn.get(fkey, db=self._index)
-                    data = txn.get(fkey, db=self._data) if raw is not None else None
-                    if raw is None:
-                        results.append((Lookup.MISSING, None))
-                    elif (
-                        data is None
-                        or len(raw) != _INDEX.size
-                        or (checksum(fkey, data) != _Index.unpack(raw).checksum)
-                    ):
-                        corrupt.append(fkey)
-                        results.append((Lookup.CORRUPT, None))
-                    else:
-                        results.append((Lookup.FOUND, data))
-                yield results
-            finally:
-                txn.abort()
-        found = [f for f, (status, _) in zip(fkeys, results, strict=True) if status is Lookup.FOUND]
+        reader = self.reader(tenant)
+        try:
+            yield [reader.get(namespace, k) for k in keys]
+        finally:
+            reader.close()
+
+    def _after_reads(self, owner: _Tenant, lookups: int, found: list[bytes], corrupt: list[bytes]) -> None:
         with self._counter_lock:
-            self.hits += len(found)
-            self.misses += len(fkeys) - len(found)
-            self.corrupt += len(corrupt)
-        self._touch(found)
+            for who in (self, owner):
+                who.hits += len(found)
+                who.misses += lookups - len(found)
+                who.corrupt += len(corrupt)
+        self._touch(owner, found)
         if corrupt:
             log.warning("dropping %d corrupt entries", len(corrupt))
-            self._delete_entries(lambda _txn: corrupt)
+            self._delete_entries(owner, lambda _txn: corrupt)
 
-    def get_many(self, namespace: bytes, keys: Sequence[bytes]) -> list[bytes | None]:
+    def get_many(
+        self, namespace: bytes, keys: Sequence[bytes], *, tenant: str = DEFAULT_TENANT
+    ) -> list[bytes | None]:
         """Copying convenience over :meth:`view_many`: None for missing or corrupt."""
-        with self.view_many(namespace, keys) as views:
+        with self.view_many(namespace, keys, tenant=tenant) as views:
             return [bytes(v) if v is not None else None for _, v in views]
 
-    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes]) -> int:
+    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], *, tenant: str = DEFAULT_TENANT) -> int:
         """How many leading keys are present (not verified: the BatchGet that follows verifies)."""
+        owner = self._tenant(tenant)
         present: list[bytes] = []
         with self._rw.shared(), self._env.begin(buffers=True) as txn:
             for key in keys:
                 fkey = full_key(namespace, key)
-                if txn.get(fkey, db=self._index) is None:
+                if txn.get(fkey, db=owner.index) is None:
                     break
                 present.append(fkey)
-        self._touch(present)
+        self._touch(owner, present)
         return len(present)
 
     # -- recency -----------------------------------------------------------------------------------
 
-    def _touch(self, fkeys: Sequence[bytes]) -> None:
+    def _touch(self, owner: _Tenant, fkeys: Sequence[bytes]) -> None:
         if not fkeys:
             return
         with self._touch_lock:
             for fkey in fkeys:
-                self._touches[fkey] = None
-                self._touches.move_to_end(fkey)
+                self._touches[(owner.name, fkey)] = None
+                self._touches.move_to_end((owner.name, fkey))
             while len(self._touches) > _MAX_TOUCHES:
                 self._touches.popitem(last=False)
 
     def _apply_touches(self, txn: lmdb.Transaction, clock: int) -> int:
         with self._touch_lock:
             touched, self._touches = self._touches, OrderedDict()
-        for fkey in touched:
-            raw = txn.get(fkey, db=self._index)
+        for name, fkey in touched:
+            owner = self._tenants[name]
+            raw = txn.get(fkey, db=owner.index)
             if raw is None:
                 continue
             entry = _Index.unpack(raw)
-            txn.delete(self._rank(entry) + fkey, db=self._order)
+            txn.delete(self._rank(entry) + fkey, db=owner.order)
             clock += 1
             entry.clock = clock
-            txn.put(fkey, entry.pack(), db=self._index)
-            txn.put(self._rank(entry) + fkey, b"", db=self._order)
+            txn.put(fkey, entry.pack(), db=owner.index)
+            txn.put(self._rank(entry) + fkey, b"", db=owner.order)
         return clock
 
     def apply_touches(self) -> None:
@@ -435,10 +704,12 @@ class Store:
         with self._touch_lock:
             if not self._touches:
                 return
-        with self._write_lock, self._rw.shared(), self._env.begin(write=True) as txn:
-            clock = self._apply_touches(txn, self._clock)
-            self._save_meta(txn, self._used, self._count, clock)
-        self._clock = clock
+        with self._write_lock, self._rw.shared():
+            ledger = self._ledger()
+            with self._env.begin(write=True) as txn:
+                ledger.clock = self._apply_touches(txn, ledger.clock)
+                self._save_meta(txn, ledger)
+            self._commit(ledger)
 
     def _maintain(self, interval: float) -> None:
         while not self._closed.wait(interval):
@@ -451,18 +722,34 @@ class Store:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def stats(self) -> StoreStats:
+    def stats(self, tenant: str | None = None) -> StoreStats:
+        """The whole store's figures, or one tenant's (its quota, when it has one, as ``max_bytes``)."""
+        map_size = self._env.info()["map_size"]
         with self._counter_lock:
+            if tenant is None:
+                keys = sum(t.count for t in self._tenants.values())
+                used = sum(t.used for t in self._tenants.values())
+                who: Store | _Tenant = self
+                limit = self.max_bytes
+            else:
+                who = self._tenant(tenant)
+                keys, used, limit = who.count, who.used, min(self.max_bytes, who.quota or self.max_bytes)
             return StoreStats(
-                keys=self._count,
-                used_bytes=self._used,
-                max_bytes=self.max_bytes,
-                hits=self.hits,
-                misses=self.misses,
-                evictions=self.evictions,
-                corrupt=self.corrupt,
-                map_size=self._env.info()["map_size"],
+                keys=keys,
+                used_bytes=used,
+                max_bytes=limit,
+                hits=who.hits,
+                misses=who.misses,
+                evictions=who.evictions,
+                corrupt=who.corrupt,
+                map_size=map_size,
             )
+
+    def tenant_usage(self) -> list[TenantUsage]:
+        with self._counter_lock:
+            return [
+                TenantUsage(t.name, t.count, t.used, t.quota, t.evictions) for t in self._tenants.values()
+            ]
 
     def sync(self) -> None:
         self._env.sync(True)
