@@ -2,31 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tierkv.tiering.plan import (
-    RestorePlan,
-    plan_restore,
-    restore_limit,
-    snapshot_boundaries,
-    snapshot_candidates,
-)
-
-
-def test_at_least_one_token_is_computed() -> None:
-    assert restore_limit(1) == 0 and restore_limit(0) == 0 and restore_limit(33) == 32
-    plan = plan_restore(prompt_len=32, block_size=16, hot_tokens=32, cold_blocks=2)
-    assert plan.restored == 31 and plan.computed == 1 and plan.source == "hot"
-    plan = plan_restore(prompt_len=32, block_size=16, hot_tokens=0, cold_blocks=2)
-    assert plan.restored == 16 and plan.cold_blocks == 1 and plan.source == "cold"
-
-
-def test_hot_wins_ties_and_cold_extends_hot() -> None:
-    plan = plan_restore(prompt_len=100, block_size=16, hot_tokens=40, cold_blocks=2)
-    assert plan == RestorePlan(100, 16, hot_tokens=40)
-    plan = plan_restore(prompt_len=100, block_size=16, hot_tokens=40, cold_blocks=5)
-    # The hot entry serves the two whole blocks it covers; blocks 2..4 come from the vaults.
-    assert (plan.hot_tokens, plan.cold_start, plan.cold_stop) == (32, 2, 5)
-    assert plan.restored == 80 and plan.cold_tokens == 48 and plan.source == "hot+cold"
-    assert plan_restore(100, 16, 0, 0).source == "none"
+from tierkv.tiering.positions import full_blocks, restore_limit, snapshot_boundaries, snapshot_candidates
 
 
 def test_snapshot_boundaries() -> None:
@@ -44,3 +20,10 @@ def test_snapshot_candidates() -> None:
     assert snapshot_candidates(1, 4) == [1]
     assert snapshot_candidates(0, 1) == []
     assert snapshot_candidates(9, 1, limit=3) == [9, 8, 7]
+
+
+def test_restore_limit_and_full_blocks() -> None:
+    assert restore_limit(1) == 0 and restore_limit(0) == 0 and restore_limit(33) == 32
+    assert full_blocks(47, 16) == 2 and full_blocks(48, 16) == 3 and full_blocks(-1, 16) == 0
+    with pytest.raises(ValueError):
+        full_blocks(10, 0)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierkv.tiering.hot import HotEntry, HotTier, common_prefix_len
+from tierkv.connectors.hf.hot import HotEntry, HotTier, common_prefix_len
 
 
 def test_common_prefix_len() -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tierkv.tiering.textmatch import (
+from tierkv.connectors.hf.textmatch import (
     MatchKind,
     TextIndex,
     TokenizedText,

@@ -37,6 +37,7 @@ import torch
 
 from tierkv.codec import CODECS, Buffer, LayerGroup
 from tierkv.connectors.hf.blocks import BlockCodec
+from tierkv.connectors.hf.hot import HotEntry, HotTier, TokenArray, as_tokens
 from tierkv.connectors.hf.layout import (
     KV,
     CacheLayout,
@@ -49,22 +50,15 @@ from tierkv.connectors.hf.layout import (
     probe_layout,
     snapshot_states,
 )
+from tierkv.connectors.hf.plan import RestorePlan, plan_restore
 from tierkv.connectors.hf.text import decode, encode_with_offsets, tokenized_generation
+from tierkv.connectors.hf.textmatch import DEFAULT_MIN_FRACTION, TextIndex, plan_from_index
 from tierkv.errors import ConfigError
 from tierkv.keys import Namespace, block_keys
 from tierkv.tiering.background import BoundedWorker
 from tierkv.tiering.batches import byte_batches
 from tierkv.tiering.checks import at_least, one_of
-from tierkv.tiering.hot import HotEntry, HotTier, TokenArray, as_tokens
-from tierkv.tiering.plan import (
-    RestorePlan,
-    full_blocks,
-    plan_restore,
-    restore_limit,
-    snapshot_boundaries,
-    snapshot_candidates,
-)
-from tierkv.tiering.textmatch import DEFAULT_MIN_FRACTION, TextIndex, plan_from_index
+from tierkv.tiering.positions import full_blocks, restore_limit, snapshot_boundaries, snapshot_candidates
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +278,7 @@ class TieredSession:
         """Generate from a whole-conversation text, reusing stored prefixes by characters.
 
         The text is compared with recently served texts (EXACT / EXTEND / DIVERGE, see
-        :mod:`tierkv.tiering.textmatch`); stored tokens inside the matching characters are reused
+        :mod:`tierkv.connectors.hf.textmatch`); stored tokens inside the matching characters are reused
         verbatim and only the rest is tokenized (no special tokens are added: a chat template
         renders them as text). Returns the completion text.
         """

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from tierkv.tiering.textmatch import TokenizedText
+from tierkv.connectors.hf.textmatch import TokenizedText
 
 logger = logging.getLogger(__name__)
 

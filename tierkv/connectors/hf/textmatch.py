@@ -12,8 +12,8 @@ are reused verbatim, and only the text after them is tokenized:
 - ``DIVERGE`` they differ part-way: if at least ``min_fraction`` of the stored text matches, trim to
   the last token boundary inside the match and tokenize the rest; otherwise start over.
 
-Everything here is engine-agnostic: the connector supplies an ``Encoder`` that turns text into token
-ids with character spans.
+Nothing here depends on transformers: the caller supplies an ``Encoder`` that turns text into token ids
+with character spans. It lives with the transformers hook, the one hook that takes whole texts.
 """
 
 from __future__ import annotations

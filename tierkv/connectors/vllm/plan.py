@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tierkv.codec import LayerGroup
-from tierkv.tiering.plan import restore_limit
+from tierkv.tiering.positions import restore_limit
 
 logger = logging.getLogger(__name__)
 

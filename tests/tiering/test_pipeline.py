@@ -1,0 +1,189 @@
+"""The store and restore steps on the in-memory storage: batching, the codec rule, verify, reject, delete."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+import pytest
+import torch
+
+from tierkv.codec import LayerGroup, read_header
+from tierkv.roles import Role
+from tierkv.tiering import ColdTier, Expect, MemoryStorage, NumpyArrays, StreamSpec, codec_for
+from tierkv.tiering.tensors import TorchArrays
+
+NS = hashlib.sha256(b"pipeline").digest()
+KV = StreamSpec(NS, LayerGroup.ATTENTION, kv_codec="int8")
+SSM = StreamSpec(NS, LayerGroup.SSM, kv_codec="int8")
+SHAPE = (2, 2, 4, 8)  # layers, K/V, tokens, dim
+TOKENS = 4
+
+
+def keys(n: int, tag: bytes = b"kv") -> list[bytes]:
+    return [hashlib.sha256(tag + bytes([i])).digest() for i in range(n)]
+
+
+def blocks(n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(n)]
+
+
+def store(tier: ColdTier[np.ndarray], spec: StreamSpec, ks: list[bytes], arrays: list[np.ndarray]) -> None:
+    tally = tier.store(spec, ((k, a, TOKENS) for k, a in zip(ks, arrays, strict=True)))
+    assert tally.sent == tally.stored == len(ks) and tally.failed == 0
+
+
+def test_codec_rule_states_are_raw_whatever_the_kv_codec() -> None:
+    assert codec_for(LayerGroup.ATTENTION, "int8") == "int8"
+    assert codec_for(LayerGroup.SLIDING, "int8") == "int8"
+    assert codec_for(LayerGroup.SSM, "int8") == "raw" and codec_for(LayerGroup.CONV, "int8") == "raw"
+    assert KV.role is Role.KV_COLD and SSM.role is Role.SSM_COLD
+    assert SSM.sibling(LayerGroup.CONV).codec == "raw" and SSM.sibling(LayerGroup.CONV).role is Role.SSM_COLD
+
+
+def test_store_encodes_each_stream_in_its_codec_and_routes_it_by_role() -> None:
+    storage = MemoryStorage()
+    tier = ColdTier(storage, NumpyArrays())
+    store(tier, KV, keys(2), blocks(2))
+    store(tier, SSM, keys(1, b"ssm"), blocks(1))
+    kv_blobs = storage.blobs[("kv_cold", NS)]
+    ssm_blobs = storage.blobs[("ssm_cold", NS)]
+    assert [read_header(b).codec for b in kv_blobs.values()] == ["int8", "int8"]
+    assert [read_header(b).codec for b in ssm_blobs.values()] == ["raw"]
+    header = read_header(next(iter(ssm_blobs.values())))
+    assert header.layer_group == LayerGroup.SSM and header.tokens == TOKENS and header.shape == SHAPE
+
+
+def test_store_puts_byte_bounded_batches_lazily() -> None:
+    storage = MemoryStorage()
+    one_blob = len(NumpyArrays().encode(blocks(1)[0], "raw", TOKENS, LayerGroup.ATTENTION))
+    tier = ColdTier(storage, NumpyArrays(), max_put_bytes=2 * one_blob)
+    consumed: list[int] = []
+
+    def produce() -> Iterator[tuple[bytes, np.ndarray, int]]:
+        for i, (k, a) in enumerate(zip(keys(5), blocks(5), strict=True)):
+            consumed.append(i)
+            yield k, a, TOKENS
+
+    tally = tier.store(StreamSpec(NS, LayerGroup.ATTENTION), produce())
+    assert storage.calls["put"] == 3, "5 blobs in batches of at most 2 blobs' bytes"
+    assert tally.stored == 5 and tally.stored_bytes == 5 * one_blob and consumed == [0, 1, 2, 3, 4]
+
+
+class Refusing(MemoryStorage):
+    """A storage whose vaults acknowledge only the first key of each put (a vault that is full or down)."""
+
+    def put(self, namespace: bytes, items: Mapping[bytes, bytes], role: str = Role.KV_COLD) -> int:
+        first = dict(list(items.items())[:1])
+        return super().put(namespace, first, role) if items else 0
+
+
+def test_store_counts_what_was_not_acknowledged() -> None:
+    tier = ColdTier(Refusing(), NumpyArrays())
+    tally = tier.store(KV, ((k, a, TOKENS) for k, a in zip(keys(3), blocks(3), strict=True)))
+    assert (tally.sent, tally.stored, tally.failed) == (3, 1, 2)
+    assert 0 < tally.stored_bytes < 3 * len(tier.arrays.encode(blocks(1)[0], "int8", TOKENS, KV.layer_group))
+
+
+def test_restore_decodes_into_the_callers_slots() -> None:
+    storage = MemoryStorage()
+    tier = ColdTier(storage, NumpyArrays())
+    raw = StreamSpec(NS, LayerGroup.ATTENTION)
+    data = blocks(3)
+    store(tier, raw, keys(3), data)
+    assert tier.lookup(raw, keys(3)) == 3 and tier.lookup(raw, []) == 0
+    out = np.zeros((3, *SHAPE), dtype=np.float32)
+    got = tier.restore(raw, keys(3), raw.expect(SHAPE, TOKENS, "float32"), out.__getitem__)
+    assert got.decoded == [0, 1, 2] and got.leading == 3 and got.failed == [] and got.rejected == 0
+    assert got.decoded_bytes == got.fetched_bytes > 0
+    np.testing.assert_array_equal(out, np.stack(data))
+
+
+def test_missing_blocks_are_reported_and_leading_only_stops_at_the_first() -> None:
+    storage = MemoryStorage()
+    tier = ColdTier(storage, NumpyArrays())
+    raw = StreamSpec(NS, LayerGroup.ATTENTION)
+    data = blocks(4)
+    store(tier, raw, keys(4), data)
+    del storage.blobs[("kv_cold", NS)][keys(4)[1]]
+    out = np.zeros((4, *SHAPE), dtype=np.float32)
+    got = tier.restore(raw, keys(4), raw.expect(SHAPE, TOKENS), out.__getitem__)
+    assert got.decoded == [0, 2, 3] and got.leading == 1 and got.failed == [1]
+    # packed: the n-th decoded block is in slot n
+    np.testing.assert_array_equal(out[:3], np.stack([data[0], data[2], data[3]]))
+    got = tier.restore(raw, keys(4), raw.expect(SHAPE, TOKENS), out.__getitem__, leading_only=True)
+    assert got.decoded == [0] and got.failed == [1, 2, 3] and got.rejected == 0
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda b: b[:-1] + bytes([b[-1] ^ 0xFF]), id="payload-bit-flip"),
+        pytest.param(lambda b: b[: len(b) // 2], id="truncated"),
+        pytest.param(lambda b: b"not a blob", id="garbage"),
+    ],
+)
+def test_a_corrupt_blob_is_rejected_counted_and_deleted(damage) -> None:  # type: ignore[no-untyped-def]
+    storage = MemoryStorage()
+    tier = ColdTier(storage, NumpyArrays())
+    store(tier, KV, keys(3), blocks(3))
+    space = storage.blobs[("kv_cold", NS)]
+    bad = keys(3)[1]
+    space[bad] = damage(space[bad])
+    out = np.zeros((3, *SHAPE), dtype=np.float32)
+    got = tier.restore(KV, keys(3), KV.expect(SHAPE, TOKENS), out.__getitem__)
+    assert got.decoded == [0, 2] and got.rejected == 1 and got.failed == [1]
+    assert bad not in space and keys(3)[0] in space and storage.calls["delete"] == 1
+    got = tier.restore(KV, keys(3), KV.expect(SHAPE, TOKENS), out.__getitem__)
+    assert got.rejected == 0 and got.failed == [1], "once deleted it is a plain miss"
+
+
+def test_a_blob_with_an_unexpected_header_is_corrupt() -> None:
+    storage = MemoryStorage()
+    tier = ColdTier(storage, NumpyArrays())
+    store(tier, KV, keys(2), blocks(2))
+    out = np.zeros((2, *SHAPE), dtype=np.float32)
+    wrong = [
+        KV.expect(SHAPE, TOKENS + 1),
+        Expect(LayerGroup.SSM, "int8", SHAPE, TOKENS),
+        Expect(LayerGroup.ATTENTION, "raw", SHAPE, TOKENS),
+        KV.expect((2, 2, 4, 4), TOKENS),
+    ]
+    for expect in wrong:
+        store(tier, KV, keys(2), blocks(2))
+        got = tier.restore(KV, keys(2), expect, out.__getitem__, leading_only=True)
+        assert got.decoded == [] and got.rejected == 1, expect
+        assert storage.prefix_lookup(NS, keys(2)) == 0, "the rejected first block was deleted"
+
+
+def test_one_expectation_per_key_for_streams_sharing_a_role() -> None:
+    storage = MemoryStorage()
+    tier = ColdTier(storage, TorchArrays())
+    conv = SSM.sibling(LayerGroup.CONV)
+    ssm_state, conv_state = torch.randn(24), torch.randn(6)
+    tier.store(SSM, [(b"s" * 32, ssm_state, 48)])
+    tier.store(conv, [(b"c" * 32, conv_state, 48)])
+    flat = [torch.empty(24), torch.empty(6)]
+    expects = [SSM.expect((24,), 48, "float32"), conv.expect((6,), 48, "float32")]
+    got = tier.restore(SSM, [b"s" * 32, b"c" * 32], expects, flat.__getitem__)
+    assert got.decoded == [0, 1] and storage.calls["get"] == 1, "one get for both groups"
+    assert torch.equal(flat[0], ssm_state) and torch.equal(flat[1], conv_state)
+
+
+def test_torch_blocks_decode_into_strided_views() -> None:
+    storage = MemoryStorage()
+    tier = ColdTier(storage, TorchArrays())
+    spec = StreamSpec(NS, LayerGroup.ATTENTION)
+    data = [torch.randn(SHAPE, dtype=torch.bfloat16) for _ in range(2)]
+    tier.store(spec, [(k, d, TOKENS) for k, d in zip(keys(2), data, strict=True)])
+    joined = torch.zeros((2, 2, 2 * TOKENS, 8), dtype=torch.bfloat16)  # blocks side by side on tokens
+    got = tier.restore(
+        spec,
+        keys(2),
+        spec.expect(SHAPE, TOKENS, "bfloat16"),
+        lambda n: joined[:, :, n * TOKENS : (n + 1) * TOKENS],
+    )
+    assert got.leading == 2
+    assert torch.equal(joined, torch.cat(data, dim=2))

@@ -1,0 +1,58 @@
+"""How the pipeline turns an engine's arrays into blobs and back, without knowing the engine.
+
+A hook picks an :class:`Arrays` implementation for its tensor type: :class:`NumpyArrays` here (also the
+route for MLX arrays, through numpy), :class:`tierkv.tiering.tensors.TorchArrays` for torch (kept in its
+own module so this package never imports torch). ``decode_into`` verifies the blob against an
+:class:`~tierkv.tiering.spec.Expect` and writes the values into caller-provided memory; it raises
+:class:`~tierkv.errors.TierKVError` for anything that does not verify.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from tierkv.codec import Buffer, LayerGroup, decode, encode
+from tierkv.tiering.spec import Expect
+
+A = TypeVar("A")
+A_contra = TypeVar("A_contra", contravariant=True)
+
+
+class Arrays(Protocol[A_contra]):
+    """Encode one block array into a blob; verify and decode one blob into an array slot."""
+
+    def encode(self, block: A_contra, codec: str, tokens: int, layer_group: LayerGroup) -> bytes: ...
+
+    def decode_into(self, blob: Buffer, out: A_contra, expect: Expect) -> None: ...
+
+
+class NumpyArrays:
+    """:class:`Arrays` for numpy arrays.
+
+    numpy has no bfloat16: such a model's arrays are ``uint16`` bits, declared with ``dtype="bfloat16"``.
+    """
+
+    def __init__(self, dtype: str | None = None) -> None:
+        self.dtype = dtype
+
+    def encode(self, block: npt.NDArray[Any], codec: str, tokens: int, layer_group: LayerGroup) -> bytes:
+        array = np.ascontiguousarray(block)
+        return encode(array, codec=codec, tokens=tokens, layer_group=layer_group, dtype=self.dtype)
+
+    def decode_into(self, blob: Buffer, out: npt.NDArray[Any], expect: Expect) -> None:
+        decode(
+            blob,
+            out=out,
+            out_dtype=self.dtype if self.dtype is not None else str(out.dtype),
+            expect_shape=expect.shape,
+            expect_dtype=expect.dtype,
+            expect_codec=expect.codec,
+            expect_tokens=expect.tokens,
+            expect_layer_group=expect.layer_group,
+        )
+
+
+__all__ = ["A", "Arrays", "NumpyArrays"]

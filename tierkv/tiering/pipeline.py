@@ -1,0 +1,185 @@
+"""The store and restore steps every engine hook runs, written once.
+
+Store: encode each block (codec per stream, :func:`~tierkv.tiering.spec.codec_for`) → byte-bounded
+batches → put → count what was acknowledged. Restore: get → verify each blob against the expected header
+→ decode into the slots the hook provides → count rejects → delete corrupt blobs from the vaults →
+report which blocks arrived. Both run on whatever thread the hook calls them from and never raise for a
+vault failure (the storage turns those into misses); a hook's own bookkeeping stays with the hook.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Generic
+
+from tierkv.codec import Buffer
+from tierkv.errors import TierKVError
+from tierkv.tiering.arrays import A, Arrays
+from tierkv.tiering.batches import byte_batches
+from tierkv.tiering.spec import Expect, StreamSpec
+from tierkv.tiering.storage import Storage
+
+logger = logging.getLogger(__name__)
+
+MAX_PUT_BYTES = 32 * 1024 * 1024
+"""Blobs per put call are capped at this many bytes (well under the vaults' message limits)."""
+
+Block = tuple[bytes, A, int]
+"""``(key, array, tokens)``: one block to store; ``tokens`` goes into the blob header."""
+
+
+@dataclass
+class StoreTally:
+    """What one store did: blobs offered, blobs acknowledged, bytes of the acknowledged ones."""
+
+    sent: int = 0
+    stored: int = 0
+    stored_bytes: int = 0
+
+    @property
+    def failed(self) -> int:
+        """Blobs no vault acknowledged."""
+        return self.sent - self.stored
+
+    def add(self, other: StoreTally) -> None:
+        self.sent += other.sent
+        self.stored += other.stored
+        self.stored_bytes += other.stored_bytes
+
+
+@dataclass
+class Restored:
+    """What one restore did.
+
+    ``decoded`` lists the indices (into the keys asked for) of the blocks that verified, in order; the
+    n-th of them was written into ``out(n)``. ``rejected`` blobs failed verification (and were deleted
+    from the vaults); ``decoded_bytes`` is the size of the decoded blobs, ``fetched_bytes`` of every blob
+    received. ``get_s`` / ``decode_s`` split the time between the vaults and the codec.
+    """
+
+    asked: int
+    decoded: list[int] = field(default_factory=list)
+    rejected: int = 0
+    decoded_bytes: int = 0
+    fetched_bytes: int = 0
+    get_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def leading(self) -> int:
+        """Length of the leading run of blocks that arrived and verified."""
+        return next((n for n, i in enumerate(self.decoded) if n != i), len(self.decoded))
+
+    @property
+    def failed(self) -> list[int]:
+        """Indices of the blocks that did not arrive or did not verify."""
+        good = set(self.decoded)
+        return [i for i in range(self.asked) if i not in good]
+
+
+class ColdTier(Generic[A]):
+    """The pipeline over one :class:`~tierkv.tiering.storage.Storage` for one tensor type.
+
+    Stateless apart from its settings: one instance may be shared by every thread of a hook.
+    """
+
+    def __init__(self, storage: Storage, arrays: Arrays[A], *, max_put_bytes: int = MAX_PUT_BYTES) -> None:
+        self.storage = storage
+        self.arrays = arrays
+        self.max_put_bytes = max_put_bytes
+
+    def lookup(self, spec: StreamSpec, keys: Sequence[bytes]) -> int:
+        """How many leading ``keys`` of ``spec`` the vaults hold."""
+        if not keys:
+            return 0
+        return self.storage.prefix_lookup(spec.namespace, keys, role=spec.role)
+
+    def store(self, spec: StreamSpec, blocks: Iterable[Block[A]]) -> StoreTally:
+        """Encode and put ``blocks`` in batches of at most ``max_put_bytes``.
+
+        ``blocks`` is consumed lazily: a hook that copies blocks out of its cache on the fly holds at
+        most one batch of blobs (and whatever its iterator holds) at a time.
+        """
+        tally = StoreTally()
+        for batch in byte_batches(self._encoded(spec, blocks), self.max_put_bytes):
+            size = sum(map(len, batch.values()))
+            acked = self.storage.put(spec.namespace, batch, role=spec.role)
+            tally.sent += len(batch)
+            tally.stored += acked
+            tally.stored_bytes += size * acked // len(batch)
+            if acked < len(batch):
+                logger.info("%s: %d of %d blobs acknowledged", spec.role, acked, len(batch))
+        return tally
+
+    def _encoded(self, spec: StreamSpec, blocks: Iterable[Block[A]]) -> Iterator[tuple[bytes, bytes]]:
+        codec = spec.codec
+        for key, block, tokens in blocks:
+            yield key, self.arrays.encode(block, codec, tokens, spec.layer_group)
+
+    def restore(
+        self,
+        spec: StreamSpec,
+        keys: Sequence[bytes],
+        expect: Expect | Sequence[Expect],
+        out: Callable[[int], A],
+        *,
+        leading_only: bool = False,
+    ) -> Restored:
+        """One get for ``keys``; every blob verified against ``expect`` and decoded into ``out(n)``.
+
+        ``expect`` is one header for every key or one per key (e.g. a state's SSM and CONV blobs, which
+        share a role). With ``leading_only`` decoding stops at the first block that is missing or
+        corrupt (a hook that can only use a leading run); otherwise every block is tried and the hook
+        learns which failed. Corrupt blobs are deleted from the vaults, so the next store of that
+        prefix replaces them instead of every later restore failing on them again.
+        """
+        result = Restored(len(keys))
+        if not keys:
+            return result
+        t = time.perf_counter()
+        blobs = self.storage.get_buffers(spec.namespace, keys, role=spec.role)
+        result.get_s = time.perf_counter() - t
+        result.fetched_bytes = sum(len(b) for b in blobs if b is not None)
+        t = time.perf_counter()
+        corrupt = self._decode(blobs, keys, expect, out, result, leading_only)
+        result.decode_s = time.perf_counter() - t
+        if corrupt:
+            self.storage.delete(spec.namespace, corrupt, role=spec.role)
+        return result
+
+    def _decode(
+        self,
+        blobs: Sequence[Buffer | None],
+        keys: Sequence[bytes],
+        expect: Expect | Sequence[Expect],
+        out: Callable[[int], A],
+        result: Restored,
+        leading_only: bool,
+    ) -> list[bytes]:
+        """Decode into ``out`` and fill ``result``; returns the keys of the blobs that failed verification."""
+        corrupt: list[bytes] = []
+        for i, blob in enumerate(blobs):
+            if blob is not None:
+                try:
+                    self.arrays.decode_into(blob, out(len(result.decoded)), _nth(expect, i))
+                except TierKVError as exc:
+                    logger.warning("block %d of %d rejected: %s", i, len(blobs), exc)
+                    corrupt.append(keys[i])
+                    result.rejected += 1
+                else:
+                    result.decoded.append(i)
+                    result.decoded_bytes += len(blob)
+                    continue
+            if leading_only:
+                break
+        return corrupt
+
+
+def _nth(expect: Expect | Sequence[Expect], i: int) -> Expect:
+    return expect if isinstance(expect, Expect) else expect[i]
+
+
+__all__ = ["MAX_PUT_BYTES", "Block", "ColdTier", "Restored", "StoreTally"]

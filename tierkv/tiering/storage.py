@@ -1,0 +1,152 @@
+"""The one seam between the pipeline and the vaults: a small storage Protocol and its implementations.
+
+Every engine hook reaches the cold tier through :class:`Storage` only. Three things satisfy it:
+
+- :class:`tierkv.client.cluster.Cluster` (structurally; :func:`open_cluster` builds one from tierkv.toml),
+  the real thing: roles, sharding, replication, deadlines; it never raises because a vault failed;
+- :class:`MemoryStorage`, a dict per (role, namespace), for unit tests of the pipeline and of hooks;
+- :class:`LazyStorage`, which opens another storage on first use (a hook that must not open sockets
+  before its engine forks, or whose threads may all ask for it at once).
+
+``role`` is a cold role name (``"kv_cold"`` / ``"ssm_cold"``; :class:`tierkv.roles.Role` members are
+accepted as they are strings). Which role a blob goes to is decided once, by :func:`tierkv.roles.role_for`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from tierkv.client.cluster import Cluster
+from tierkv.codec import Buffer
+from tierkv.config import Config
+from tierkv.roles import Role
+
+
+class Storage(Protocol):
+    """What the pipeline needs from the vaults. Failures are misses (``None``, 0), never exceptions."""
+
+    def put(self, namespace: bytes, items: Mapping[bytes, bytes], role: str = ...) -> int:
+        """Store blobs; returns how many keys were acknowledged."""
+        ...
+
+    def get_buffers(
+        self, namespace: bytes, keys: Sequence[bytes], role: str = ...
+    ) -> Sequence[Buffer | None]:
+        """One blob (or ``None``) per key, in order."""
+        ...
+
+    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], role: str = ...) -> int:
+        """Length of the leading run of ``keys`` that is present (never over-reports)."""
+        ...
+
+    def delete(self, namespace: bytes, keys: Sequence[bytes], role: str = ...) -> int:
+        """Remove keys; returns how many entries were removed."""
+        ...
+
+    def close(self) -> None:
+        """Release connections; the storage is not used afterwards."""
+        ...
+
+
+def open_cluster(
+    config: Config, roles: Mapping[str, Sequence[str]] | None = None, **overrides: Any
+) -> Storage:
+    """A :class:`~tierkv.client.cluster.Cluster` from ``[cluster]``, ``[auth]`` and ``[tls]`` of ``config``.
+
+    ``roles`` replaces the file's vault addresses; ``overrides`` replace cluster options (``timeout``, …).
+    Hooks call this instead of importing the client, so the client stays behind the Protocol.
+    """
+    return Cluster.from_config(config, roles=roles, **overrides)
+
+
+class MemoryStorage:
+    """An in-process :class:`Storage`: blobs in a dict per (role, namespace).
+
+    ``blobs`` is public so a test can corrupt or drop a stored blob; ``calls`` counts operations by
+    name (``"put"``, ``"get"``, ``"lookup"``, ``"delete"``) so a test can check how often a hook asks.
+    """
+
+    def __init__(self) -> None:
+        self.blobs: dict[tuple[str, bytes], dict[bytes, bytes]] = defaultdict(dict)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def _space(self, namespace: bytes, role: str) -> dict[bytes, bytes]:
+        return self.blobs[(str(Role.parse(role)), namespace)]
+
+    def put(self, namespace: bytes, items: Mapping[bytes, bytes], role: str = Role.KV_COLD) -> int:
+        with self._lock:
+            self.calls["put"] += 1
+            self._space(namespace, role).update((k, bytes(v)) for k, v in items.items())
+            return len(items)
+
+    def get_buffers(
+        self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD
+    ) -> list[Buffer | None]:
+        with self._lock:
+            self.calls["get"] += 1
+            space = self._space(namespace, role)
+            return [space.get(k) for k in keys]
+
+    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD) -> int:
+        with self._lock:
+            self.calls["lookup"] += 1
+            space = self._space(namespace, role)
+            return next((i for i, k in enumerate(keys) if k not in space), len(keys))
+
+    def delete(self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD) -> int:
+        with self._lock:
+            self.calls["delete"] += 1
+            space = self._space(namespace, role)
+            return sum(space.pop(k, None) is not None for k in keys)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class LazyStorage:
+    """A :class:`Storage` that creates the real one from ``factory`` on first use and closes it once.
+
+    For hooks that must not open connections before their engine forks its workers, and whose threads
+    may all make the first call at the same moment: exactly one storage is created. After
+    :meth:`close` the next call opens a fresh one.
+    """
+
+    def __init__(self, factory: Callable[[], Storage]) -> None:
+        self._factory = factory
+        self._storage: Storage | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Storage:
+        """The storage, created now if this is the first use."""
+        with self._lock:
+            if self._storage is None:
+                self._storage = self._factory()
+            return self._storage
+
+    def put(self, namespace: bytes, items: Mapping[bytes, bytes], role: str = Role.KV_COLD) -> int:
+        return self.get().put(namespace, items, role=role)
+
+    def get_buffers(
+        self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD
+    ) -> Sequence[Buffer | None]:
+        return self.get().get_buffers(namespace, keys, role=role)
+
+    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD) -> int:
+        return self.get().prefix_lookup(namespace, keys, role=role)
+
+    def delete(self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD) -> int:
+        return self.get().delete(namespace, keys, role=role)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._storage is not None:
+                self._storage.close()
+                self._storage = None
+
+
+__all__ = ["LazyStorage", "MemoryStorage", "Storage", "open_cluster"]

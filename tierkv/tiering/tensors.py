@@ -1,0 +1,31 @@
+""":class:`~tierkv.tiering.arrays.Arrays` for torch tensors (int8 quantized on the tensor's own device)."""
+
+from __future__ import annotations
+
+import torch
+
+from tierkv.codec import Buffer, LayerGroup
+from tierkv.codec.torch_codec import decode_tensor, encode_tensor
+from tierkv.tiering.spec import Expect
+
+
+class TorchArrays:
+    """Encode blocks with :func:`encode_tensor`; decode into ``out`` (any device, strided) with one copy."""
+
+    def encode(self, block: torch.Tensor, codec: str, tokens: int, layer_group: LayerGroup) -> bytes:
+        return encode_tensor(block, codec=codec, tokens=tokens, layer_group=layer_group)
+
+    def decode_into(self, blob: Buffer, out: torch.Tensor, expect: Expect) -> None:
+        decode_tensor(
+            blob,
+            dtype=out.dtype,
+            out=out,
+            expect_shape=expect.shape,
+            expect_dtype=expect.dtype,
+            expect_codec=expect.codec,
+            expect_tokens=expect.tokens,
+            expect_layer_group=expect.layer_group,
+        )
+
+
+__all__ = ["TorchArrays"]
