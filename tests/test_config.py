@@ -2,12 +2,40 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import socket
+import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from tierkv.config import Config, config_from_dict, load_config, parse_size, with_overrides
+from tierkv.config import (
+    OBSOLETE,
+    Addresses,
+    ByteSize,
+    Config,
+    check_client_files,
+    check_vault_start,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    parse_size,
+    setting,
+    settings_from_dict,
+    to_toml,
+    with_overrides,
+)
 from tierkv.errors import ConfigError
+from tierkv.roles import Role
+from tierkv.tiering.checks import SessionSettings
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
 
 SEED = """
 [cluster]
@@ -140,3 +168,222 @@ def test_token_comes_from_file_or_env(tmp_path: Path, monkeypatch: pytest.Monkey
     (tmp_path / "empty").write_text("")
     with pytest.raises(ConfigError, match="empty"):
         config_from_dict({"auth": {"token_file": str(tmp_path / "empty")}}).auth.load_token()
+
+
+# -- one schema for every source -------------------------------------------------------------------------
+
+SEED_01 = """
+[cluster]
+role = "inference"
+[cluster.kv_cold]
+host = "10.0.0.2"
+port = 50051
+[cluster.recompute]
+host = "10.0.0.4"
+port = 50053
+[inference]
+exo_path = "/opt/exo"
+log_file = "LOGFILE"
+memory_threshold = 0.85
+kv_dim = 128
+"""
+
+
+def test_the_01_config_is_accepted_with_one_warning_per_obsolete_key(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path, SEED_01.replace("LOGFILE", str(tmp_path / "tierkv.log")))
+    with caplog.at_level(logging.WARNING, logger="tierkv.config"):
+        cfg = load_config(path)
+    warned = [r.getMessage() for r in caplog.records]
+    obsolete = ["cluster.recompute", "inference.exo_path", "inference.log_file"]
+    obsolete += ["inference.memory_threshold", "inference.kv_dim"]
+    assert len(warned) == len(obsolete)
+    for key, message in zip(obsolete, warned, strict=True):
+        assert message.startswith(f"{path}: {key}: obsolete") and OBSOLETE[key] in message
+    assert cfg.log.file == str(tmp_path / "tierkv.log"), "log_file is honoured as [log] file"
+    assert [e.address for e in cfg.cluster.kv_cold] == ["10.0.0.2:50051"]
+
+
+def test_an_unknown_key_in_the_01_inference_table_is_still_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, "[inference]\nexo_pth = 1\n"))
+    assert info.value.key == "inference.exo_pth" and "exo_path" in info.value.problem
+
+
+def test_a_new_log_file_setting_wins_over_the_01_one(tmp_path: Path) -> None:
+    text = '[log]\nfile = "new.log"\n[inference]\nlog_file = "old.log"\n'
+    assert load_config(write(tmp_path, text)).log.file == "new.log"
+
+
+def test_duplicate_vaults_in_a_role_are_refused(tmp_path: Path) -> None:
+    text = '[[cluster.kv_cold]]\nhost = "a"\nport = 1\n[[cluster.kv_cold]]\nhost = "b"\nport = 1\n'
+    text += '[[cluster.kv_cold]]\nhost = "A"\nport = 1\n'
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    assert info.value.key == "cluster.kv_cold[2]"
+    assert "a:1 is listed twice" in info.value.problem.lower() and "cluster.kv_cold[0]" in info.value.problem
+    ipv6 = '[[cluster.ssm_cold]]\nhost = "::1"\nport = 5\n[[cluster.ssm_cold]]\nhost = "[::1]"\nport = 5\n'
+    with pytest.raises(ConfigError, match=r"\[::1\]:5 is listed twice"):
+        load_config(write(tmp_path, ipv6))
+
+
+def test_roles_are_the_shared_role_type() -> None:
+    cfg = config_from_dict({"cluster": {"role": "ssm_cold"}})
+    assert cfg.cluster.role is Role.SSM_COLD
+    assert cfg.cluster.addresses(Role.KV_COLD) == ("127.0.0.1:50051",)
+
+
+def test_endpoint_formats_ipv6_through_hostport() -> None:
+    cfg = config_from_dict(
+        {"cluster": {"kv_cold": [{"host": "::1", "port": 7}, {"host": "[fe80::1]", "port": 8}]}}
+    )
+    assert cfg.cluster.addresses(Role.KV_COLD) == ("[::1]:7", "[fe80::1]:8")
+
+
+@dataclasses.dataclass(frozen=True)
+class HookSample:
+    codec: str = setting("raw", choices=("raw", "int8"))
+    threads: int = setting(2, minimum=1)
+    fraction: float = setting(0.5, positive=True, maximum=1.0)
+    budget: ByteSize = setting(ByteSize(1024), minimum=512)
+    vaults: Addresses = Addresses()
+    model_id: str | None = None
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "problem"),
+    [
+        ({"codec": "zstd"}, "codec", "expected one of 'raw', 'int8', got 'zstd'"),
+        ({"threads": 0}, "threads", "expected at least 1, got 0"),
+        ({"threads": True}, "threads", "expected an integer"),
+        ({"fraction": 0}, "fraction", "expected a positive number and at most 1.0, got 0"),
+        ({"fraction": 1.5}, "fraction", "expected at most 1.0, got 1.5"),
+        ({"budget": "100B"}, "budget", "expected at least 512, got 100"),
+        ({"vaults": "h:1,nohost"}, "vaults", "expected host:port"),
+        ({"vaults": "::1:5"}, "vaults", "brackets"),
+        ({"vaults": 5}, "vaults", "expected 'host:port' or a list of them"),
+        ({"model_id": 3}, "model_id", "expected a string"),
+        ({"codecs": "raw"}, "codecs", "unknown key (expected one of: budget, codec"),
+    ],
+)
+def test_any_source_gets_the_same_checks_and_error_shape(
+    data: dict[str, object], key: str, problem: str
+) -> None:
+    for source in ("kv_connector_extra_config", "TieredSession", "/etc/tierkv/hook.toml"):
+        with pytest.raises(ConfigError) as info:
+            settings_from_dict(HookSample, data, source)
+        assert (info.value.source, info.value.key) == (source, key)
+        assert problem in info.value.problem
+        assert str(info.value).startswith(f"{source}: {key}: ")
+
+
+def test_settings_take_defaults_and_coerce_values() -> None:
+    assert settings_from_dict(HookSample, {}, "x") == HookSample()
+    s = settings_from_dict(HookSample, {"budget": "1KiB", "vaults": "h:1, [::1]:2", "model_id": None}, "x")
+    assert s.budget == 1024 and s.vaults == ("h:1", "[::1]:2") and s.model_id is None
+    assert settings_from_dict(HookSample, {"vaults": ["a:1"]}, "x").vaults == ("a:1",)
+
+
+def test_session_settings_are_the_transformers_hook_schema() -> None:
+    assert SessionSettings.from_options({}) == SessionSettings()
+    s = SessionSettings.from_options({"codec": "int8", "hot_bytes": "64MiB", "model_id": "m"})
+    assert (s.codec, s.hot_bytes, s.model_id) == ("int8", 64 << 20, "m")
+    for bad, key in (({"codec": "zstd"}, "codec"), ({"block_size": 0}, "block_size")):
+        with pytest.raises(ConfigError) as info:
+            SessionSettings.from_options(bad)
+        assert (info.value.source, info.value.key) == ("TieredSession", key)
+    with pytest.raises(ConfigError, match="min_text_fraction: expected a positive number"):
+        SessionSettings.from_options({"min_text_fraction": 0.0})
+
+
+@given(
+    port=st.integers(0, 65535),
+    max_bytes=st.integers(1024**2, 1 << 50),
+    host=st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=20),
+    sync=st.sampled_from(["durable", "fast"]),
+    grace=st.floats(0, 1e6, allow_nan=False),
+    n_vaults=st.integers(0, 3),
+    role=st.sampled_from(list(Role)),
+)
+def test_the_effective_config_reads_back_as_itself(
+    port: int, max_bytes: int, host: str, sync: str, grace: float, n_vaults: int, role: Role
+) -> None:
+    host = host if host.strip() else "h"
+    vaults = [{"host": f"{host}{i}", "port": i + 1} for i in range(n_vaults)]
+    data = {
+        "cluster": {"role": role.value, "ssm_cold": vaults},
+        "vault": {"host": host, "port": port, "max_bytes": max_bytes, "sync": sync, "grace_s": grace},
+        "log": {"file": host},
+    }
+    cfg = config_from_dict(data, source="s")
+    text = to_toml(config_to_dict(cfg))
+    assert config_from_dict(tomllib.loads(text), source="s") == cfg
+
+
+# -- what a start would trip over ------------------------------------------------------------------------
+
+
+def test_a_missing_token_file_names_the_config_file_the_section_and_the_token_file(tmp_path: Path) -> None:
+    path = write(tmp_path, f'[auth]\ntoken_file = "{tmp_path / "nope"}"\n')
+    with pytest.raises(ConfigError) as info:
+        check_client_files(load_config(path))
+    assert info.value.source == str(path) and info.value.key == "auth.token_file"
+    assert str(tmp_path / "nope") in info.value.problem and "No such file" in info.value.problem
+
+
+def test_tls_files_are_checked_before_use(tmp_path: Path) -> None:
+    (tmp_path / "cert.pem").write_text("x")
+    cfg = config_from_dict(
+        {"tls": {"cert_file": str(tmp_path / "cert.pem"), "key_file": str(tmp_path / "k")}}
+    )
+    for check in (check_client_files, check_vault_start):
+        with pytest.raises(ConfigError) as info:
+            check(cfg)
+        assert info.value.key == "tls.key_file" and str(tmp_path / "k") in info.value.problem
+    only_cert = config_from_dict({"tls": {"cert_file": str(tmp_path / "cert.pem")}})
+    with pytest.raises(ConfigError, match=r"needs both tls\.cert_file and tls\.key_file"):
+        check_vault_start(only_cert)
+
+
+def vault_cfg(tmp_path: Path, **flags: object) -> Config:
+    return with_overrides(Config(), "vault", **{"path": str(tmp_path / "v"), "port": 0, **flags})
+
+
+def test_the_vault_start_check_names_the_flag_that_is_wrong(tmp_path: Path) -> None:
+    check_vault_start(vault_cfg(tmp_path), ready_file=str(tmp_path / "ready"))
+    assert (tmp_path / "v").is_dir()
+    (tmp_path / "file").write_text("")
+    cases = [
+        (vault_cfg(tmp_path, path=str(tmp_path / "file" / "sub")), "vault.path", "cannot create"),
+        (vault_cfg(tmp_path, host="no-such-host.invalid"), "vault.host", "cannot resolve"),
+        (vault_cfg(tmp_path, host="192.0.2.1"), "vault.host", "not an address of this machine"),
+    ]
+    for cfg, key, problem in cases:
+        with pytest.raises(ConfigError) as info:
+            check_vault_start(cfg)
+        assert (info.value.source, info.value.key) == ("command line", key) and problem in info.value.problem
+    with pytest.raises(ConfigError) as info:
+        check_vault_start(vault_cfg(tmp_path), ready_file=str(tmp_path / "no" / "ready"))
+    assert info.value.key == "--ready-file" and str(tmp_path / "no") in info.value.problem
+
+
+def test_a_taken_metrics_port_is_found_before_the_vault_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cfg = vault_cfg(tmp_path, metrics_port=taken.getsockname()[1])
+        with pytest.raises(ConfigError) as info:
+            check_vault_start(cfg)
+    assert info.value.key == "vault.metrics_port" and "is taken" in info.value.problem
+    check_vault_start(cfg)  # free again
+
+
+def test_a_check_does_not_create_the_data_directory(tmp_path: Path) -> None:
+    check_vault_start(vault_cfg(tmp_path), create=False)
+    assert not (tmp_path / "v").exists()
+
+
+def test_a_directory_given_as_the_config_is_refused_clearly(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)

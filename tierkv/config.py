@@ -1,34 +1,45 @@
-"""tierkv.toml: one file, three roles.
+"""tierkv.toml, and the one settings schema every source of settings is checked against.
 
 The file is searched in this order: an explicit ``--config`` path, ``$TIERKV_CONFIG``, ``./tierkv.toml``,
 ``~/.config/tierkv/tierkv.toml``; with none of them the built-in defaults apply (a vault on
 127.0.0.1:50051). Every section is a frozen dataclass below; the loader walks the dataclasses, so an
-unknown key, a wrong type or a bad value is a :class:`~tierkv.errors.ConfigError` naming the file, the
-dotted key and what was expected, and nothing half-parsed is ever used.
+unknown key, a wrong type or a bad value is a :class:`~tierkv.errors.ConfigError` naming the source, the
+dotted key and what was expected (``source: key: problem``), and nothing half-parsed is ever used.
+
+The same walker validates the settings of the engine hooks (vLLM's ``kv_connector_extra_config``,
+``TieredSession(...)`` arguments) through :func:`settings_from_dict`: a settings class is a frozen
+dataclass whose fields carry their default and bounds once, via :func:`setting`.
 
 ``[cluster.kv_cold]`` may be a single table (the 0.1 seed format) or an array of tables
-``[[cluster.kv_cold]]`` listing several vaults that the client shards across.
+``[[cluster.kv_cold]]`` listing several vaults that the client shards across. The rest of a tierkv 0.1
+file (``[cluster.recompute]``, ``[inference]``) is accepted with one warning per obsolete key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import logging
 import os
 import re
 import sys
+import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
+from tierkv.endpoints import HostPort, join_host_port
 from tierkv.errors import ConfigError
+from tierkv.roles import Role
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
-Role = Literal["inference", "kv_cold", "ssm_cold"]
+log = logging.getLogger(__name__)
+
 SyncMode = Literal["durable", "fast"]
 PolicyName = Literal["lru", "priority-lru"]
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -38,11 +49,16 @@ ENV_CONFIG = "TIERKV_CONFIG"
 BUILTIN = "<built-in defaults>"
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
+
+T = TypeVar("T")
 
 
 class ByteSize(int):
     """An integer byte count that the config also accepts as a string like ``"10GiB"`` or ``"512MB"``."""
+
+
+class Addresses(tuple[str, ...]):
+    """Vault addresses as ``host:port`` strings; given as one string (comma-separated) or a list of them."""
 
 
 def parse_size(value: str) -> int:
@@ -57,20 +73,54 @@ def parse_size(value: str) -> int:
     return int(number * base**power)
 
 
+def format_size(n: int) -> str:
+    """The shortest exact spelling: 1048576 → ``"1MiB"``, 1500 → ``"1500"``."""
+    for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if n and n % 1024**power == 0:
+            return f"{n // 1024**power}{unit}"
+    return str(n)
+
+
+def setting(
+    default: T,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    positive: bool = False,
+    choices: Iterable[str] = (),
+    what: str = "",
+) -> T:
+    """A settings field: its default and the bounds every source is checked against, written once."""
+    meta = {"minimum": minimum, "maximum": maximum, "positive": positive, "choices": tuple(choices)}
+    return dataclasses.field(default=default, metadata={**meta, "what": what})  # type: ignore[no-any-return]
+
+
+def _internal(default: T) -> T:
+    return dataclasses.field(default=default, metadata={"internal": True})  # type: ignore[no-any-return]
+
+
+def _port(default: int, *, allow_zero: bool = True) -> int:
+    return setting(default, minimum=0 if allow_zero else 1, maximum=65535, what="a port number")
+
+
 @dataclasses.dataclass(frozen=True)
 class Endpoint:
-    """One vault address as the inference side sees it."""
+    """One vault address as the inference side sees it (formatting and parsing: :class:`HostPort`)."""
 
     host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
+    port: int = _port(DEFAULT_PORT, allow_zero=False)
 
     @property
     def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
-        return f"{host}:{self.port}"
+        return join_host_port(self.host, self.port)
+
+    @property
+    def hostport(self) -> HostPort:
+        return HostPort(self.host, self.port)
 
     def _validate(self, source: str, key: str) -> None:
-        _check_port(self.port, source, f"{key}.port", allow_zero=False)
+        if not self.host.strip():
+            raise ConfigError(source, f"{key}.host", "expected a host name or address, got ''")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,15 +143,17 @@ class AuthConfig:
     token_file: str = ""
     token_env: str = "TIERKV_TOKEN"
 
-    def load_token(self) -> str | None:
+    def load_token(self, source: str = "auth") -> str | None:
         """The token from ``token_file`` (first line), else from ``$token_env``; None if neither is set."""
         if self.token_file:
+            path = Path(self.token_file).expanduser()
             try:
-                token = Path(self.token_file).expanduser().read_text().strip()
+                token = path.read_text().strip()
             except OSError as exc:
-                raise ConfigError("auth", "auth.token_file", f"cannot read token file: {exc}") from exc
+                problem = f"cannot read the token file {path}: {exc.strerror or exc}"
+                raise ConfigError(source, "auth.token_file", problem) from exc
             if not token:
-                raise ConfigError("auth", "auth.token_file", f"{self.token_file} is empty")
+                raise ConfigError(source, "auth.token_file", f"the token file {path} is empty")
             return token
         value = os.environ.get(self.token_env, "").strip() if self.token_env else ""
         return value or None
@@ -112,21 +164,23 @@ class VaultConfig:
     """How ``tierkv vault`` runs on a cold node."""
 
     host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
+    port: int = _port(DEFAULT_PORT)
     path: str = ""
-    max_bytes: ByteSize = ByteSize(8 * 1024**3)
+    max_bytes: ByteSize = setting(ByteSize(8 * 1024**3), minimum=1024**2)
     sync: SyncMode = "durable"
     policy: PolicyName = "lru"
-    sync_interval_s: float = 1.0
+    sync_interval_s: float = setting(1.0, positive=True)
     metrics_host: str = ""
-    metrics_port: int = 0
-    workers: int = 16
-    max_message_bytes: ByteSize = ByteSize(64 * 1024**2)
-    frame_bytes: ByteSize = ByteSize(4 * 1024**2)
+    metrics_port: int = _port(0)
+    workers: int = setting(16, minimum=1)
+    max_message_bytes: ByteSize = setting(ByteSize(64 * 1024**2), minimum=64 * 1024)
+    frame_bytes: ByteSize = setting(ByteSize(4 * 1024**2), minimum=4096)
     bulk: bool = True
-    bulk_port: int = 0
-    max_batch_bytes: ByteSize = ByteSize(1024**3)
-    grace_s: float = 5.0
+    bulk_port: int = _port(0)
+    bulk_max_connections: int = setting(1024, minimum=1)
+    bulk_idle_timeout_s: float = setting(120.0, positive=True)
+    max_batch_bytes: ByteSize = setting(ByteSize(1024**3), minimum=1)
+    grace_s: float = setting(5.0, minimum=0)
 
     def resolved_path(self) -> Path:
         """LMDB directory: the configured path, else ``$XDG_DATA_HOME/tierkv/vault-PORT``."""
@@ -136,42 +190,39 @@ class VaultConfig:
         return base / "tierkv" / f"vault-{self.port}"
 
     def _validate(self, source: str, key: str) -> None:
-        _check_port(self.port, source, f"{key}.port", allow_zero=True)
-        _check_port(self.metrics_port, source, f"{key}.metrics_port", allow_zero=True)
-        _check_port(self.bulk_port, source, f"{key}.bulk_port", allow_zero=True)
-        if self.max_bytes < 1024 * 1024:
-            raise ConfigError(source, f"{key}.max_bytes", "expected at least 1MiB")
-        if self.workers < 1:
-            raise ConfigError(source, f"{key}.workers", "expected a positive integer")
-        if self.max_message_bytes < 64 * 1024:
-            raise ConfigError(source, f"{key}.max_message_bytes", "expected at least 64KiB")
-        if not 4096 <= self.frame_bytes <= self.max_message_bytes // 2:
+        if self.frame_bytes > self.max_message_bytes // 2:
             raise ConfigError(source, f"{key}.frame_bytes", "expected 4KiB .. max_message_bytes / 2")
-        if self.sync_interval_s <= 0 or self.grace_s < 0:
-            raise ConfigError(source, f"{key}.sync_interval_s", "expected a positive number of seconds")
 
 
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig:
     """The inference side's view: which vaults serve which role, and how to call them."""
 
-    role: Role = "inference"
-    timeout: float = 2.0
-    replication: int = 1
+    role: Role = Role.INFERENCE
+    timeout: float = setting(2.0, positive=True)
+    replication: int = setting(1, minimum=1)
     kv_cold: tuple[Endpoint, ...] = (Endpoint(),)
     ssm_cold: tuple[Endpoint, ...] = ()
 
+    def addresses(self, role: Role) -> tuple[str, ...]:
+        """``host:port`` of every vault configured for a cold role."""
+        return tuple(e.address for e in (self.ssm_cold if role is Role.SSM_COLD else self.kv_cold))
+
     def _validate(self, source: str, key: str) -> None:
-        if self.timeout <= 0:
-            raise ConfigError(source, f"{key}.timeout", "expected a positive number of seconds")
-        if self.replication < 1:
-            raise ConfigError(source, f"{key}.replication", "expected an integer >= 1")
+        for role in (Role.KV_COLD, Role.SSM_COLD):
+            seen: dict[str, int] = {}
+            for i, address in enumerate(self.addresses(role)):
+                first = seen.setdefault(address.lower(), i)
+                if first != i:
+                    problem = f"{address} is listed twice (also as {key}.{role}[{first}])"
+                    raise ConfigError(source, f"{key}.{role}[{i}]", problem)
 
 
 @dataclasses.dataclass(frozen=True)
 class LogConfig:
     level: LogLevel = "warning"
     json: bool = False
+    file: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,26 +234,82 @@ class Config:
     auth: AuthConfig = AuthConfig()
     tls: TLSConfig = TLSConfig()
     log: LogConfig = LogConfig()
-    source: str = dataclasses.field(default=BUILTIN, metadata={"internal": True})
+    source: str = _internal(BUILTIN)
+    flags: frozenset[str] = _internal(frozenset())
+    """Dotted keys set on the command line (their errors say so instead of naming the file)."""
+
+    def source_of(self, key: str) -> str:
+        """Where the value of ``key`` came from: ``"command line"`` or the file."""
+        return "command line" if key in self.flags else self.source
+
+    def token(self) -> str | None:
+        """The auth token (see :meth:`AuthConfig.load_token`); an error names this config's file."""
+        return self.auth.load_token(self.source)
+
+
+# -- tierkv 0.1 -------------------------------------------------------------------------------------------
+
+OBSOLETE = {
+    "cluster.recompute": "tierkv 0.2 has no recompute node: the engine recomputes what the vaults miss; "
+    "remove the table",
+    "inference.exo_path": "the EXO hook runs inside EXO's own environment (pip install tierkv there); "
+    "remove the key",
+    "inference.log_file": "replaced by [log] file (honoured)",
+    "inference.memory_threshold": "replaced by [vault] max_bytes on each vault (a byte budget) and the "
+    "engine's own KV memory setting",
+    "inference.kv_dim": "blobs are self-describing (each header carries its shape); remove the key",
+}
+
+
+def _migrate(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Drop the 0.1 keys with one warning each, carrying ``inference.log_file`` over to ``[log] file``."""
+    out = dict(data)
+    cluster = out.get("cluster")
+    if isinstance(cluster, Mapping) and "recompute" in cluster:
+        out["cluster"] = {k: v for k, v in cluster.items() if k != "recompute"}
+        log.warning("%s: cluster.recompute: obsolete, ignored: %s", source, OBSOLETE["cluster.recompute"])
+    inference = out.pop("inference", None)
+    if inference is None:
+        return out
+    if not isinstance(inference, Mapping):
+        raise ConfigError(source, "inference", f"expected a table, got {_describe(inference)}")
+    known = sorted(k.split(".")[1] for k in OBSOLETE if k.startswith("inference."))
+    for key, value in inference.items():
+        dotted = f"inference.{key}"
+        if dotted not in OBSOLETE:
+            raise ConfigError(
+                source, dotted, f"unknown key (tierkv 0.1's [inference] had: {', '.join(known)})"
+            )
+        log.warning("%s: %s: obsolete, ignored: %s", source, dotted, OBSOLETE[dotted])
+        if key == "log_file":
+            section = dict(out.get("log") or {})
+            section.setdefault("file", value)
+            out["log"] = section
+    return out
+
+
+# -- loading ----------------------------------------------------------------------------------------------
 
 
 def find_config(explicit: str | os.PathLike[str] | None = None) -> Path | None:
     """The first config file in the search order, or None for built-in defaults."""
     if explicit:
-        path = Path(explicit).expanduser()
-        if not path.is_file():
-            raise ConfigError(str(path), "--config", "file does not exist")
-        return path
+        return _existing_file(Path(explicit).expanduser(), "--config")
     env = os.environ.get(ENV_CONFIG)
     if env:
-        path = Path(env).expanduser()
-        if not path.is_file():
-            raise ConfigError(str(path), f"${ENV_CONFIG}", "file does not exist")
-        return path
+        return _existing_file(Path(env).expanduser(), f"${ENV_CONFIG}")
     for candidate in (Path.cwd() / "tierkv.toml", Path.home() / ".config" / "tierkv" / "tierkv.toml"):
         if candidate.is_file():
             return candidate
     return None
+
+
+def _existing_file(path: Path, key: str) -> Path:
+    if path.is_dir():
+        raise ConfigError(str(path), key, "is a directory; expected a tierkv.toml file")
+    if not path.is_file():
+        raise ConfigError(str(path), key, "file does not exist")
+    return path
 
 
 def load_config(explicit: str | os.PathLike[str] | None = None) -> Config:
@@ -214,15 +321,27 @@ def load_config(explicit: str | os.PathLike[str] | None = None) -> Config:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), "<file>", f"not valid TOML: {exc}") from exc
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), "<file>", f"cannot read: {exc}") from exc
     return config_from_dict(data, source=str(path))
 
 
 def config_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
     """Build a validated :class:`Config` from parsed TOML (or any mapping of the same shape)."""
-    cfg = _build(Config, data, source, "")
+    if not isinstance(data, Mapping):
+        raise ConfigError(source, "<root>", f"expected a table, got {_describe(data)}")
+    cfg = _build(Config, _migrate(data, source), source, "")
     return dataclasses.replace(cfg, source=source)
+
+
+def settings_from_dict(cls: type[T], data: Mapping[str, Any], source: str) -> T:
+    """Validate ``data`` against the settings dataclass ``cls`` by tierkv.toml's rules.
+
+    ``source`` names where the values came from (``"kv_connector_extra_config"``, ``"TieredSession"``, a
+    file name); an unknown key, a wrong type or a value out of bounds is a :class:`ConfigError` of the
+    shape ``source: key: problem``. Keys not given take the field's default.
+    """
+    return _build(cls, data, source, "")
 
 
 def with_overrides(cfg: Config, section: str, **values: Any) -> Config:
@@ -231,68 +350,168 @@ def with_overrides(cfg: Config, section: str, **values: Any) -> Config:
     if not given:
         return cfg
     current = getattr(cfg, section)
+    fields = _fields(type(current))
     hints = typing.get_type_hints(type(current))
     coerced = {}
     for key, value in given.items():
-        if key not in hints:
-            raise ConfigError("command line", f"{section}.{key}", "unknown setting")
-        coerced[key] = _coerce(hints[key], value, "command line", f"{section}.{key}")
+        dotted = f"{section}.{key}"
+        if key not in fields:
+            raise ConfigError("command line", dotted, "unknown setting")
+        coerced[key] = _field_value(fields[key], hints[key], value, "command line", dotted)
     new = dataclasses.replace(current, **coerced)
-    validate = getattr(new, "_validate", None)
+    _run_validate(new, "command line", section)
+    flags = cfg.flags | {f"{section}.{key}" for key in given}
+    return dataclasses.replace(cfg, **{section: new}, flags=flags)
+
+
+def check_value(
+    source: str,
+    key: str,
+    value: T,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    positive: bool = False,
+    choices: Iterable[str] = (),
+) -> T:
+    """``value`` if it keeps these bounds (those of :func:`setting`), else a ConfigError worded alike."""
+    bounds = {"minimum": minimum, "maximum": maximum, "positive": positive, "choices": tuple(choices)}
+    problem = _out_of_bounds(bounds, value, size=False)
+    if problem:
+        raise ConfigError(source, key, problem)
+    return value
+
+
+def _fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
+    return {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+
+
+def _run_validate(obj: object, source: str, key: str) -> None:
+    validate = getattr(obj, "_validate", None)
     if validate is not None:
-        validate("command line", section)
-    return dataclasses.replace(cfg, **{section: new})
-
-
-T = TypeVar("T")
+        validate(source, key)
 
 
 def _build(cls: type[T], data: Mapping[str, Any], source: str, prefix: str) -> T:
     if not isinstance(data, Mapping):
         raise ConfigError(source, prefix or "<root>", f"expected a table, got {_describe(data)}")
-    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}  # type: ignore[arg-type]
+    fields = _fields(cls)
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        dotted = f"{prefix}.{key}" if prefix else key
+        dotted = f"{prefix}.{key}" if prefix else str(key)
         if key not in fields:
             raise ConfigError(source, dotted, f"unknown key (expected one of: {', '.join(sorted(fields))})")
-        kwargs[key] = _coerce(hints[key], value, source, dotted)
+        kwargs[key] = _field_value(fields[key], hints[key], value, source, dotted)
     obj = cls(**kwargs)
-    validate = getattr(obj, "_validate", None)
-    if validate is not None:
-        validate(source, prefix or "<root>")
+    _run_validate(obj, source, prefix or "<root>")
     return obj
+
+
+def _field_value(field: dataclasses.Field[Any], tp: Any, value: Any, source: str, key: str) -> Any:
+    coerced = _coerce(tp, value, source, key)
+    problem = _out_of_bounds(field.metadata, coerced, size=tp is ByteSize)
+    if problem:
+        raise ConfigError(source, key, problem)
+    return coerced
+
+
+def _out_of_bounds(meta: Mapping[str, Any], value: Any, *, size: bool) -> str:
+    """What is wrong with ``value`` under a :func:`setting`'s bounds, or ``""``."""
+    choices = meta.get("choices") or ()
+    if choices and value not in choices:
+        return f"expected one of {', '.join(map(repr, choices))}, got {value!r}"
+    if not isinstance(value, (int, float)):
+        return ""
+    low, high, what = meta.get("minimum"), meta.get("maximum"), meta.get("what") or "a value"
+    shown = format_size if size else _plain
+    if meta.get("positive") and value <= 0:
+        limit = f" and at most {shown(high)}" if high is not None else ""
+        return f"expected a positive number{limit}, got {value!r}"
+    if low is not None and high is not None and not low <= value <= high:
+        return f"expected {what} {shown(low)}..{shown(high)}, got {value!r}"
+    if low is not None and value < low:
+        return f"expected at least {shown(low)}, got {value!r}"
+    if high is not None and value > high:
+        return f"expected at most {shown(high)}, got {value!r}"
+    return ""
+
+
+def _plain(n: float) -> str:
+    return str(n)
 
 
 def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
     origin = get_origin(tp)
-    if tp is ByteSize:
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ConfigError(
-                source, key, f"expected a byte size (integer or '10GiB'), got {_describe(value)}"
-            )
-        try:
-            size = parse_size(value) if isinstance(value, str) else int(value)
-        except ValueError as exc:
-            raise ConfigError(source, key, str(exc)) from exc
-        if size < 0:
-            raise ConfigError(source, key, "expected a non-negative byte size")
-        return ByteSize(size)
-    if origin is Literal:
-        choices = get_args(tp)
-        if value not in choices:
-            raise ConfigError(source, key, f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
-        return value
-    if origin is tuple:
-        (item_tp, _ellipsis) = get_args(tp)
-        items = [value] if isinstance(value, Mapping) else value
-        if not isinstance(items, list):
-            raise ConfigError(source, key, f"expected a table or an array of tables, got {_describe(value)}")
-        return tuple(_coerce(item_tp, item, source, f"{key}[{i}]") for i, item in enumerate(items))
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in get_args(tp):
+            return None
+        (tp,) = [a for a in get_args(tp) if a is not type(None)]
+        origin = get_origin(tp)
+    special = _SPECIAL.get(tp) or _SPECIAL.get(origin)
+    if special is not None:
+        return special(tp, value, source, key)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum(tp, value, source, key)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return _build(tp, value, source, key)
     return _scalar(tp, value, source, key)
+
+
+def _byte_size(_tp: Any, value: Any, source: str, key: str) -> ByteSize:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(source, key, f"expected a byte size (integer or '10GiB'), got {_describe(value)}")
+    try:
+        size = parse_size(value) if isinstance(value, str) else int(value)
+    except ValueError as exc:
+        raise ConfigError(source, key, str(exc)) from exc
+    if size < 0:
+        raise ConfigError(source, key, "expected a non-negative byte size")
+    return ByteSize(size)
+
+
+def _addresses(_tp: Any, value: Any, source: str, key: str) -> Addresses:
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        items = list(value)
+    else:
+        raise ConfigError(source, key, f"expected 'host:port' or a list of them, got {_describe(value)}")
+    try:
+        return Addresses(HostPort.parse(item).address for item in items if item.strip())
+    except ValueError as exc:
+        raise ConfigError(source, key, str(exc)) from exc
+
+
+def _literal(tp: Any, value: Any, source: str, key: str) -> Any:
+    choices = get_args(tp)
+    if value not in choices:
+        raise ConfigError(source, key, f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def _tuple(tp: Any, value: Any, source: str, key: str) -> tuple[Any, ...]:
+    (item_tp, _ellipsis) = get_args(tp)
+    items = [value] if isinstance(value, Mapping) else value
+    if not isinstance(items, (list, tuple)):
+        raise ConfigError(source, key, f"expected a table or an array of tables, got {_describe(value)}")
+    return tuple(_coerce(item_tp, item, source, f"{key}[{i}]") for i, item in enumerate(items))
+
+
+def _enum(tp: type[enum.Enum], value: Any, source: str, key: str) -> Any:
+    try:
+        return tp(value)
+    except ValueError:
+        choices = ", ".join(repr(m.value) for m in tp)
+        raise ConfigError(source, key, f"expected one of {choices}, got {value!r}") from None
+
+
+_SPECIAL: dict[Any, Callable[[Any, Any, str, str], Any]] = {
+    ByteSize: _byte_size,
+    Addresses: _addresses,
+    Literal: _literal,
+    tuple: _tuple,
+}
 
 
 def _scalar(tp: Any, value: Any, source: str, key: str) -> Any:
@@ -315,12 +534,161 @@ def _scalar(tp: Any, value: Any, source: str, key: str) -> Any:
     raise ConfigError(source, key, f"unsupported type {tp!r} in schema")
 
 
-def _check_port(port: int, source: str, key: str, *, allow_zero: bool) -> None:
-    low = 0 if allow_zero else 1
-    if not low <= port <= 65535:
-        raise ConfigError(source, key, f"expected a port number {low}..65535, got {port}")
-
-
 def _describe(value: Any) -> str:
     kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "table"}
     return f"{kind.get(type(value), type(value).__name__)} {value!r}"
+
+
+# -- what a start would trip over -------------------------------------------------------------------------
+
+
+def check_client_files(cfg: Config) -> None:
+    """The token and TLS files the inference side reads exist and are readable (else a ConfigError)."""
+    cfg.token()
+    tls = cfg.tls
+    if bool(tls.cert_file) != bool(tls.key_file):
+        raise ConfigError(cfg.source, "tls", "a client certificate needs both tls.cert_file and tls.key_file")
+    _check_readable(cfg, ("ca_file", "cert_file", "key_file"))
+
+
+def check_vault_start(cfg: Config, *, ready_file: str | None = None, create: bool = True) -> None:
+    """Everything ``tierkv vault`` would otherwise fail on with a traceback, checked before it starts.
+
+    The token and TLS files, the data directory (created here if missing and ``create``), the ready
+    file's directory, the bind address (resolvable and local) and the metrics port (free). A taken gRPC
+    port is left to the server, which reports it with its own exit code.
+    """
+    vc = cfg.vault
+    cfg.token()
+    if cfg.tls.enabled:
+        if not (cfg.tls.cert_file and cfg.tls.key_file):
+            raise ConfigError(cfg.source, "tls", "a vault needs both tls.cert_file and tls.key_file")
+        _check_readable(cfg, ("cert_file", "key_file", "ca_file"))
+    _check_data_dir(vc.resolved_path(), cfg.source_of("vault.path"), create=create)
+    if ready_file:
+        parent = Path(ready_file).expanduser().absolute().parent
+        if not parent.is_dir():
+            raise ConfigError("command line", "--ready-file", f"directory {parent} does not exist")
+    _check_local_address(vc.host, cfg.source_of("vault.host"), "vault.host")
+    if vc.metrics_port:
+        key = "vault.metrics_host" if vc.metrics_host else "vault.host"
+        _check_local_address(vc.metrics_host or vc.host, cfg.source_of(key), key)
+        source = cfg.source_of("vault.metrics_port")
+        _check_free_port(vc.metrics_host or vc.host, vc.metrics_port, source, "vault.metrics_port")
+
+
+def _check_readable(cfg: Config, names: Iterable[str]) -> None:
+    for name in names:
+        value = getattr(cfg.tls, name)
+        if not value:
+            continue
+        path = Path(value).expanduser()
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(
+                cfg.source, f"tls.{name}", f"cannot read {path}: {exc.strerror or exc}"
+            ) from exc
+
+
+def _check_data_dir(path: Path, source: str, *, create: bool) -> None:
+    if create:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(source, "vault.path", f"cannot create {path}: {exc.strerror or exc}") from exc
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(source, "vault.path", f"{existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            source, "vault.path", f"cannot create files in {existing}: not writable by this user"
+        )
+
+
+def _check_local_address(host: str, source: str, key: str) -> None:
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ConfigError(source, key, f"cannot resolve {host!r}: {exc}") from exc
+    family, kind, proto, _name, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            problem = f"cannot bind {host!r}: {exc.strerror or exc} (not an address of this machine?)"
+            raise ConfigError(source, key, problem) from exc
+
+
+def _check_free_port(host: str, port: int, source: str, key: str) -> None:
+    import socket
+
+    family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            problem = f"port {port} on {host} is taken ({exc.strerror or exc}); pick another or 0 for none"
+            raise ConfigError(source, key, problem) from exc
+
+
+# -- the effective config, written back -------------------------------------------------------------------
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as plain TOML-able values (roles as names, sizes as integers), without ``source``."""
+    return {name: _plain_value(getattr(cfg, name)) for name in _fields(Config)}
+
+
+def _plain_value(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {name: _plain_value(getattr(value, name)) for name in _fields(type(value))}
+    if isinstance(value, tuple):
+        return [_plain_value(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, bool):
+        return value
+    return int(value) if isinstance(value, int) else value
+
+
+def to_toml(data: Mapping[str, Mapping[str, Any]]) -> str:
+    """TOML text for a mapping of tables (what :func:`config_to_dict` returns); tomllib reads it back."""
+    lines: list[str] = []
+    for name, table in data.items():
+        _toml_table(name, table, lines, array=False)
+    return "\n".join(lines).strip() + "\n"
+
+
+def _toml_table(name: str, table: Mapping[str, Any], lines: list[str], *, array: bool) -> None:
+    lines += ["", f"[[{name}]]" if array else f"[{name}]"]
+    nested = {}
+    for key, value in table.items():
+        tables = isinstance(value, list) and bool(value) and isinstance(value[0], Mapping)
+        if isinstance(value, Mapping) or tables:
+            nested[key] = value
+        else:
+            lines.append(f"{key} = {_toml_value(value)}")
+    for key, value in nested.items():
+        for item in [value] if isinstance(value, Mapping) else value:
+            _toml_table(f"{name}.{key}", item, lines, array=isinstance(value, list))
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return '"' + "".join(_toml_char(c) for c in str(value)) + '"'
+
+
+def _toml_char(c: str) -> str:
+    if c in '"\\':
+        return "\\" + c
+    return f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c

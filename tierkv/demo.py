@@ -19,10 +19,11 @@ from rich.console import Console
 from rich.table import Table
 
 from tierkv.bench.shapes import SHAPES
-from tierkv.client.cluster import KV_COLD, SSM_COLD, Cluster
+from tierkv.client.cluster import Cluster
 from tierkv.codec import LayerGroup, decode, encode
 from tierkv.config import Config, config_from_dict
 from tierkv.keys import Namespace, block_keys
+from tierkv.roles import Role, role_for
 from tierkv.status import cluster_status, human_bytes, status_table
 from tierkv.vault.launcher import VaultProcess
 
@@ -46,14 +47,17 @@ class DemoResult:
 
 
 def run_demo(state_dir: Path, console: Console, *, tokens: int = 4096, block_tokens: int = 16) -> DemoResult:
+    """Run the demo; ValueError when ``tokens`` is shorter than one block (nothing to store)."""
+    if tokens < block_tokens:
+        raise ValueError(f"--tokens must be at least one block ({block_tokens} tokens), got {tokens}")
     shape = SHAPES["qwen2.5-0.5b"]
     if state_dir.exists():
         shutil.rmtree(state_dir)
     state_dir.mkdir(parents=True)
     console.rule("[bold]1. start two vaults on loopback")
     vaults = {
-        KV_COLD: VaultProcess(state_dir / "kv_cold", role=KV_COLD, max_bytes="1GiB"),
-        SSM_COLD: VaultProcess(state_dir / "ssm_cold", role=SSM_COLD, max_bytes="1GiB"),
+        Role.KV_COLD: VaultProcess(state_dir / "kv_cold", role=Role.KV_COLD, max_bytes="1GiB"),
+        Role.SSM_COLD: VaultProcess(state_dir / "ssm_cold", role=Role.SSM_COLD, max_bytes="1GiB"),
     }
     exit_codes: list[int] = []
     try:
@@ -63,15 +67,15 @@ def run_demo(state_dir: Path, console: Console, *, tokens: int = 4096, block_tok
         cfg = config_from_dict(
             {
                 "cluster": {
-                    "kv_cold": {"host": "127.0.0.1", "port": vaults[KV_COLD].port},
-                    "ssm_cold": {"host": "127.0.0.1", "port": vaults[SSM_COLD].port},
+                    "kv_cold": {"host": "127.0.0.1", "port": vaults[Role.KV_COLD].port},
+                    "ssm_cold": {"host": "127.0.0.1", "port": vaults[Role.SSM_COLD].port},
                 }
             },
             source=str(state_dir / "tierkv.toml"),
         )
         (state_dir / "tierkv.toml").write_text(
-            f'[cluster.kv_cold]\nhost = "127.0.0.1"\nport = {vaults[KV_COLD].port}\n'
-            f'[cluster.ssm_cold]\nhost = "127.0.0.1"\nport = {vaults[SSM_COLD].port}\n'
+            f'[cluster.kv_cold]\nhost = "127.0.0.1"\nport = {vaults[Role.KV_COLD].port}\n'
+            f'[cluster.ssm_cold]\nhost = "127.0.0.1"\nport = {vaults[Role.SSM_COLD].port}\n'
         )
         console.rule("[bold]2. tierkv status (over RPC)")
         console.print(status_table(cluster_status(cfg), f"tierkv status ({cfg.source})"))
@@ -118,8 +122,8 @@ def _workload(
     console.rule(f"[bold]3. store a {tokens}-token prompt shaped like {shape.name}")
     with Cluster.from_config(cfg, timeout=30.0) as cluster:
         start = time.perf_counter()
-        stored = cluster.put(ns.digest, blobs, role=KV_COLD)
-        stored_ssm = cluster.put(ns.digest, ssm_blobs, role=LayerGroup.SSM.role)
+        stored = cluster.put(ns.digest, blobs, role=Role.KV_COLD)
+        stored_ssm = cluster.put(ns.digest, ssm_blobs, role=role_for(LayerGroup.SSM))
         store_s = time.perf_counter() - start
         console.print(
             f"  {stored} KV blocks of {len(next(iter(blobs.values()))):,} bytes → kv_cold, "
@@ -128,21 +132,23 @@ def _workload(
         )
         console.rule("[bold]4. the prefix returns: restore instead of prefill")
         start = time.perf_counter()
-        n_present = cluster.prefix_lookup(ns.digest, keys, role=KV_COLD)
+        n_present = cluster.prefix_lookup(ns.digest, keys, role=Role.KV_COLD)
         lookup_s = time.perf_counter() - start
         timings = []
         for _ in range(2):  # the first one also opens the bulk connection
             start = time.perf_counter()
-            fetched = cluster.get_buffers(ns.digest, keys[:n_present], role=KV_COLD)
+            fetched = cluster.get_buffers(ns.digest, keys[:n_present], role=Role.KV_COLD)
             restored = [decode(b)[1] if b is not None else None for b in fetched]
             timings.append(time.perf_counter() - start)
         first_s, restore_s = timings
         verified = all(
             r is not None and np.array_equal(r, b) for r, b in zip(restored, blocks[:n_present], strict=True)
         )
-        ssm_ok = cluster.get(ns.digest, ssm_keys, role=SSM_COLD) == list(ssm_blobs.values())
+        ssm_ok = cluster.get(ns.digest, ssm_keys, role=Role.SSM_COLD) == list(ssm_blobs.values())
         other = np.concatenate([prompt[: tokens // 2], rng.integers(0, 150_000, size=tokens // 2)])
-        shared = cluster.prefix_lookup(ns.digest, block_keys(other, block_tokens, namespace=ns), role=KV_COLD)
+        shared = cluster.prefix_lookup(
+            ns.digest, block_keys(other, block_tokens, namespace=ns), role=Role.KV_COLD
+        )
     table = Table(show_header=True)
     for col in ("what", "value"):
         table.add_column(col)

@@ -1,6 +1,7 @@
 """Logging setup for the command line: quiet by default, ``-v`` for info, ``-vv`` for debug.
 
-Library modules only ever call ``logging.getLogger(__name__)``; only the CLI configures handlers.
+Library modules only ever call ``logging.getLogger(__name__)``; only the CLI configures handlers. Logs go
+to stderr, or to ``[log] file`` when it is set (tierkv 0.1's ``log_file``), appended.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
+
+from tierkv.errors import ConfigError
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -29,11 +33,19 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-def setup_logging(verbosity: int = 0, *, level: str = "warning", json_lines: bool = False) -> None:
-    """Configure the root logger once: the config's level, lowered by each ``-v``."""
+def setup_logging(
+    verbosity: int = 0,
+    *,
+    level: str = "warning",
+    json_lines: bool = False,
+    file: str = "",
+    source: str = "config",
+) -> None:
+    """Configure the root logger once: the config's level, lowered by each ``-v``; ``source`` names the
+    config in the error when ``file`` cannot be opened."""
     base = _LEVELS.get(level, logging.WARNING)
     effective = max(logging.DEBUG, base - 10 * verbosity)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _file_handler(file, source) if file else logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         JSONFormatter()
         if json_lines
@@ -43,3 +55,11 @@ def setup_logging(verbosity: int = 0, *, level: str = "warning", json_lines: boo
     root.handlers[:] = [handler]
     root.setLevel(effective)
     logging.getLogger("grpc").setLevel(max(effective, logging.WARNING))
+
+
+def _file_handler(file: str, source: str) -> logging.Handler:
+    path = Path(file).expanduser()
+    try:
+        return logging.FileHandler(path, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(source, "log.file", f"cannot open {path}: {exc.strerror or exc}") from exc

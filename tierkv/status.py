@@ -1,4 +1,9 @@
-"""``tierkv status``: ask every configured vault over RPC how it is doing."""
+"""``tierkv status``: ask every configured vault over RPC how it is doing.
+
+A node's ``state`` is ``ok``, ``serves ROLE`` (a vault of another role at that address), ``auth refused``
+(it answered but refused our token: fix ``[auth]`` or ``$TIERKV_TOKEN``, not the network) or
+``unreachable``.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,11 @@ from rich.table import Table
 
 from tierkv.client.vault import VaultClient
 from tierkv.config import Config
-from tierkv.errors import VaultError
+from tierkv.errors import AuthError, VaultError
+from tierkv.roles import COLD_ROLES, Role
+
+UNREACHABLE = "unreachable"
+AUTH_REFUSED = "auth refused"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,6 +28,7 @@ class NodeStatus:
     role: str
     address: str
     reachable: bool
+    state: str = "ok"
     rtt_ms: float | None = None
     error: str = ""
     serving_role: str = ""
@@ -38,18 +48,19 @@ class NodeStatus:
         return dataclasses.asdict(self)
 
 
-def probe(role: str, address: str, config: Config, timeout: float) -> NodeStatus:
-    token = config.auth.load_token()
+def probe(role: Role, address: str, config: Config, timeout: float, token: str | None) -> NodeStatus:
+    """One Stats call; a refused token and an unreachable vault are told apart."""
     tls = config.tls if config.tls.enabled else None
     with VaultClient(address, timeout=timeout, token=token, tls=tls) as client:
         start = time.perf_counter()
         try:
             s = client.stats()
         except VaultError as exc:
-            return NodeStatus(role=role, address=address, reachable=False, error=str(exc))
+            state = AUTH_REFUSED if isinstance(exc, AuthError) else UNREACHABLE
+            return NodeStatus(role=str(role), address=address, reachable=False, state=state, error=str(exc))
         rtt = (time.perf_counter() - start) * 1000
     return NodeStatus(
-        role=role,
+        role=str(role),
         address=address,
         reachable=True,
         rtt_ms=round(rtt, 2),
@@ -65,16 +76,17 @@ def probe(role: str, address: str, config: Config, timeout: float) -> NodeStatus
         corrupt=s.corrupt,
         uptime_s=round(s.uptime_s, 1),
         sync_mode=s.sync_mode,
+        state="ok" if s.role == role else f"serves {s.role}",
     )
 
 
 def cluster_status(config: Config, timeout: float | None = None) -> list[NodeStatus]:
-    """One Stats RPC per configured vault, in parallel."""
+    """One Stats RPC per configured vault, in parallel. A bad ``[auth]`` is a ConfigError, before any call."""
     t = timeout or config.cluster.timeout
-    nodes = [("kv_cold", e.address) for e in config.cluster.kv_cold]
-    nodes += [("ssm_cold", e.address) for e in config.cluster.ssm_cold]
+    token = config.token()
+    nodes = [(role, address) for role in COLD_ROLES for address in config.cluster.addresses(role)]
     with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-        return list(pool.map(lambda n: probe(n[0], n[1], config, t), nodes))
+        return list(pool.map(lambda n: probe(n[0], n[1], config, t, token), nodes))
 
 
 def status_table(nodes: list[NodeStatus], title: str) -> Table:
@@ -85,11 +97,9 @@ def status_table(nodes: list[NodeStatus], title: str) -> Table:
         table.add_column(col, justify="right")
     for n in nodes:
         if not n.reachable:
-            table.add_row(n.role, n.address, "[red]unreachable[/red]", *[""] * 7)
+            table.add_row(n.role, n.address, f"[red]{n.state}[/red]", *[""] * 7)
             continue
-        state = (
-            "[green]ok[/green]" if n.serving_role == n.role else f"[yellow]serves {n.serving_role}[/yellow]"
-        )
+        state = "[green]ok[/green]" if n.state == "ok" else f"[yellow]{n.state}[/yellow]"
         rate = "—" if n.hit_rate is None else f"{n.hit_rate:.1%}"
         table.add_row(
             n.role,

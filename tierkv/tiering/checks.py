@@ -1,32 +1,58 @@
-"""Checks of the settings an engine hook is given, so every hook refuses a bad value the same way.
+"""The settings an engine hook is given, checked like tierkv.toml: every hook refuses bad values alike.
 
-Each raises :class:`~tierkv.errors.ConfigError` naming where the value came from (``source``) and which
-setting it is (``key``), worded like the errors of :mod:`tierkv.config`, and returns the value.
+:class:`SessionSettings` is the schema of the transformers hook's ``TieredSession(...)`` keyword
+arguments: each default and bound is written once, here, and :meth:`SessionSettings.from_options` checks
+them with :func:`tierkv.config.settings_from_dict` (errors read ``TieredSession: key: problem``).
+:func:`one_of` and :func:`at_least` check single values with the same wording.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TypeVar
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
-from tierkv.errors import ConfigError
+from tierkv.codec import CODECS
+from tierkv.config import ByteSize, check_value, setting, settings_from_dict
 
 N = TypeVar("N", int, float)
 
 
+@dataclasses.dataclass(frozen=True)
+class SessionSettings:
+    """What ``TieredSession`` takes besides the model and the storage.
+
+    ``codec`` encodes KV blocks (recurrent states are always raw); ``hot_bytes`` bounds the in-process
+    tier; ``state_stride_blocks`` sets how often a hybrid model's recurrent state is snapshotted during
+    prefill; ``max_inflight_stores`` bounds background store work; ``put_batch_bytes`` bounds one put;
+    ``min_text_fraction`` is the shortest text match (as a fraction of the prompt) worth restoring;
+    ``model_id`` (``None``: a fingerprint of the weights) and ``tenant`` go into the namespace.
+    """
+
+    codec: str = setting("raw", choices=CODECS)
+    block_size: int = setting(16, minimum=1)
+    hot_bytes: ByteSize = setting(ByteSize(1 << 30), minimum=0)
+    state_stride_blocks: int = setting(8, minimum=1)
+    max_inflight_stores: int = setting(4, minimum=1)
+    put_batch_bytes: ByteSize = setting(ByteSize(16 << 20), minimum=1)
+    min_text_fraction: float = setting(0.8, positive=True, maximum=1.0)
+    model_id: str | None = None
+    tenant: str = ""
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], source: str = "TieredSession") -> SessionSettings:
+        """The settings for these keyword arguments (defaults for the rest); ConfigError if one is bad."""
+        return settings_from_dict(cls, options, source)
+
+
 def one_of(source: str, key: str, value: str, choices: Iterable[str]) -> str:
     """``value`` if it is one of ``choices``."""
-    allowed = tuple(choices)
-    if value not in allowed:
-        raise ConfigError(source, key, f"expected one of {', '.join(map(repr, allowed))}, got {value!r}")
-    return value
+    return check_value(source, key, value, choices=choices)
 
 
 def at_least(source: str, key: str, value: N, minimum: N) -> N:
     """``value`` if it is ``minimum`` or more."""
-    if value < minimum:
-        raise ConfigError(source, key, f"expected at least {minimum}, got {value!r}")
-    return value
+    return check_value(source, key, value, minimum=minimum)
 
 
-__all__ = ["at_least", "one_of"]
+__all__ = ["SessionSettings", "at_least", "one_of"]
