@@ -39,3 +39,18 @@ def tune_malloc() -> bool:
     ok = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     log.debug("malloc tuning %s", "applied" if ok else "refused")
     return ok
+
+
+def trim_heap() -> bool:
+    """Give freed heap memory back to the kernel now (``malloc_trim``); False off glibc.
+
+    The raised trim threshold above keeps memory for reuse between batches; after a burst (many large
+    requests at once) a long-running process calls this so its RSS falls back.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False

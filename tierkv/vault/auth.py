@@ -1,66 +1,138 @@
-"""Shared-token authentication for the vault, checked in constant time on every call.
+"""Who is calling: tokens map to a tenant and an access role, checked in constant time on every call.
 
-Clients send ``authorization: Bearer <token>``. Health checks stay open so that load balancers and
-``grpc_health_probe`` work without the secret; everything that touches data requires the token.
+The vault reads ``auth.token_file`` (or ``$TIERKV_TOKEN``). A file of one bare token keeps its old
+meaning: that token is an admin of the ``default`` tenant. Otherwise each line is::
+
+    <token> <tenant> <admin|user> [quota]
+
+e.g. ``s3cr3t-a acme user 2GiB``. ``quota`` caps the tenant's stored bytes (the same on every line of a
+tenant, or given once). Blank lines and lines starting with ``#`` are skipped. With no token at all the
+vault is open and every caller is an admin of the default tenant. Health checks never need a token.
+
+A ``user`` works only in its own tenant's namespaces; an ``admin`` may also flush everything, act in
+another tenant's namespaces (Delete / Flush naming a tenant) and sees the store path and every tenant's
+figures in Stats.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import hmac
-import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+import os
+from pathlib import Path
 
-import grpc
-
-log = logging.getLogger(__name__)
-
-if TYPE_CHECKING:
-    _Interceptor = grpc.ServerInterceptor[Any, Any]
-else:
-    _Interceptor = grpc.ServerInterceptor
-
-OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+from tierkv.config import AuthConfig, parse_size
+from tierkv.errors import ConfigError
+from tierkv.vault.status import Abort, Status
+from tierkv.vault.store import DEFAULT_TENANT, check_tenant
 
 
-class TokenAuthInterceptor(_Interceptor):
-    def __init__(self, token: str) -> None:
-        if not token:
-            raise ValueError("an empty token would let everyone in")
-        self._expected = f"Bearer {token}".encode()
-
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or method.startswith(OPEN_PREFIXES):
-            return handler
-        sent = b""
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == "authorization":
-                sent = value.encode() if isinstance(value, str) else value
-        if hmac.compare_digest(sent, self._expected):
-            return handler
-        log.info("refused unauthenticated call to %s", method)
-        return _deny(handler)
+class Access(str, enum.Enum):
+    ADMIN = "admin"
+    USER = "user"
 
 
-def _deny(handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
-    def refuse(_request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
+@dataclasses.dataclass(frozen=True)
+class Principal:
+    tenant: str
+    access: Access
 
-    ident: Callable[[Any], Any] = _identity
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse, ident, ident)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse, ident, ident)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse, ident, ident)
-    return grpc.unary_unary_rpc_method_handler(refuse, ident, ident)
+    @property
+    def admin(self) -> bool:
+        return self.access is Access.ADMIN
 
 
-def _identity(value: Any) -> Any:
-    return value
+OPEN = Principal(DEFAULT_TENANT, Access.ADMIN)
+"""Every caller of a vault without tokens."""
+
+
+class TokenTable:
+    """Token → principal. An empty table means the vault is open."""
+
+    def __init__(self, entries: dict[bytes, Principal], quotas: dict[str, int] | None = None) -> None:
+        self._entries = list(entries.items())
+        self.quotas = dict(quotas or {})
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._entries)
+
+    @property
+    def tenants(self) -> dict[str, int]:
+        """Every tenant named, with its quota (0: none)."""
+        names = {p.tenant: 0 for _, p in self._entries}
+        return {**names, **self.quotas}
+
+    def principal(self, token: bytes | None) -> Principal:
+        """Who sent ``token``; Abort(UNAUTHENTICATED) when the table is on and the token is not in it.
+
+        Every entry is compared (in constant time), so the answer's timing does not say which matched.
+        """
+        if not self._entries:
+            return OPEN
+        sent = token or b""
+        found: Principal | None = None
+        for expected, who in self._entries:
+            if hmac.compare_digest(sent, expected) and found is None:
+                found = who
+        if found is None:
+            raise Abort(Status.UNAUTHENTICATED, "missing or wrong token")
+        return found
+
+
+def load_tokens(auth: AuthConfig, source: str = "auth") -> TokenTable:
+    """The vault's token table from ``auth.token_file`` or ``$token_env``; ConfigError names the line."""
+    if auth.token_file:
+        token = auth.load_token(source)  # reads and checks the file (missing, unreadable, empty)
+        path = Path(auth.token_file).expanduser()
+        return parse_token_lines(token or "", f"{source}: auth.token_file {path}")
+    value = os.environ.get(auth.token_env, "").strip() if auth.token_env else ""
+    return TokenTable({value.encode(): OPEN} if value else {})
+
+
+def parse_token_lines(text: str, where: str) -> TokenTable:
+    entries: dict[bytes, Principal] = {}
+    quotas: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        token, who, quota = _parse_line(fields, f"{where}, line {number}")
+        if token in entries:
+            raise ConfigError(where, f"line {number}", "this token is listed twice")
+        entries[token] = who
+        if quota is not None:
+            if quotas.get(who.tenant, quota) != quota:
+                raise ConfigError(where, f"line {number}", f"tenant {who.tenant!r} has two different quotas")
+            quotas[who.tenant] = quota
+    return TokenTable(entries, quotas)
+
+
+def _parse_line(fields: list[str], where: str) -> tuple[bytes, Principal, int | None]:
+    if len(fields) == 1:
+        return fields[0].encode(), OPEN, None
+    if len(fields) not in (3, 4):
+        raise ConfigError(
+            where, "format", "expected '<token> <tenant> <admin|user> [quota]' or one bare token"
+        )
+    token, tenant, access = fields[:3]
+    if access not in ("admin", "user"):
+        raise ConfigError(where, "role", f"expected admin or user, got {access!r}")
+    try:
+        who = Principal(check_tenant(tenant), Access(access))
+        quota = parse_size(fields[3]) if len(fields) == 4 else None
+    except ValueError as exc:
+        raise ConfigError(where, "format", str(exc)) from exc
+    return token.encode(), who, quota
+
+
+def bearer_token(header: str | bytes | None) -> bytes | None:
+    """The token of an ``authorization: Bearer <token>`` header value."""
+    if header is None:
+        return None
+    raw = header.encode() if isinstance(header, str) else bytes(header)
+    return raw[7:] if raw.startswith(b"Bearer ") else raw
+
+
+__all__ = ["OPEN", "Access", "Principal", "TokenTable", "bearer_token", "load_tokens", "parse_token_lines"]

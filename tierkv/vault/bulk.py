@@ -1,59 +1,146 @@
 """The vault side of tierkv-bulk/1 (see :mod:`tierkv.wire.bulk`): BatchGet over a plain TCP socket.
 
-Each connection gets a thread that reads a request, checks the token in constant time, and sends the
-reply's frames with ``sendmsg`` directly from the LMDB views (the kernel's copy is the only one). The
-same :class:`~tierkv.vault.service.VaultService` answers as for gRPC, so validation, metrics, checksums
-and recency are shared; a bad request gets an ERROR record and the connection is closed, the vault keeps
-serving. ``stop`` refuses new work and waits for replies in flight before the store may close.
+Each connection gets a thread that reads a request head and token, authenticates in the same call scope
+as gRPC (so validation, auth, metrics and rejection logging are shared), and only then reads the body:
+an unauthenticated peer never gets a body buffered. Request bodies count against a vault-wide budget of
+in-flight bytes. Reply frames go out with ``sendmsg`` straight from LMDB's map while the socket takes them
+without blocking; once the peer is slow the rest of the frame is copied and the read transaction ends
+(:mod:`tierkv.vault.reply`), so a slow reader never holds LMDB back. A bad request gets an ERROR record
+and the connection is closed; the vault keeps serving.
+
+Connections are capped below the process's file limit. At the cap the longest-idle connection is closed
+to make room (clients retry a dropped pooled connection); when every connection is busy the newcomer gets
+an ERROR record (RESOURCE_EXHAUSTED). Idle connections are closed after ``idle_timeout_s``.
+``stop`` refuses new work and waits for replies in flight before the store may close.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import hmac
+import dataclasses
 import itertools
 import logging
+import resource
 import socket
 import threading
 import time
 from collections.abc import Sequence
 
-import grpc
-
-from tierkv.vault.service import Abort, VaultService, parse_message
+from tierkv.endpoints import bare_host, join_host_port
+from tierkv.limits import MAX_BULK_REQUEST_BYTES, MiB
+from tierkv.vault.service import LARGE_CALL_BYTES, VaultService, parse_message
+from tierkv.vault.status import Abort, Status, invalid
 from tierkv.wire import bulk, pb
 from tierkv.wire.framing import Buffer
 
 log = logging.getLogger(__name__)
 
 _IOV_MAX = 512
-_IDLE_TIMEOUT_S = 300.0
 _IO_TIMEOUT_S = 30.0
+_RECV_CHUNK = 1 * MiB
+_FD_RESERVE = 128
+"""File descriptors kept for everything but bulk connections (LMDB, gRPC, logs, metrics)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BulkLimits:
+    max_connections: int = 1024
+    idle_timeout_s: float = 120.0
+    max_inflight_bytes: int = 256 * MiB
+    """Request bytes buffered at once over every connection."""
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0: any free one); OSError when it cannot bind."""
+    bare = bare_host(host)
+    sock = socket.socket(socket.AF_INET6 if ":" in bare else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((bare, port))
+        sock.listen(512)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def connection_cap(requested: int) -> int:
+    """``requested``, lowered to fit the file limit after raising the soft limit toward the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = requested + _FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return requested
+    cap = max(1, min(requested, soft - _FD_RESERVE))
+    if cap < requested:
+        log.warning(
+            "bulk connections capped at %d (file limit %d; raise LimitNOFILE / ulimit -n for %d)",
+            cap,
+            soft,
+            requested,
+        )
+    return cap
+
+
+class _Conn:
+    """One accepted connection; ``idle_since`` is set while it waits for the next request."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.idle_since: float | None = time.monotonic()
+
+
+class _Budget:
+    """Bytes of request bodies held at once, over every connection."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        with self._lock:
+            if self.held + n > self.limit:
+                raise Abort(Status.RESOURCE_EXHAUSTED, "too many request bytes in flight on the bulk port")
+            self.held += n
+            self.peak = max(self.peak, self.held)
+
+    def give(self, n: int) -> int:
+        """Return ``n`` bytes; the peak since the budget was last idle once it is idle again, else 0."""
+        with self._lock:
+            self.held -= n
+            if self.held:
+                return 0
+            peak, self.peak = self.peak, 0
+            return peak
 
 
 class BulkServer:
     def __init__(
-        self, service: VaultService, host: str, port: int, *, token: str | None, max_connections: int = 64
+        self, service: VaultService, listener: socket.socket, *, limits: BulkLimits | None = None
     ) -> None:
         self.service = service
-        self._expected = (token or "").encode()
-        self._max_connections = max_connections
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._listener.bind((host.strip("[]"), port))
-        except OSError:
-            self._listener.close()
-            raise
-        self._listener.listen(128)
-        self.port = int(self._listener.getsockname()[1])
+        self.limits = limits or BulkLimits()
+        self.max_connections = connection_cap(self.limits.max_connections)
+        self._listener = listener
+        self.port = int(listener.getsockname()[1])
         self._lock = threading.Condition()
-        self._connections: set[socket.socket] = set()
+        self._connections: dict[socket.socket, _Conn] = {}
         self._busy = 0
         self._stopping = False
+        self._budget = _Budget(self.limits.max_inflight_bytes)
         self._acceptor = threading.Thread(target=self._accept, name="tierkv-bulk-accept", daemon=True)
+
+    @property
+    def address(self) -> str:
+        host, port = self._listener.getsockname()[:2]
+        return join_host_port(host, port)
 
     def start(self) -> None:
         self._acceptor.start()
@@ -66,93 +153,150 @@ class BulkServer:
         deadline = time.monotonic() + grace
         with self._lock:
             self._lock.wait_for(lambda: self._busy == 0, timeout=max(0.0, deadline - time.monotonic()))
-            for conn in self._connections:
-                _quiet_shutdown(conn)
+            for sock in self._connections:
+                _quiet_shutdown(sock)
 
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self._listener.accept()
+                sock, _ = self._listener.accept()
             except OSError:
                 return
-            with self._lock:
-                if self._stopping or len(self._connections) >= self._max_connections:
-                    conn.close()
-                    continue
-                self._connections.add(conn)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve, args=(conn,), name="tierkv-bulk", daemon=True).start()
+            if not self._admit(sock):
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve, args=(sock,), name="tierkv-bulk", daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _admit(self, sock: socket.socket) -> bool:
+        """Room for ``sock``: under the cap, or by closing the longest-idle connection."""
+        with self._lock:
+            if self._stopping:
+                sock.close()
+                return False
+            if len(self._connections) >= self.max_connections:
+                idle = [c for c in self._connections.values() if c.idle_since is not None]
+                if not idle:
+                    _refuse(sock, f"all {self.max_connections} bulk connections are busy")
+                    self.service.calls.rejects.note("BulkConnect", Status.RESOURCE_EXHAUSTED, "busy")
+                    return False
+                oldest = min(idle, key=lambda c: c.idle_since or 0.0)
+                del self._connections[oldest.sock]
+                _quiet_shutdown(oldest.sock)
+            self._connections[sock] = _Conn(sock)
+            return True
+
+    def _serve(self, sock: socket.socket) -> None:
         try:
-            while self._one_request(conn):
+            while self._one_request(sock):
                 pass
         except OSError as exc:
             log.debug("bulk connection ended: %s", exc)
         finally:
             with self._lock:
-                self._connections.discard(conn)
-            conn.close()
+                self._connections.pop(sock, None)
+            sock.close()
 
-    def _one_request(self, conn: socket.socket) -> bool:
+    def _set_idle(self, sock: socket.socket, idle: bool) -> bool:
+        """Mark the connection idle or busy; False if it was reaped meanwhile."""
+        with self._lock:
+            conn = self._connections.get(sock)
+            if conn is None:
+                return False
+            conn.idle_since = time.monotonic() if idle else None
+            return True
+
+    def _one_request(self, sock: socket.socket) -> bool:
         """Serve one request; False when the connection should close."""
-        conn.settimeout(_IDLE_TIMEOUT_S)
-        head = _recv_exact(conn, bulk.REQUEST_HEAD.size)
-        if head is None:
+        sock.settimeout(self.limits.idle_timeout_s)
+        if not self._set_idle(sock, True):
             return False
-        conn.settimeout(_IO_TIMEOUT_S)
+        try:
+            head = _recv_exact(sock, bulk.REQUEST_HEAD.size)
+        except TimeoutError:
+            return False
+        if head is None or not self._set_idle(sock, False):
+            return False
+        sock.settimeout(_IO_TIMEOUT_S)
         with self._lock:
             if self._stopping:
-                _send_error(conn, grpc.StatusCode.UNAVAILABLE, "vault is shutting down")
+                _send_error(sock, Status.UNAVAILABLE, "vault is shutting down")
                 return False
             self._busy += 1
-        start = time.perf_counter()
-        code = grpc.StatusCode.OK
         try:
-            request = self._read_request(conn, head)
-            self.service.check_serving()
-            for parts in self.service.batch_get_parts(request):
-                _send_all(conn, [bulk.record(bulk.FRAME, sum(len(p) for p in parts)), *parts])
-            conn.sendall(bulk.record(bulk.END, 0))
-            return True
-        except Abort as exc:
-            code = exc.code
-            log.info("bulk request refused: %s %s", exc.code.name, exc.details)
-            _send_error(conn, exc.code, exc.details)
-            return False
+            return self._answer(sock, head)
         finally:
-            self.service.observe("BatchGet", code, start)
             with self._lock:
                 self._busy -= 1
                 self._lock.notify_all()
 
-    def _read_request(self, conn: socket.socket, head: bytes) -> pb.BatchGetRequest:
+    def _answer(self, sock: socket.socket, head: bytes) -> bool:
+        try:
+            token = self._read_token(sock, head)
+            with self.service.calls.scope("BatchGet", token) as who:
+                request = self._read_body(sock)
+                reply = self.service.batch_get(who, request)
+                try:
+                    for parts in reply.frames():
+                        frame = [bulk.record(bulk.FRAME, sum(len(p) for p in parts)), *parts]
+                        rest = _send_nowait(sock, frame)
+                        if rest:
+                            copy = b"".join(rest)
+                            reply.release()  # the peer is slow: never wait on it inside a read transaction
+                            _send_all(sock, [copy])
+                finally:
+                    self.service.finish_batch_get(reply)
+            sock.sendall(bulk.record(bulk.END, 0))
+            return True
+        except Abort as exc:
+            _send_error(sock, exc.status, exc.details)
+            return False
+
+    @staticmethod
+    def _read_token(sock: socket.socket, head: bytes) -> bytes:
         try:
             token_len = bulk.parse_request_head(head)
         except (bulk.BulkProtocolError, ValueError) as exc:
-            raise Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
-        token = _recv_exact(conn, token_len) or b""
-        size_raw = _recv_exact(conn, bulk.LENGTH.size)
+            raise invalid(str(exc)) from exc
+        token = _recv_exact(sock, token_len) if token_len else b""
+        if token is None:
+            raise invalid("truncated request")
+        return token
+
+    def _read_body(self, sock: socket.socket) -> pb.BatchGetRequest:
+        """The request body, read in chunks against the in-flight budget (after the token was checked)."""
+        size_raw = _recv_exact(sock, bulk.LENGTH.size)
         if size_raw is None:
-            raise Abort(grpc.StatusCode.INVALID_ARGUMENT, "truncated request")
+            raise invalid("truncated request")
         (size,) = bulk.LENGTH.unpack(size_raw)
-        if self._expected and not hmac.compare_digest(token, self._expected):
-            raise Abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
-        if size > bulk.MAX_REQUEST_BYTES:
-            raise Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"request of {size} bytes is over the limit")
-        body = _recv_exact(conn, size) if size else b""
-        if body is None:
-            raise Abort(grpc.StatusCode.INVALID_ARGUMENT, "truncated request")
-        return parse_message(pb.BatchGetRequest, body)
+        if size > MAX_BULK_REQUEST_BYTES:
+            raise Abort(Status.RESOURCE_EXHAUSTED, f"request of {size} bytes is over the limit")
+        chunks: list[bytes] = []
+        held = 0
+        try:
+            while held < size:
+                n = min(_RECV_CHUNK, size - held)
+                self._budget.take(n)
+                held += n
+                chunk = _recv_exact(sock, n)
+                if chunk is None:
+                    raise invalid("truncated request")
+                chunks.append(chunk)
+            body = b"".join(chunks)
+            chunks.clear()
+            return parse_message(pb.BatchGetRequest, body)
+        finally:
+            peak = self._budget.give(held)
+            if peak >= LARGE_CALL_BYTES:
+                self.service.calls.memory.trim_soon()
 
 
-def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     """Exactly ``n`` bytes, or None when the peer closed before sending any of them."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
-        k = conn.recv_into(view[got:])
+        k = sock.recv_into(view[got:])
         if k == 0:
             if got == 0:
                 return None
@@ -161,27 +305,56 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def _send_all(conn: socket.socket, buffers: Sequence[Buffer]) -> None:
-    """Scatter-gather send of every byte of ``buffers`` (sendmsg may stop early; resume where it did)."""
+def _advance(pending: collections.deque[memoryview], sent: int) -> None:
+    while sent and pending:
+        head = pending[0]
+        if sent >= len(head):
+            sent -= len(head)
+            pending.popleft()
+        else:
+            pending[0] = head[sent:]
+            sent = 0
+
+
+def _send_all(sock: socket.socket, buffers: Sequence[Buffer]) -> None:
+    """Scatter-gather send of every byte (each ``sendmsg`` gets the socket timeout, so a slow but moving
+    peer is served; one that stops for longer than the timeout is dropped)."""
     pending = collections.deque(memoryview(b).cast("B") for b in buffers if len(b))
     while pending:
-        sent = conn.sendmsg(list(itertools.islice(pending, _IOV_MAX)))
-        while sent and pending:
-            head = pending[0]
-            if sent >= len(head):
-                sent -= len(head)
-                pending.popleft()
-            else:
-                pending[0] = head[sent:]
-                sent = 0
+        _advance(pending, sock.sendmsg(list(itertools.islice(pending, _IOV_MAX))))
 
 
-def _send_error(conn: socket.socket, code: grpc.StatusCode, details: str) -> None:
-    payload = bulk.error_payload(code.name, details)
+def _send_nowait(sock: socket.socket, buffers: Sequence[Buffer]) -> list[memoryview]:
+    """Send what the socket takes without waiting; the unsent rest (empty when all went out)."""
+    pending = collections.deque(memoryview(b).cast("B") for b in buffers if len(b))
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        while pending:
+            try:
+                sent = sock.sendmsg(list(itertools.islice(pending, _IOV_MAX)))
+            except BlockingIOError:
+                break
+            _advance(pending, sent)
+    finally:
+        sock.settimeout(timeout)
+    return list(pending)
+
+
+def _send_error(sock: socket.socket, status: Status, details: str) -> None:
+    payload = bulk.error_payload(status.name, details)
     with contextlib.suppress(OSError):
-        conn.sendall(bulk.record(bulk.ERROR, len(payload)) + payload)
+        sock.sendall(bulk.record(bulk.ERROR, len(payload)) + payload)
 
 
-def _quiet_shutdown(conn: socket.socket) -> None:
+def _refuse(sock: socket.socket, details: str) -> None:
+    """Tell a connection over the cap why, without reading its request (never blocks the acceptor)."""
+    sock.setblocking(False)
+    _send_error(sock, Status.RESOURCE_EXHAUSTED, details)
+    _quiet_shutdown(sock)
+    sock.close()
+
+
+def _quiet_shutdown(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
-        conn.shutdown(socket.SHUT_RDWR)
+        sock.shutdown(socket.SHUT_RDWR)

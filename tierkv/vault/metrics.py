@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -47,8 +47,10 @@ class _StoreCollector(Collector):
 class VaultMetrics:
     """Request-level metrics of one vault; store-level figures are read from the store when scraped."""
 
-    def __init__(self, stats: Callable[[], StoreStats]) -> None:
+    def __init__(self, stats: Callable[[], StoreStats], *, role: str = "", version: str = "") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.build = Info("tierkv_vault_build", "Version and role of this vault", registry=self.registry)
+        self.build.info({"version": version, "role": role})
         self.requests = Counter(
             "tierkv_vault_requests", "RPCs handled", ["method", "code"], registry=self.registry
         )

@@ -1,15 +1,21 @@
 """Vault lifecycle: bind, serve, report health, shut down gracefully.
 
-Shutdown order on SIGTERM/SIGINT: health goes NOT_SERVING (load balancers stop sending), new calls are
+Build order: the store, the token table (tenants and their quotas come from it), the bulk listener (so
+its port is known before the service that advertises it is built), the service, the front ends.
+
+Shutdown on SIGTERM, SIGINT or SIGHUP (a vault has nothing to reload; a closed terminal or ``kill -HUP``
+stops it the same graceful way): health goes NOT_SERVING (load balancers stop sending), new calls are
 refused with UNAVAILABLE, in-flight calls get ``grace_s`` to finish, then the store writes pending recency,
-fsyncs and closes, and the process exits 0. Readiness (``READY=1`` to systemd, the ready file, the log line)
-is announced only once the port is bound and the store is open.
+fsyncs and closes, and the process exits 0. Readiness (``READY=1`` to systemd, the ready file, the start-up
+line) is announced only once the ports are bound and the store is open.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
+import socket
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -19,11 +25,16 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from tierkv import __version__
 from tierkv._malloc import tune_malloc
 from tierkv.config import Config
+from tierkv.endpoints import join_host_port
 from tierkv.errors import ConfigError
-from tierkv.vault.auth import TokenAuthInterceptor
-from tierkv.vault.bulk import BulkServer
+from tierkv.roles import Role
+from tierkv.vault import grpc_edge
+from tierkv.vault.auth import load_tokens
+from tierkv.vault.bulk import BulkLimits, BulkServer, bind_listener
+from tierkv.vault.calls import Calls
 from tierkv.vault.metrics import VaultMetrics
 from tierkv.vault.notify import sd_notify
 from tierkv.vault.policy import make_policy
@@ -33,43 +44,57 @@ from tierkv.wire import SERVICE
 
 log = logging.getLogger(__name__)
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
 
 class PortInUseError(OSError):
     """The vault's port is taken (by another vault or anything else)."""
 
 
+def served_role(config: Config) -> Role:
+    """The cold role a vault serves (an ``inference`` node running a vault serves ``kv_cold``)."""
+    role = Role.parse(config.cluster.role)
+    return role if role.cold else Role.KV_COLD
+
+
 class VaultServer:
-    """One vault: an LMDB store behind a gRPC server. ``start()`` returns the bound port."""
+    """One vault: an LMDB store behind a gRPC server and the bulk port. ``start()`` returns the port."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
         vc = config.vault
         tune_malloc()
+        self.tokens = load_tokens(config.auth, config.source)
         self.store = Store(
             vc.resolved_path(),
             vc.max_bytes,
             sync_mode=vc.sync,
             policy=make_policy(vc.policy),
             maintenance_interval_s=vc.sync_interval_s,
+            tenants=self.tokens.tenants,
         )
-        self.metrics = VaultMetrics(self.store.stats)
-        role = config.cluster.role if config.cluster.role != "inference" else "kv_cold"
-        self.service = VaultService(
-            self.store,
-            role=role,
-            metrics=self.metrics,
-            limits=Limits(
-                frame_bytes=vc.frame_bytes,
-                max_item_bytes=vc.max_batch_bytes,
-                max_batch_bytes=vc.max_batch_bytes,
-            ),
-        )
+        self.role = served_role(config)
+        self.metrics = VaultMetrics(self.store.stats, role=self.role.value, version=__version__)
+        self.calls = Calls(self.metrics, self.tokens)
+        try:
+            self._bulk_listener = self._bind_bulk()
+            self.service = VaultService(
+                self.store,
+                role=self.role.value,
+                calls=self.calls,
+                bulk_port=self._bulk_listener.getsockname()[1] if self._bulk_listener else 0,
+                limits=Limits(
+                    frame_bytes=vc.frame_bytes,
+                    max_item_bytes=vc.max_batch_bytes,
+                    max_batch_bytes=vc.max_batch_bytes,
+                ),
+            )
+        except BaseException:
+            self.store.close()
+            raise
         self.health = health.HealthServicer()
-        token = config.auth.load_token()
-        interceptors: list[grpc.ServerInterceptor[Any, Any]] = [TokenAuthInterceptor(token)] if token else []
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=vc.workers, thread_name_prefix="tierkv-rpc"),
-            interceptors=interceptors,
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", vc.max_message_bytes),
@@ -77,46 +102,17 @@ class VaultServer:
             ],
             maximum_concurrent_rpcs=vc.workers * 4,
         )
-        self._server.add_generic_rpc_handlers((self.service.handler(),))
+        self._server.add_generic_rpc_handlers((grpc_edge.handler(self.service),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.port = 0
         self.bulk: BulkServer | None = None
-        self.authenticated = bool(token)
         self._stopped = threading.Event()
 
-    def start(self) -> int:
-        vc = self.config.vault
-        address = _join(vc.host, vc.port)
-        try:
-            if self.config.tls.enabled:
-                port = self._server.add_secure_port(address, _server_credentials(self.config))
-            else:
-                port = self._server.add_insecure_port(address)
-        except RuntimeError as exc:
-            self.store.close()
-            raise PortInUseError(f"cannot bind {address}: {exc} (is another vault running there?)") from exc
-        if port == 0:
-            self.store.close()
-            raise PortInUseError(f"cannot bind {address}: the port is taken or the address is not local")
-        self.port = port
-        self.bulk = self._start_bulk()
-        self._server.start()
-        for name in ("", SERVICE):
-            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        if vc.metrics_port:
-            self.metrics.serve_http(vc.metrics_host or vc.host, vc.metrics_port)
-        log.info(
-            "vault serving on %s (store %s, budget %d bytes, sync %s, auth %s, tls %s)",
-            _join(vc.host, port),
-            self.store.path,
-            vc.max_bytes,
-            vc.sync,
-            "on" if self.authenticated else "off",
-            "on" if self.config.tls.enabled else "off",
-        )
-        return port
+    @property
+    def authenticated(self) -> bool:
+        return self.tokens.enabled
 
-    def _start_bulk(self) -> BulkServer | None:
+    def _bind_bulk(self) -> socket.socket | None:
         vc = self.config.vault
         if not vc.bulk:
             return None
@@ -124,14 +120,76 @@ class VaultServer:
             log.info("TLS is on: BatchGet stays on gRPC (the bulk port is plaintext)")
             return None
         try:
-            bulk = BulkServer(self.service, vc.host, vc.bulk_port, token=self.config.auth.load_token())
+            return bind_listener(vc.host, vc.bulk_port)
         except OSError as exc:
-            self.store.close()
-            raise PortInUseError(f"cannot bind the bulk port {_join(vc.host, vc.bulk_port)}: {exc}") from exc
-        bulk.start()
-        self.service.bulk_port = bulk.port
-        log.info("bulk data plane on %s", _join(vc.host, bulk.port))
-        return bulk
+            raise PortInUseError(
+                f"cannot bind the bulk port {join_host_port(vc.host, vc.bulk_port)}: {exc}"
+            ) from exc
+
+    def start(self) -> int:
+        vc = self.config.vault
+        address = join_host_port(vc.host, vc.port)
+        try:
+            if self.config.tls.enabled:
+                port = self._server.add_secure_port(address, _server_credentials(self.config))
+            else:
+                port = self._server.add_insecure_port(address)
+        except RuntimeError as exc:
+            self._abandon()
+            raise PortInUseError(f"cannot bind {address}: {exc} (is another vault running there?)") from exc
+        if port == 0:
+            self._abandon()
+            raise PortInUseError(f"cannot bind {address}: the port is taken or the address is not local")
+        self.port = port
+        if self._bulk_listener is not None:
+            self.bulk = BulkServer(
+                self.service,
+                self._bulk_listener,
+                limits=BulkLimits(
+                    max_connections=vc.bulk_max_connections, idle_timeout_s=vc.bulk_idle_timeout_s
+                ),
+            )
+            self.bulk.start()
+        self._server.start()
+        for name in ("", SERVICE):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if vc.metrics_port:
+            self.metrics.serve_http(vc.metrics_host or vc.host, vc.metrics_port)
+        log.info("%s", self.startup_line())
+        return port
+
+    def startup_facts(self) -> dict[str, Any]:
+        """What the start-up line says, as data (the JSON form under ``[log] json = true``)."""
+        vc = self.config.vault
+        metrics = join_host_port(vc.metrics_host or vc.host, vc.metrics_port) if vc.metrics_port else "off"
+        return {
+            "event": "vault_serving",
+            "version": __version__,
+            "role": self.role.value,
+            "address": join_host_port(vc.host, self.port),
+            "bulk": self.bulk.address if self.bulk else "off",
+            "bulk_max_connections": self.bulk.max_connections if self.bulk else 0,
+            "store": str(self.store.path),
+            "budget_bytes": vc.max_bytes,
+            "policy": vc.policy,
+            "sync": vc.sync,
+            "auth": "on" if self.authenticated else "off",
+            "tenants": len(self.store.tenant_names),
+            "tls": "on" if self.config.tls.enabled else "off",
+            "metrics": metrics,
+        }
+
+    def startup_line(self) -> str:
+        facts = self.startup_facts()
+        if self.config.log.json:
+            return json.dumps(facts)
+        rest = ", ".join(f"{k} {v}" for k, v in facts.items() if k not in ("event", "address", "version"))
+        return f"tierkv {facts['version']} vault serving on {facts['address']} ({rest})"
+
+    def _abandon(self) -> None:
+        if self._bulk_listener is not None:
+            self._bulk_listener.close()
+        self.store.close()
 
     def stop(self, grace: float | None = None) -> None:
         """Graceful stop; safe to call twice."""
@@ -140,23 +198,26 @@ class VaultServer:
         self._stopped.set()
         sd_notify("STOPPING=1")
         self.health.enter_graceful_shutdown()
-        self.service.draining.set()
+        self.calls.draining.set()
         grace_s = self.config.vault.grace_s if grace is None else grace
         self._server.stop(grace_s).wait()
         if self.bulk is not None:
             self.bulk.stop(grace_s)
+        elif self._bulk_listener is not None:
+            self._bulk_listener.close()
+        self.calls.rejects.flush()
         self.store.close()
         log.info("vault stopped")
 
     def serve_forever(self, ready_file: str | None = None) -> None:
-        """Start, announce readiness, block until SIGTERM/SIGINT, stop gracefully."""
+        """Start, announce readiness, block until a stop signal, stop gracefully."""
         done = threading.Event()
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
+            log.info("received %s, shutting down gracefully", signal.Signals(signum).name)
             done.set()
 
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
         try:
             port = self.start()
             if ready_file:
@@ -164,16 +225,12 @@ class VaultServer:
                 tmp.write_text(f"{port}\n")
                 tmp.replace(ready_file)
             sd_notify("READY=1")
-            print(f"tierkv vault serving on {_join(self.config.vault.host, port)}", flush=True)
+            print(self.startup_line(), flush=True)
             done.wait()
         finally:
             self.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-
-
-def _join(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
 def _server_credentials(config: Config) -> grpc.ServerCredentials:
