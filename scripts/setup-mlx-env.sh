@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Build the virtual environment that runs tierkv's MLX tier (tests marked `mlx`) on a CPU-only machine.
+#
+# MLX runs on Linux through its CPU backend (`mlx[cpu]` brings the `mlx-cpu` wheel). mlx-lm declares its
+# `mlx` dependency for macOS only, so mlx is pinned here explicitly; mlx-lm brings transformers (for
+# tokenizers) but not torch. tierkv is installed editable on top with its `mlx` extra.
+#
+# Idempotent: re-running on a finished environment only re-checks it.
+# Usage: scripts/setup-mlx-env.sh [VENV_DIR]   (default: <repo>/.venv-mlx; PYTHON=python3.11 to choose)
+set -euo pipefail
+
+MLX_VERSION="0.32.4"
+MLX_LM_VERSION="0.32.2"
+PYTEST_REQS=("pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100")
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${1:-$repo/.venv-mlx}"
+python="${PYTHON:-python3.11}"
+command -v "$python" >/dev/null 2>&1 || python="python3"
+
+if [[ ! -x "$venv/bin/python" ]]; then
+    "$python" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --upgrade pip
+fi
+pip=("$venv/bin/python" -m pip)
+
+installed() { "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
+
+if ! installed mlx "$MLX_VERSION" || ! installed mlx-lm "$MLX_LM_VERSION"; then
+    "${pip[@]}" install "mlx[cpu]==$MLX_VERSION" "mlx-lm==$MLX_LM_VERSION"
+fi
+"${pip[@]}" install --quiet -e "$repo[mlx]" "${PYTEST_REQS[@]}"
+
+"$venv/bin/python" - <<PY
+import importlib.metadata as m
+import mlx.core as mx, mlx_lm, tierkv  # noqa: F401 - import check is the point
+assert m.version("mlx") == "$MLX_VERSION", m.version("mlx")
+assert m.version("mlx-lm") == "$MLX_LM_VERSION", m.version("mlx-lm")
+print("mlx", m.version("mlx"), "| mlx-lm", m.version("mlx-lm"), "| device", mx.default_device())
+PY

@@ -1,0 +1,204 @@
+"""The mlx-lm codec without vaults: cache APIs (0.32 real, 0.31 stand-ins), manifests, the layout, restores.
+
+The 0.32+ API is the installed mlx-lm's own classes; the 0.31 API (EXO's fork) is tested against the
+stand-ins of ``legacy_api``, since one environment cannot hold both releases.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip(
+    "mlx.core", reason="mlx is not installed here (scripts/setup-mlx-env.sh builds .venv-mlx)"
+)
+
+import mlx.core as mx
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mlx_lm.models import cache as mlx_cache
+
+from tests.connectors.mlx import legacy_api
+from tests.connectors.mlx.models import FAMILIES, prompt, run, tiny_model
+from tierkv.codec import LayerGroup, read_header
+from tierkv.connectors.mlx import LayoutError, MlxTier, probe
+from tierkv.connectors.mlx.layout import manifest, parse_manifest
+from tierkv.connectors.mlx.states import is_legacy, read_state, rebuild
+from tierkv.tiering.storage import MemoryStorage
+
+pytestmark = pytest.mark.mlx
+
+
+def _filled(family: str, length: int = 40, dtype: str = "float32") -> tuple[Any, list[Any]]:
+    model = tiny_model(family, dtype)
+    cache = mlx_cache.make_prompt_cache(model)
+    model(mx.array(prompt(length))[None], cache=cache)
+    mx.eval([c.state for c in cache])
+    return model, cache
+
+
+def _same_state(a: Any, b: Any) -> None:
+    assert a.kind == b.kind and a.ints == b.ints
+    assert [x.dtype for x in a.arrays] == [y.dtype for y in b.arrays]
+    assert all(np.array_equal(x, y) for x, y in zip(a.arrays, b.arrays, strict=True))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_state_round_trip_continues_bit_identically(family: str) -> None:
+    model, cache = _filled(family)
+    states = [read_state(c) for c in cache]
+    rebuilt = [rebuild(t, s) for t, s in zip(mlx_cache.make_prompt_cache(model), states, strict=True)]
+    for s, c in zip(states, rebuilt, strict=True):
+        _same_state(s, read_state(c))
+    rest = prompt(48)[40:]
+    assert run(model, rest, rebuilt).same_as(run(model, rest, cache))
+
+
+def test_kv_state_is_cut_to_offset_and_keeps_bfloat16_bits() -> None:
+    _, cache = _filled("llama", 40, "bfloat16")
+    state = read_state(cache[0])
+    assert cache[0].keys.shape[2] == 256  # mlx-lm pads its buffer; only the tokens held are read
+    assert state.ints == (40,) and state.arrays[0].shape[2] == 40 and state.arrays[0].dtype == np.uint16
+    back = rebuild(mlx_cache.KVCache(), state)
+    assert back.keys.dtype == mx.bfloat16
+    assert np.array_equal(
+        np.array(back.keys.view(mx.uint16)), np.array(cache[0].keys[..., :40, :].view(mx.uint16))
+    )
+
+
+@pytest.mark.parametrize("family", ["llama_swa", "qwen3_next"])
+def test_legacy_api_reads_like_the_current_one_and_rebuilds_its_own_class(family: str) -> None:
+    _, cache = _filled(family)
+    for current in cache:
+        twin = legacy_api.from_current(current)
+        assert is_legacy(twin) and not is_legacy(current)
+        state = read_state(twin)
+        _same_state(state, read_state(current))
+        template = legacy_api.from_current(current)
+        back = rebuild(template, state)
+        assert type(back) is type(twin)
+        _same_state(read_state(back), state)
+        if type(back).__name__ == "RotatingKVCache":
+            assert back.meta_state == twin.meta_state
+        if type(back).__name__ == "ArraysCache":
+            assert back.left_padding is None and back.lengths is None
+
+
+def test_legacy_rebuild_continues_generation_when_put_back_into_current_classes() -> None:
+    model, cache = _filled("llama_swa")
+    states = [read_state(legacy_api.from_current(c)) for c in cache]
+    rebuilt = [rebuild(t, s) for t, s in zip(mlx_cache.make_prompt_cache(model), states, strict=True)]
+    rest = prompt(48)[40:]
+    assert run(model, rest, rebuilt).same_as(run(model, rest, cache))
+
+
+def test_unsupported_caches_are_refused_with_their_name() -> None:
+    model = tiny_model("llama")
+    quantized = [mlx_cache.QuantizedKVCache() for _ in model.layers]
+    with pytest.raises(LayoutError, match="QuantizedKVCache is not supported"):
+        probe(model, quantized)
+    batched = mlx_cache.make_prompt_cache(model)
+    model(mx.array([prompt(8), prompt(8, seed=1)]), cache=batched)
+    with pytest.raises(LayoutError, match="batch 1"):
+        read_state(batched[0])
+
+
+@pytest.mark.parametrize("family", ["llama_swa", "qwen3_next", "mamba"])
+def test_manifest_round_trip_and_every_field_checked(family: str) -> None:
+    model, cache = _filled(family, 32)
+    layout = probe(model, mlx_cache.make_prompt_cache(model))
+    states = [read_state(cache[s.index]) for s in layout.snapshots]
+    values = manifest(layout, states)
+    assert values.shape == (layout.manifest_len,) and values.dtype == np.float32
+    specs = parse_manifest(layout, values, 32)
+    assert [a.shape for s in specs for a in s.arrays] == [a.shape for s in states for a in s.arrays]
+    for i in range(len(values)):
+        broken = values.copy()
+        broken[i] += 1
+        try:
+            changed = parse_manifest(layout, broken, 32)
+        except LayoutError:
+            continue
+        # Well-formed but different (an array's shape): that array's own header check refuses it.
+        assert changed != specs, f"field {i} is not read"
+    broken = values.copy()
+    broken[0] += 1
+    with pytest.raises(LayoutError, match="version"):
+        parse_manifest(layout, broken, 32)
+    if family == "llama_swa":
+        with pytest.raises(LayoutError, match="does not fit position"):
+            parse_manifest(layout, values, 48)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=0, max_size=40))
+def test_manifest_parser_refuses_garbage_with_layout_errors_only(values: list[float]) -> None:
+    layout = probe(tiny_model("llama_swa"), mlx_cache.make_prompt_cache(tiny_model("llama_swa")))
+    try:
+        specs = parse_manifest(layout, np.asarray(values, np.float32), 32)
+    except LayoutError:
+        return
+    assert [s.kind for s in specs] == [s.kind for s in layout.snapshots]
+
+
+def _stored(family: str, storage: MemoryStorage, length: int = 70) -> tuple[Any, list[int], Any]:
+    model = tiny_model(family)
+    ids = prompt(length)
+    ref = run(model, ids)
+    writer = MlxTier(model, storage, block_size=16, snapshot_every=2)
+    prepared = writer.prepare(ids)
+    assert prepared.restored == 0
+    assert run(model, prepared.remaining.tolist(), prepared.cache).same_as(ref)
+    tally = writer.store(prepared, ref.tokens)
+    assert tally.stored == tally.sent > 0
+    return model, ids, ref
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_restore_from_memory_is_bit_identical(family: str) -> None:
+    storage = MemoryStorage()
+    model, ids, ref = _stored(family, storage)
+    reader = MlxTier(model, storage, block_size=16, snapshot_every=2)
+    prepared = reader.prepare(ids)
+    assert prepared.restored == 64 and prepared.rejected == 0
+    assert run(model, prepared.remaining.tolist(), prepared.cache).same_as(ref)
+
+
+def test_blobs_are_routed_by_role_and_other_models_do_not_match() -> None:
+    storage = MemoryStorage()
+    model, ids, _ = _stored("llama_swa", storage)
+    tier = MlxTier(model, storage, block_size=16)
+    roles = {role for role, ns in storage.blobs if ns == tier.namespace.digest}
+    assert roles == {"kv_cold", "ssm_cold"}
+    assert tier.kv_spec.layer_group is LayerGroup.ATTENTION and tier.snap_spec.role == "ssm_cold"
+    other = MlxTier(tiny_model("llama"), storage, block_size=16)
+    assert other.namespace != tier.namespace and other.prepare(ids).restored == 0
+    assert MlxTier(model, storage, block_size=16, tenant="b").prepare(ids).restored == 0
+
+
+@pytest.mark.parametrize(
+    ("family", "role"), [("llama", "kv_cold"), ("llama_swa", "ssm_cold"), ("mamba", "ssm_cold")]
+)
+def test_corrupt_blob_is_a_miss_then_deleted_and_recomputed(family: str, role: str) -> None:
+    storage = MemoryStorage()
+    model, ids, ref = _stored(family, storage)
+    tier = MlxTier(model, storage, block_size=16, snapshot_every=2)
+    space = storage.blobs[(role, tier.namespace.digest)]
+    # A blob the restore at 64 tokens needs: a KV block, or a part of the snapshot at 64.
+    victim = next(k for k in sorted(space) if read_header(space[k]).tokens in (16, 64))
+    blob = bytearray(space[victim])
+    blob[len(blob) // 2] ^= 0x40
+    space[victim] = bytes(blob)
+    prepared = tier.prepare(ids)
+    assert prepared.rejected == 1 and victim not in space and prepared.restored < 64
+    assert run(model, prepared.remaining.tolist(), prepared.cache).same_as(ref)
+
+
+def test_short_prompt_and_partial_block_leave_the_last_token_to_compute() -> None:
+    storage = MemoryStorage()
+    model, ids, _ = _stored("llama", storage, length=64)
+    prepared = MlxTier(model, storage, block_size=16).prepare(ids)
+    assert prepared.restored == 48 and len(prepared.remaining.tolist()) == 16
+    assert MlxTier(model, storage, block_size=16).prepare(ids[:5]).restored == 0
