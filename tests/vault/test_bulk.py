@@ -57,7 +57,7 @@ def test_client_uses_the_bulk_port_by_default(vault_factory: VaultFactory) -> No
     with VaultClient(v.address) as c:
         c.put(b"ns", {b"k": b"v"})
         assert c.get(b"ns", [b"k"]) == [b"v"]
-        assert c._bulk is not None and c._bulk.port == c.stats().bulk_port
+        assert c.bulk_port == c.stats().bulk_port
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def test_garbage_on_the_bulk_port_is_invalid_argument(vault_factory: VaultFactor
     assert kind == bulk.ERROR and bulk.parse_error(payload)[0] == "INVALID_ARGUMENT"
     with VaultClient(v.address) as c:
         assert c.get(b"ns", [b"k"]) == [b"v"]
-        assert c._bulk is not None
+        assert c.bulk_port is not None
 
 
 def test_bulk_port_requires_the_token(vault_factory: VaultFactory) -> None:
@@ -81,12 +81,13 @@ def test_bulk_port_requires_the_token(vault_factory: VaultFactory) -> None:
     with VaultClient(v.address, token="s3cret") as c:
         c.put(b"ns", {b"k": b"v"})
         port = c.stats().bulk_port
-        assert c.get(b"ns", [b"k"]) == [b"v"] and c._bulk is not None
+        assert c.get(b"ns", [b"k"]) == [b"v"] and c.bulk_port is not None
     request = pb.BatchGetRequest(namespace=b"ns", keys=[b"k"]).SerializeToString()
     [(kind, payload)] = raw_batch_get(port, bulk.encode_request("wrong", request))
     assert kind == bulk.ERROR and bulk.parse_error(payload)[0] == "UNAUTHENTICATED"
     with VaultClient(v.address, token="s3cret") as c:
-        channel = c._bulk_channel()
+        assert c.get(b"ns", [b"k"]) == [b"v"]
+        channel = getattr(c.transport, "bulk", None)
         assert channel is not None
         channel._token = "wrong"
         with pytest.raises(AuthError):
@@ -101,7 +102,7 @@ def test_without_a_bulk_port_batch_get_stays_on_grpc(vault_factory: VaultFactory
         c.put(b"ns", {b"k": b"v" * 1000})
         assert c.stats().bulk_port == 0
         assert c.get(b"ns", [b"k"]) == [b"v" * 1000]
-        assert c._bulk is None
+        assert c.bulk_port is None
 
 
 def test_stalled_vault_is_unavailable_on_the_bulk_path_too(vault_factory: VaultFactory) -> None:
@@ -124,7 +125,7 @@ def test_restarted_vault_is_read_again_through_a_fallback(vault_factory: VaultFa
     v = vault_factory()
     with VaultClient(v.address) as c:
         c.put(b"ns", {b"k": b"kept"})
-        assert c.get(b"ns", [b"k"]) == [b"kept"] and c._bulk is not None
+        assert c.get(b"ns", [b"k"]) == [b"kept"] and c.bulk_port is not None
         assert v.stop() == 0
         again = vault_factory(name=v.path.name, port=v.port)
         deadline = time.monotonic() + 10

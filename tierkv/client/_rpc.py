@@ -1,17 +1,18 @@
-"""Sans-IO pieces shared by the sync and asyncio clients: channel setup, request building, reply
-assembly and the one place where gRPC status codes become tierkv exceptions."""
+"""Sans-IO pieces shared by every client and transport: options, reply parsing and assembly, put
+batching, and the one place where status codes (gRPC's, or a bulk ERROR record's) become tierkv
+exceptions. Nothing here does I/O."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health_pb2_grpc
+from google.protobuf.message import DecodeError, Message
 
-from tierkv._malloc import tune_malloc
 from tierkv.client.types import VaultStats
 from tierkv.config import TLSConfig
 from tierkv.errors import (
@@ -21,10 +22,11 @@ from tierkv.errors import (
     VaultError,
     VaultUnavailable,
 )
-from tierkv.wire import SERVICE, Blob, FrameDecoder, FrameError, encode_frames, pb
+from tierkv.limits import CLIENT_BATCH_BYTES, FRAME_BYTES, MAX_MESSAGE_BYTES
+from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb
 from tierkv.wire.framing import FOUND, Buffer
 
-MiB = 1024 * 1024
+M = TypeVar("M", bound=Message)
 
 _UNAVAILABLE = {
     grpc.StatusCode.UNAVAILABLE,
@@ -49,11 +51,15 @@ class ClientOptions:
     timeout: float = 2.0
     token: str | None = None
     tls: TLSConfig | None = None
-    max_message_bytes: int = 64 * MiB
-    frame_bytes: int = 4 * MiB
-    max_batch_bytes: int = 64 * MiB
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    frame_bytes: int = FRAME_BYTES
+    max_batch_bytes: int = CLIENT_BATCH_BYTES
     min_bytes_per_s: float = 100e6
     bulk: bool = True
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls is not None and self.tls.enabled
 
     def channel_options(self) -> list[tuple[str, Any]]:
         return [
@@ -79,80 +85,17 @@ class ClientOptions:
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 
+    def deadline(self, timeout: float | None = None) -> float:
+        """The monotonic time by which a call started now must be answered."""
+        return time.monotonic() + (self.timeout if timeout is None else timeout)
+
     def put_deadline(self, nbytes: int) -> float:
-        return self.timeout + nbytes / self.min_bytes_per_s
-
-
-@dataclasses.dataclass(frozen=True)
-class Stubs:
-    """The vault's methods bound to one channel (sync or asyncio: both expose the same factories)."""
-
-    put: Any
-    get: Any
-    unary: dict[str, Any]
-    health: Any
-
-
-def connect(address: str, options: ClientOptions, *, aio: bool) -> tuple[Any, Stubs]:
-    """Open a channel to ``address`` and bind every vault method to it with identity serializers."""
-    tune_malloc()
-    creds = options.credentials()
-    opts = options.channel_options()
-    module: Any = grpc.aio if aio else grpc
-    channel = (
-        module.secure_channel(address, creds, options=opts)
-        if creds
-        else module.insecure_channel(address, options=opts)
-    )
-    stubs = Stubs(
-        put=channel.stream_unary(method("Put"), identity, identity),
-        get=channel.unary_stream(method("BatchGet"), identity, identity),
-        unary={
-            name: channel.unary_unary(method(name), identity, identity)
-            for name in ("PrefixLookup", "Delete", "Stats", "Flush")
-        },
-        health=health_pb2_grpc.HealthStub(channel),
-    )
-    return channel, stubs
-
-
-class ClientBase:
-    """What the sync and asyncio clients share: options, one channel, the bound stubs, the deadline."""
-
-    aio: ClassVar[bool] = False
-
-    def __init__(
-        self,
-        address: str,
-        *,
-        timeout: float = 2.0,
-        token: str | None = None,
-        tls: TLSConfig | None = None,
-        **options: Any,
-    ) -> None:
-        self.address = address
-        self.options = ClientOptions(timeout=timeout, token=token, tls=tls, **options)
-        self._channel, stubs = connect(address, self.options, aio=self.aio)
-        self._put, self._get, self._unary, self._health = stubs.put, stubs.get, stubs.unary, stubs.health
-
-    @property
-    def timeout(self) -> float:
-        return self.options.timeout
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.address!r}, timeout={self.timeout})"
+        """A Put's deadline stretches with its size (``min_bytes_per_s``)."""
+        return self.deadline(self.timeout + nbytes / self.min_bytes_per_s)
 
 
 def _read(path: str) -> bytes | None:
     return Path(path).expanduser().read_bytes() if path else None
-
-
-def method(name: str) -> str:
-    return f"/{SERVICE}/{name}"
-
-
-def identity(value: Any) -> Any:
-    return value
 
 
 def map_error(exc: grpc.RpcError, address: str) -> VaultError:
@@ -203,29 +146,39 @@ def keys_request(
     return message(namespace=namespace, keys=list(keys)).SerializeToString()
 
 
-class GetAssembler:
-    """Collects BatchGet frames into one result per requested key, in request order."""
+def parse_reply(message: type[M], raw: Buffer, address: str) -> M:
+    """A vault's reply message; bytes that do not parse are a :class:`VaultError`, like any bad answer."""
+    try:
+        return message.FromString(bytes(raw))
+    except DecodeError as exc:
+        raise VaultError(f"malformed {message.DESCRIPTOR.name}: {exc}", address=address) from None
 
-    def __init__(self, n_keys: int) -> None:
+
+class GetAssembler:
+    """Collects BatchGet frames into one result per requested key, in request order. Whatever a peer
+    sends, it raises nothing but :class:`VaultError`."""
+
+    def __init__(self, n_keys: int, address: str) -> None:
+        self.address = address
         self.results: list[Buffer | None] = [None] * n_keys
         self._decoder = FrameDecoder(max_item_bytes=1 << 40)
 
-    def feed(self, frame: Buffer, address: str) -> None:
+    def feed(self, frame: Buffer) -> None:
         try:
             blobs = self._decoder.feed(frame)
         except FrameError as exc:
-            raise VaultError(f"malformed BatchGet reply: {exc}", address=address) from exc
+            raise VaultError(f"malformed BatchGet reply: {exc}", address=self.address) from None
         for blob in blobs:
             if not 0 <= blob.index < len(self.results):
-                raise VaultError("BatchGet reply names a key that was not asked for", address=address)
+                raise VaultError("BatchGet reply names a key that was not asked for", address=self.address)
             if blob.status == FOUND:
                 self.results[blob.index] = blob.data
 
-    def finish(self, address: str) -> list[Buffer | None]:
+    def finish(self) -> list[Buffer | None]:
         try:
             self._decoder.close()
         except FrameError as exc:
-            raise VaultError(f"truncated BatchGet reply: {exc}", address=address) from exc
+            raise VaultError(f"truncated BatchGet reply: {exc}", address=self.address) from None
         return self.results
 
 
@@ -233,8 +186,7 @@ def as_bytes(results: Sequence[Buffer | None]) -> list[bytes | None]:
     return [None if r is None else bytes(r) for r in results]
 
 
-def stats_from_reply(raw: bytes) -> VaultStats:
-    r = pb.StatsReply.FromString(raw)
+def stats_from_reply(r: pb.StatsReply) -> VaultStats:
     return VaultStats(
         version=r.version,
         role=r.role,

@@ -1,118 +1,259 @@
 """The client side of tierkv-bulk/1 (see :mod:`tierkv.wire.bulk`): BatchGet replies over a plain socket.
 
-A small pool of connections per vault; each reply's frames are read with ``recv_into`` into one buffer per
-frame and handed to the same :class:`~tierkv.client._rpc.GetAssembler` as gRPC replies, so blobs come back
-as zero-copy slices. Every read runs against the call's deadline. Failures are the tierkv exceptions:
-``VaultUnavailable`` (``code`` ``CONNECT`` when no connection could be made, so the caller may fall back to
-gRPC; ``DEADLINE_EXCEEDED`` when the vault was too slow), or whatever status the vault's ERROR names.
+:class:`BulkTransport` keeps a small pool of connections to one vault's bulk port; each reply's frames are
+read with ``recv_into`` into one buffer per frame and handed to the request's sink, so blobs come back as
+zero-copy slices. Every read runs against the call's deadline.
+
+A vault may close, refuse or reset a connection at any time (its connection limit, idle reaping, a
+restart). When that happens before any reply byte, the request is sent once more on a fresh connection;
+if the port still refuses, :class:`BulkRefused` says so and :class:`BulkFirst` carries the call over gRPC
+instead. A healthy vault therefore never fails a get because of its bulk port.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 
-from tierkv.client._rpc import GetAssembler, error_for
+from tierkv.client._rpc import ClientOptions, error_for, parse_reply
+from tierkv.client.transport import BATCH_GET, STATS, Request, Transport
+from tierkv.endpoints import HostPort
 from tierkv.errors import VaultError, VaultUnavailable
-from tierkv.wire import bulk
+from tierkv.wire import FrameError, bulk, pb
+from tierkv.wire.framing import Buffer
+
+log = logging.getLogger(__name__)
 
 _MAX_IDLE = 4
+_REFUSING = {"UNAVAILABLE", "RESOURCE_EXHAUSTED"}
+"""Statuses of an ERROR record sent instead of any reply that mean "not here, try gRPC"."""
+_DISCOVERY_BACKOFF_S = (1.0, 30.0)
+"""After the bulk port failed, ask for it again after 1 s, doubling up to 30 s while it keeps failing."""
 
 
-class BulkChannel:
-    def __init__(self, host: str, port: int, *, token: str | None, address: str) -> None:
-        self.host = host.strip("[]")
-        self.port = port
+class BulkRefused(VaultUnavailable):
+    """The bulk port answered nothing to this request (connect refused, connection closed or reset before
+    the reply, or an ERROR record that refuses service): nothing reached the sink, gRPC may take over."""
+
+
+class BulkTransport(Transport):
+    """BatchGet over one vault's bulk port (other methods are not carried here)."""
+
+    def __init__(self, endpoint: HostPort, *, token: str | None, address: str) -> None:
+        self.endpoint = endpoint
         self.address = address
         self._token = token
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
 
-    def batch_get(self, request: bytes, assembler: GetAssembler, *, timeout: float) -> None:
-        """Send one BatchGetRequest and feed every frame of the reply to ``assembler``.
-
-        A pooled connection the vault has since closed fails before any reply byte arrives; that case is
-        retried once on a fresh connection.
-        """
-        deadline = time.monotonic() + timeout
-        sock, pooled = self._take(timeout)
-        started = False
+    def handle(self, request: Request) -> bytes:
+        if request.method != BATCH_GET or not isinstance(request.body, bytes):
+            raise ValueError(f"the bulk port carries BatchGet only, not {request.method}")
+        message = bulk.encode_request(self._token, request.body)
         try:
-            _set_deadline(sock, deadline)
-            sock.sendall(bulk.encode_request(self._token, request))
-            while True:
-                kind, length = bulk.RECORD.unpack(self._read(sock, bulk.RECORD.size, deadline))
-                started = True
-                if kind == bulk.END:
-                    break
-                payload = self._read(sock, length, deadline)
-                if kind == bulk.ERROR:
-                    raise error_for(*bulk.parse_error(bytes(payload)), self.address)
-                if kind != bulk.FRAME:
-                    raise VaultError(f"bulk reply record of unknown kind {kind}", address=self.address)
-                assembler.feed(payload, self.address)
-        except TimeoutError:
-            sock.close()
-            raise VaultUnavailable(
-                "DEADLINE_EXCEEDED: bulk reply too slow", address=self.address, code="DEADLINE_EXCEEDED"
-            ) from None
-        except OSError as exc:
-            sock.close()
-            if pooled and not started:
-                self.batch_get(request, assembler, timeout=max(0.0, deadline - time.monotonic()))
-                return
-            raise VaultUnavailable(
-                f"UNAVAILABLE: bulk connection lost: {exc}", address=self.address, code="UNAVAILABLE"
-            ) from None
+            self._attempt(message, request, self._take())
+        except BulkRefused as exc:
+            log.debug("bulk port of %s refused (%s); once more on a fresh connection", self.address, exc)
+            self._attempt(message, request, self._connect(request))
+        return b""
+
+    def _attempt(self, message: bytes, request: Request, conn: socket.socket | None) -> None:
+        conn = conn or self._connect(request)
+        try:
+            wire = _Wire(conn, request.deadline, self.address)
+            wire.send(message)
+            read_reply(wire, request.sink)
         except BaseException:
-            sock.close()
+            conn.close()
             raise
-        self._give(sock)
+        self._give(conn)
 
-    def _take(self, timeout: float) -> tuple[socket.socket, bool]:
-        """A connection and whether it came from the pool."""
+    def _take(self) -> socket.socket | None:
         with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
-        try:
-            sock = socket.create_connection((self.host, self.port), timeout=timeout)
-        except OSError as exc:
-            raise VaultUnavailable(
-                f"CONNECT: bulk port {self.port}: {exc}", address=self.address, code="CONNECT"
-            ) from None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock, False
+            return self._idle.pop() if self._idle else None
 
-    def _give(self, sock: socket.socket) -> None:
+    def _connect(self, request: Request) -> socket.socket:
+        try:
+            conn = socket.create_connection(
+                (self.endpoint.host, self.endpoint.port), timeout=max(request.remaining(), 1e-3)
+            )
+        except OSError as exc:
+            raise _refused(self.address, f"cannot connect to {self.endpoint}: {exc}") from None
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    def _give(self, conn: socket.socket) -> None:
         with self._lock:
             if len(self._idle) < _MAX_IDLE:
-                self._idle.append(sock)
+                self._idle.append(conn)
                 return
-        sock.close()
-
-    @staticmethod
-    def _read(sock: socket.socket, n: int, deadline: float) -> bytearray:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            _set_deadline(sock, deadline)
-            k = sock.recv_into(view[got:])
-            if k == 0:
-                raise ConnectionError("vault closed the bulk connection mid-reply")
-            got += k
-        return buf
+        conn.close()
 
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
-        for sock in idle:
-            sock.close()
+        for conn in idle:
+            conn.close()
 
 
-def _set_deadline(sock: socket.socket, deadline: float) -> None:
+def read_reply(wire: _Wire, sink: Callable[[Buffer], None] | None) -> None:
+    """Read one reply up to its END record, handing every frame to ``sink``.
+
+    Raises :class:`BulkRefused` when nothing of a reply came, ``VaultUnavailable`` (DEADLINE_EXCEEDED, or
+    a connection lost mid-reply), the status an ERROR record names, or ``VaultError`` for bytes that are
+    not tierkv-bulk/1 — never anything else, whatever the peer sends.
+    """
+    first = True
+    while True:
+        kind, payload = wire.record()
+        if kind == bulk.END:
+            return
+        if kind == bulk.ERROR:
+            code, details = bulk.parse_error(payload)
+            if first and code in _REFUSING:
+                raise _refused(wire.address, f"{code}: {details}")
+            raise error_for(code, details, wire.address)
+        first = False
+        if sink is not None:
+            sink(payload)
+
+
+class _Wire:
+    """One connection's exact sends and reads against a deadline, failing in the tierkv exceptions."""
+
+    def __init__(self, conn: socket.socket, deadline: float, address: str) -> None:
+        self.conn = conn
+        self.deadline = deadline
+        self.address = address
+        self.received = 0
+
+    def send(self, message: bytes) -> None:
+        with self._errors():
+            _set_deadline(self.conn, self.deadline)
+            self.conn.sendall(message)
+
+    def record(self) -> tuple[int, Buffer]:
+        try:
+            kind, length = bulk.parse_record(self.read(bulk.RECORD.size))
+        except FrameError as exc:
+            raise VaultError(f"malformed bulk reply: {exc}", address=self.address) from None
+        return kind, self.read(length) if length else b""
+
+    def read(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        with self._errors():
+            while got < n:
+                _set_deadline(self.conn, self.deadline)
+                k = self.conn.recv_into(view[got:])
+                if k == 0:
+                    raise ConnectionResetError("the vault closed the bulk connection")
+                got += k
+                self.received += k
+        return buf
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except TimeoutError:
+            raise VaultUnavailable(
+                "DEADLINE_EXCEEDED: bulk reply too slow", address=self.address, code="DEADLINE_EXCEEDED"
+            ) from None
+        except OSError as exc:
+            if not self.received:
+                raise _refused(self.address, str(exc)) from None
+            raise VaultUnavailable(
+                f"UNAVAILABLE: bulk connection lost mid-reply: {exc}",
+                address=self.address,
+                code="UNAVAILABLE",
+            ) from None
+
+
+class BulkFirst(Transport):
+    """BatchGet over the vault's bulk port while it offers one, everything else over gRPC.
+
+    The port is asked for once, with a Stats call at the first BatchGet, and kept; only after the port
+    refused is it asked for again (after 1 s, then less often while it keeps failing) — meanwhile gRPC
+    carries BatchGet. A refused BatchGet itself goes over gRPC in the same call, so it does not fail.
+    """
+
+    def __init__(self, grpc: Transport, address: str, options: ClientOptions) -> None:
+        self._grpc = grpc
+        self.address = address
+        self._token = options.token
+        self._bulk: BulkTransport | None = None
+        self._ask_at = 0.0
+        self._backoff = _DISCOVERY_BACKOFF_S[0]
+        self._lock = threading.Lock()
+
+    @property
+    def bulk(self) -> BulkTransport | None:
+        """The bulk transport in use, None while BatchGet goes over gRPC."""
+        return self._bulk
+
+    def handle(self, request: Request) -> bytes:
+        channel = self._bulk_for(request) if request.method == BATCH_GET else None
+        if channel is not None:
+            try:
+                reply = channel.handle(request)
+            except BulkRefused as exc:
+                log.info("bulk port of %s refused, BatchGet goes over gRPC: %s", self.address, exc)
+                self._forget(channel)
+            else:
+                self._backoff = _DISCOVERY_BACKOFF_S[0]
+                return reply
+        return self._grpc.handle(request)
+
+    def _bulk_for(self, request: Request) -> BulkTransport | None:
+        with self._lock:
+            if self._bulk is not None or time.monotonic() < self._ask_at:
+                return self._bulk
+            self._ask_at = time.monotonic() + self._backoff  # one discovery at a time
+        endpoint = self._discover(request.deadline)
+        if endpoint is None:
+            return None
+        with self._lock:
+            self._bulk = self._bulk or BulkTransport(endpoint, token=self._token, address=self.address)
+            return self._bulk
+
+    def _discover(self, deadline: float) -> HostPort | None:
+        """The vault's bulk endpoint from its Stats, or None (no bulk port, or no answer)."""
+        try:
+            raw = self._grpc.handle(Request(STATS, b"", deadline))
+            port = parse_reply(pb.StatsReply, raw, self.address).bulk_port
+            return HostPort(HostPort.parse(self.address).host, port) if port else None
+        except (VaultError, ValueError) as exc:
+            log.debug("no bulk port for %s: %s", self.address, exc)
+            return None
+
+    def _forget(self, channel: BulkTransport) -> None:
+        with self._lock:
+            if self._bulk is channel:
+                self._bulk = None
+            self._ask_at = time.monotonic() + self._backoff
+            self._backoff = min(2 * self._backoff, _DISCOVERY_BACKOFF_S[1])
+        channel.close()
+
+    def close(self) -> None:
+        with self._lock:
+            channel, self._bulk = self._bulk, None
+        if channel is not None:
+            channel.close()
+        self._grpc.close()
+
+
+def _refused(address: str, details: str) -> BulkRefused:
+    return BulkRefused(f"UNAVAILABLE: bulk port refused: {details}", address=address, code="UNAVAILABLE")
+
+
+def _set_deadline(conn: socket.socket, deadline: float) -> None:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise TimeoutError
-    sock.settimeout(remaining)
+    conn.settimeout(remaining)

@@ -5,10 +5,15 @@
 circuit breaker stops further calls until a probe succeeds. Every operation fans out to the vaults
 involved in parallel, one RPC per vault (one BatchGet per vault per restore).
 
-Routing: attention and sliding-window KV go to the ``kv_cold`` role, SSM / linear-attention / conv states
-to ``ssm_cold`` (or to ``kv_cold`` when no ``ssm_cold`` vault is configured). Within a role, keys are
-sharded by rendezvous hashing; with ``replication`` r, writes go to the key's r owners and reads take the
-first healthy owner that has the key.
+Routing: :func:`tierkv.roles.role_for` sends attention and sliding-window KV to ``kv_cold`` and SSM /
+linear-attention / conv states to ``ssm_cold`` (or to ``kv_cold`` when no ``ssm_cold`` vault is
+configured). Within a role, keys are sharded by rendezvous hashing; with ``replication`` r, writes go to the
+key's r owners and reads take the first owner that has the key.
+
+Deadlines: one deadline (``timeout``) covers a whole call, however many vaults and replicas it asks. A
+replicated read asks each key's first owner; the next owner is asked as soon as the first one fails or
+misses, or, if it has not answered after ``hedge_after_s`` (a quarter of the timeout by default), at the
+same time — so a hung replica costs a hedge delay, not a timeout, and two hung replicas cost one timeout.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import partial
 from typing import Any, TypeVar
 
@@ -31,15 +36,17 @@ from tierkv.client.types import VaultStats
 from tierkv.client.vault import VaultClient
 from tierkv.config import Config, TLSConfig
 from tierkv.errors import VaultError
+from tierkv.roles import COLD_ROLE_NAMES, Role, role_for
 from tierkv.wire.framing import Buffer
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-KV_COLD = "kv_cold"
-SSM_COLD = "ssm_cold"
-ROLES = (KV_COLD, SSM_COLD)
-_SSM_GROUPS = {"ssm", "conv", "linear", "linear_attention", "mamba", "recurrent"}
+KV_COLD = Role.KV_COLD
+"""Kept importable from here for older callers; the role lives in :mod:`tierkv.roles`."""
+SSM_COLD = Role.SSM_COLD
+Work = Callable[[VaultClient, "float | None"], T]
+"""One vault's share of a call: given its client and the seconds left (None: the client's own deadline)."""
 
 
 class _Failed(enum.Enum):
@@ -57,7 +64,8 @@ class _Member:
 
 
 class Cluster:
-    """All vaults by role. ``roles`` maps ``"kv_cold"``/``"ssm_cold"`` to one address or a list."""
+    """All vaults by role. ``roles`` maps ``"kv_cold"``/``"ssm_cold"`` (or :class:`~tierkv.roles.Role`
+    members) to one address or a list."""
 
     def __init__(
         self,
@@ -69,33 +77,31 @@ class Cluster:
         replication: int = 1,
         breaker_threshold: int = 3,
         breaker_backoff_s: float = 1.0,
+        hedge_after_s: float | None = None,
         **client_options: Any,
     ) -> None:
-        unknown = set(roles) - set(ROLES)
-        if unknown:
-            raise ValueError(f"unknown roles {sorted(unknown)}; expected {ROLES}")
         self.replication = max(1, replication)
         self.timeout = timeout
+        self.hedge_after_s = timeout / 4 if hedge_after_s is None else hedge_after_s
         self.metrics = ClusterMetrics()
-        self._members: dict[str, list[_Member]] = {}
-        self._rings: dict[str, Rendezvous] = {}
-        for role, addresses in roles.items():
-            addrs = [addresses] if isinstance(addresses, str) else list(addresses)
-            if not addrs:
-                continue
+        self._members: dict[Role, list[_Member]] = {}
+        self._rings: dict[Role, Rendezvous] = {}
+        for role, addresses in _cold_roles(roles).items():
             self._members[role] = [
                 _Member(
                     a,
                     VaultClient(a, timeout=timeout, token=token, tls=tls, **client_options),
                     CircuitBreaker(threshold=breaker_threshold, backoff_s=breaker_backoff_s),
                 )
-                for a in addrs
+                for a in addresses
             ]
-            self._rings[role] = Rendezvous(addrs)
-        if KV_COLD not in self._members:
+            self._rings[role] = Rendezvous(addresses)
+        if Role.KV_COLD not in self._members:
             raise ValueError("a cluster needs at least one kv_cold vault")
         size = sum(len(m) for m in self._members.values())
-        self._pool = ThreadPoolExecutor(max_workers=max(2, 2 * size), thread_name_prefix="tierkv-cluster")
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(4, 2 * size * self.replication), thread_name_prefix="tierkv-cluster"
+        )
         self._fallback_logged = threading.Event()
 
     @classmethod
@@ -120,33 +126,37 @@ class Cluster:
 
     # -- routing -----------------------------------------------------------------------------------
 
-    def role_for(self, layer_group: object) -> str:
-        """The role that stores a layer group (an enum member or its name)."""
-        name = getattr(layer_group, "name", layer_group)
-        return SSM_COLD if str(name).lower() in _SSM_GROUPS else KV_COLD
+    def role_for(self, layer_group: object) -> Role:
+        """The role that stores a layer group (an enum member or its name): :func:`tierkv.roles.role_for`."""
+        return role_for(layer_group)
 
-    def _resolve(self, role: str) -> str:
-        if role in self._members:
-            return role
-        if role == SSM_COLD:
+    def _resolve(self, role: str) -> Role:
+        parsed = Role.parse(role)
+        if parsed in self._members:
+            return parsed
+        if parsed is Role.SSM_COLD:
             if not self._fallback_logged.is_set():
                 self._fallback_logged.set()
                 log.info("no ssm_cold vault configured: SSM state goes to kv_cold")
-            return KV_COLD
-        raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
+            return Role.KV_COLD
+        raise ValueError(f"unknown role {role!r}; expected one of {', '.join(COLD_ROLE_NAMES)}")
 
     def members(self, role: str) -> list[str]:
-        return [m.address for m in self._members.get(role, [])]
+        return [m.address for m in self._members.get(Role.parse(role), [])]
 
     # -- fan-out -----------------------------------------------------------------------------------
 
-    def _call(self, member: _Member, method: str, fn: Callable[[VaultClient], T]) -> T | _Failed:
+    def _call(self, member: _Member, method: str, fn: Work[T], deadline: float | None) -> T | _Failed:
+        """One vault's share, as a miss (FAILED) when it fails, its breaker is open or no time is left."""
+        timeout = None if deadline is None else deadline - time.monotonic()
+        if timeout is not None and timeout <= 0:
+            return FAILED
         if not member.breaker.allow():
             self.metrics.skipped.labels(member.address).inc()
             return FAILED
         start = time.perf_counter()
         try:
-            result = fn(member.client)
+            result = fn(member.client, timeout)
         except VaultError as exc:
             member.breaker.failure()
             self.metrics.failures.labels(member.address, method).inc()
@@ -159,39 +169,52 @@ class Cluster:
         self.metrics.latency.labels(member.address, method).observe(time.perf_counter() - start)
         return result
 
-    def _fan_out(
-        self, role: str, method: str, work: Mapping[int, Callable[[VaultClient], T]]
-    ) -> dict[int, T | _Failed]:
-        members = self._members[role]
-        if len(work) == 1:
-            ((i, fn),) = work.items()
-            return {i: self._call(members[i], method, fn)}
-        futures = {i: self._pool.submit(self._call, members[i], method, fn) for i, fn in work.items()}
-        return {i: f.result() for i, f in futures.items()}
+    def _submit(
+        self, role: Role, method: str, vault: int, fn: Work[T], deadline: float | None
+    ) -> Future[Any]:
+        return self._pool.submit(self._call, self._members[role][vault], method, fn, deadline)
 
-    def _owners(self, role: str, key: bytes) -> list[int]:
+    def _fan_out(
+        self, role: Role, method: str, work: Mapping[int, Work[T]], deadline: float | None
+    ) -> dict[int, T | _Failed]:
+        """Every vault's share in parallel (in the caller's thread when there is one); a share still out
+        at ``deadline`` is FAILED."""
+        if len(work) == 1:
+            ((v, fn),) = work.items()
+            return {v: self._call(self._members[role][v], method, fn, deadline)}
+        futures = {v: self._submit(role, method, v, fn, deadline) for v, fn in work.items()}
+        wait(futures.values(), timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return {v: f.result() if f.done() else FAILED for v, f in futures.items()}
+
+    def _owners(self, role: Role, key: bytes) -> list[int]:
         return self._rings[role].owners(key, self.replication)
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.timeout
 
     # -- operations --------------------------------------------------------------------------------
 
     def put(self, namespace: bytes, items: Items, role: str = KV_COLD, *, priority: int = 0) -> int:
-        """Store blobs on each key's owners; returns how many keys at least one vault acknowledged."""
-        role = self._resolve(role)
+        """Store blobs on each key's owners; returns how many keys at least one vault acknowledged.
+
+        A put's deadline grows with its size (see ``min_bytes_per_s`` of the clients)."""
+        resolved = self._resolve(role)
         pairs = list(items.items() if isinstance(items, Mapping) else items)
         per_vault: dict[int, list[tuple[bytes, Buffer]]] = defaultdict(list)
         for key, data in pairs:
-            for v in self._owners(role, key):
+            for v in self._owners(resolved, key):
                 per_vault[v].append((key, data))
         results = self._fan_out(
-            role,
+            resolved,
             "put",
             {v: partial(_put, namespace=namespace, items=b, priority=priority) for v, b in per_vault.items()},
+            None,
         )
         acked: set[bytes] = set()
         for v, outcome in results.items():
             if outcome is not FAILED:
                 acked.update(k for k, _ in per_vault[v])
-                self.metrics.bytes.labels(self._members[role][v].address, "out").inc(
+                self.metrics.bytes.labels(self._members[resolved][v].address, "out").inc(
                     sum(len(d) for _, d in per_vault[v])
                 )
         return len(acked)
@@ -199,60 +222,65 @@ class Cluster:
     def get_buffers(
         self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD
     ) -> list[Buffer | None]:
-        """One BatchGet per vault per replica pass; None for keys no healthy owner has."""
-        role = self._resolve(role)
-        results: list[Buffer | None] = [None] * len(keys)
-        owners = [self._owners(role, k) for k in keys]
-        pending = list(range(len(keys)))
-        for rank in range(self.replication):
-            per_vault: dict[int, list[int]] = defaultdict(list)
-            for i in pending:
-                if rank < len(owners[i]):
-                    per_vault[owners[i][rank]].append(i)
-            if not per_vault:
-                break
-            got = self._fan_out(
-                role,
-                "get",
-                {
-                    v: partial(_get_buffers, namespace=namespace, keys=[keys[i] for i in idx])
-                    for v, idx in per_vault.items()
-                },
-            )
-            for v, blobs in got.items():
-                if blobs is FAILED:
-                    continue
-                address = self._members[role][v].address
-                for i, blob in zip(per_vault[v], blobs, strict=True):
-                    results[i] = blob
-                    if blob is not None:
-                        self.metrics.bytes.labels(address, "in").inc(len(blob))
-            pending = [i for i in pending if results[i] is None]
-            if not pending:
-                break
-        hits = len(keys) - len(pending)
-        self.metrics.keys.labels(role, "hit").inc(hits)
-        self.metrics.keys.labels(role, "miss").inc(len(pending))
-        return results
+        """A blob or None per key, within one timeout: one BatchGet per vault asked; with replication,
+        the next owner of a key is asked when the previous one failed, missed or is slow (see the module)."""
+        resolved = self._resolve(role)
+        read = _Read(namespace, keys, [self._owners(resolved, k) for k in keys])
+        deadline = self._deadline()
+        if self.replication == 1 or len(self._members[resolved]) == 1:
+            wave = read.wave(range(len(keys)))
+            got = self._fan_out(resolved, "get", {v: read.work(idx) for v, idx in wave.items()}, deadline)
+            read.take([(v, wave[v], answer) for v, answer in got.items()])
+        else:
+            self._hedged(resolved, read, deadline)
+        found = sum(r is not None for r in read.results)
+        for v, n in read.bytes_in.items():
+            self.metrics.bytes.labels(self._members[resolved][v].address, "in").inc(n)
+        self.metrics.keys.labels(resolved, "hit").inc(found)
+        self.metrics.keys.labels(resolved, "miss").inc(len(keys) - found)
+        return read.results
+
+    def _hedged(self, role: Role, read: _Read, deadline: float) -> None:
+        """Ask owners rank after rank until every key is found, no owner is left or time is up: a key's
+        next owner is asked once the previous one failed or missed it, and at every hedge tick for each
+        key still open (its earlier owners may be hung)."""
+        out: dict[Future[Any], tuple[int, list[int]]] = {}
+        wave = read.wave(range(len(read.keys)))
+        tick = time.monotonic() + self.hedge_after_s
+        while True:
+            for v, idx in wave.items():
+                out[self._submit(role, "get", v, read.work(idx), deadline)] = (v, idx)
+            now = time.monotonic()
+            if not out or not read.open() or now >= deadline:
+                return
+            done, _ = wait(out, timeout=min(tick, deadline) - now, return_when=FIRST_COMPLETED)
+            missed = read.take([(*out.pop(f), f.result()) for f in done])
+            if time.monotonic() < tick:
+                wave = read.wave(missed)
+                continue
+            tick += self.hedge_after_s
+            wave = read.wave(read.open())
+            self.metrics.hedges.labels(role).inc(sum(len(idx) for idx in wave.values()))
 
     def get(self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD) -> list[bytes | None]:
         return as_bytes(self.get_buffers(namespace, keys, role))
 
     def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD) -> int:
         """Length of the leading run of ``keys`` present on some healthy owner (conservative, never over)."""
-        role = self._resolve(role)
+        resolved = self._resolve(role)
         positions: list[dict[int, int]] = []
         per_vault: dict[int, list[bytes]] = defaultdict(list)
         for key in keys:
             where = {}
-            for v in self._owners(role, key):
+            for v in self._owners(resolved, key):
                 where[v] = len(per_vault[v])
                 per_vault[v].append(key)
             positions.append(where)
         counts = self._fan_out(
-            role,
+            resolved,
             "prefix_lookup",
             {v: partial(_prefix_lookup, namespace=namespace, keys=ks) for v, ks in per_vault.items()},
+            self._deadline(),
         )
         for n, where in enumerate(positions):
             if not any(
@@ -263,13 +291,16 @@ class Cluster:
 
     def delete(self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD) -> int:
         """Delete keys from all their owners; returns how many entries were removed across vaults."""
-        role = self._resolve(role)
+        resolved = self._resolve(role)
         per_vault: dict[int, list[bytes]] = defaultdict(list)
         for key in keys:
-            for v in self._owners(role, key):
+            for v in self._owners(resolved, key):
                 per_vault[v].append(key)
         done = self._fan_out(
-            role, "delete", {v: partial(_delete, namespace=namespace, keys=ks) for v, ks in per_vault.items()}
+            resolved,
+            "delete",
+            {v: partial(_delete, namespace=namespace, keys=ks) for v, ks in per_vault.items()},
+            self._deadline(),
         )
         return sum(n for n in done.values() if n is not FAILED)
 
@@ -278,7 +309,7 @@ class Cluster:
         jobs = []
         for role, members in self._members.items():
             for m in members:
-                jobs.append((role, m.address, self._pool.submit(_stats_or_error, m.client)))
+                jobs.append((str(role), m.address, self._pool.submit(_stats_or_error, m.client)))
         return [(role, address, f.result()) for role, address, f in jobs]
 
     def close(self) -> None:
@@ -294,6 +325,64 @@ class Cluster:
         self.close()
 
 
+class _Read:
+    """One replicated read in progress: the results so far and how many owners of each key were asked."""
+
+    def __init__(self, namespace: bytes, keys: Sequence[bytes], owners: list[list[int]]) -> None:
+        self.namespace = namespace
+        self.keys = keys
+        self.owners = owners
+        self.results: list[Buffer | None] = [None] * len(keys)
+        self.asked = [0] * len(keys)
+        self.bytes_in: dict[int, int] = defaultdict(int)
+
+    def wave(self, indices: Iterable[int]) -> dict[int, list[int]]:
+        """The next owner of each open key in ``indices`` that has one left, as vault → key indices."""
+        per_vault: dict[int, list[int]] = defaultdict(list)
+        for i in indices:
+            if self.results[i] is None and self.asked[i] < len(self.owners[i]):
+                per_vault[self.owners[i][self.asked[i]]].append(i)
+                self.asked[i] += 1
+        return per_vault
+
+    def work(self, indices: Sequence[int]) -> Work[list[Buffer | None]]:
+        return partial(_get_buffers, namespace=self.namespace, keys=[self.keys[i] for i in indices])
+
+    def take(self, answers: Iterable[tuple[int, list[int], list[Buffer | None] | _Failed]]) -> list[int]:
+        """Record (vault, key indices, its answer) triples; returns the keys they did not deliver."""
+        missed: list[int] = []
+        for v, indices, blobs in answers:
+            if blobs is FAILED:
+                missed.extend(indices)
+                continue
+            for i, blob in zip(indices, blobs, strict=True):
+                if blob is None:
+                    missed.append(i)
+                elif self.results[i] is None:
+                    self.results[i] = blob
+                    self.bytes_in[v] += len(blob)
+        return missed
+
+    def open(self) -> list[int]:
+        return [i for i, r in enumerate(self.results) if r is None]
+
+
+def _cold_roles(roles: Mapping[str, Sequence[str] | str]) -> dict[Role, list[str]]:
+    """Addresses by cold role; ValueError naming an unknown or non-vault role."""
+    out: dict[Role, list[str]] = {}
+    for name, addresses in roles.items():
+        try:
+            role = Role.parse(name)
+        except ValueError:
+            role = Role.INFERENCE
+        if not role.cold:
+            raise ValueError(f"unknown roles [{name!r}]; expected {', '.join(COLD_ROLE_NAMES)}")
+        addrs = [addresses] if isinstance(addresses, str) else list(addresses)
+        if addrs:
+            out[role] = addrs
+    return out
+
+
 def _stats_or_error(client: VaultClient) -> VaultStats | VaultError:
     try:
         return client.stats()
@@ -301,17 +390,21 @@ def _stats_or_error(client: VaultClient) -> VaultStats | VaultError:
         return exc
 
 
-def _put(client: VaultClient, *, namespace: bytes, items: Items, priority: int) -> int:
+def _put(client: VaultClient, timeout: float | None, *, namespace: bytes, items: Items, priority: int) -> int:
     return client.put(namespace, items, priority=priority)
 
 
-def _get_buffers(client: VaultClient, *, namespace: bytes, keys: Sequence[bytes]) -> list[Buffer | None]:
-    return client.get_buffers(namespace, keys)
+def _get_buffers(
+    client: VaultClient, timeout: float | None, *, namespace: bytes, keys: Sequence[bytes]
+) -> list[Buffer | None]:
+    return client.get_buffers(namespace, keys, timeout=timeout)
 
 
-def _prefix_lookup(client: VaultClient, *, namespace: bytes, keys: Sequence[bytes]) -> int:
-    return client.prefix_lookup(namespace, keys)
+def _prefix_lookup(
+    client: VaultClient, timeout: float | None, *, namespace: bytes, keys: Sequence[bytes]
+) -> int:
+    return client.prefix_lookup(namespace, keys, timeout=timeout)
 
 
-def _delete(client: VaultClient, *, namespace: bytes, keys: Sequence[bytes]) -> int:
-    return client.delete(namespace, keys)
+def _delete(client: VaultClient, timeout: float | None, *, namespace: bytes, keys: Sequence[bytes]) -> int:
+    return client.delete(namespace, keys, timeout=timeout)

@@ -35,6 +35,12 @@ class ClusterMetrics:
         self.breaker = Gauge(
             "tierkv_client_breaker_state", "0 closed, 1 half-open, 2 open", ["vault"], registry=self.registry
         )
+        self.hedges = Counter(
+            "tierkv_client_hedged_keys",
+            "Keys asked of a further replica before the earlier one answered",
+            ["role"],
+            registry=self.registry,
+        )
         self.keys = Counter(
             "tierkv_client_keys", "Keys looked up, by outcome", ["role", "outcome"], registry=self.registry
         )

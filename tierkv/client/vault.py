@@ -11,150 +11,89 @@ the serving path: :class:`tierkv.client.cluster.Cluster` turns failures into mis
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-import grpc
-from grpc_health.v1 import health_pb2
-
-from tierkv.client import _rpc
-from tierkv.client._rpc import Items
-from tierkv.client.bulk import BulkChannel
+from tierkv.client._rpc import Items, as_bytes
+from tierkv.client.base import ClientBase, open_transport
+from tierkv.client.bulk import BulkFirst
+from tierkv.client.calls import Exchange, Op
+from tierkv.client.transport import Request
 from tierkv.client.types import VaultStats
-from tierkv.errors import VaultError, VaultUnavailable
-from tierkv.wire import pb
+from tierkv.errors import VaultError
 from tierkv.wire.framing import Buffer
 
-log = logging.getLogger(__name__)
-
-_BULK_RETRY_S = 30.0
+T = TypeVar("T")
 
 
-class VaultClient(_rpc.ClientBase):
-    """One vault over one gRPC channel (plus its bulk port for BatchGet). Thread-safe; use as a context
-    manager or call :meth:`close`. Keyword options: ``timeout``, ``token``, ``tls`` and the fields of
-    :class:`~tierkv.client._rpc.ClientOptions` (frame and batch sizes, message limit, ``bulk``)."""
+class VaultClient(ClientBase):
+    """One vault over one gRPC channel, plus its bulk port for BatchGet (see
+    :func:`~tierkv.client.base.open_transport`). Thread-safe; use as a context manager or call
+    :meth:`close`. ``timeout`` (seconds) is every call's deadline unless a call names its own."""
 
     def __init__(self, address: str, **options: Any) -> None:
         super().__init__(address, **options)
-        self._bulk: BulkChannel | None = None
-        self._bulk_retry_at = 0.0
-        self._bulk_lock = threading.Lock()
+        self.transport = open_transport(address, self.options)
 
     # -- data --------------------------------------------------------------------------------------
 
     def put(self, namespace: bytes, items: Items, *, priority: int = 0) -> int:
         """Store blobs; returns how many the vault acknowledged (one write transaction per batch)."""
-        stored = 0
-        for batch in _rpc.put_batches(items, self.options, priority):
-            frames = _rpc.put_frames(namespace, batch, self.options)
-            deadline = self.options.put_deadline(_rpc.batch_bytes(batch))
-            try:
-                reply = pb.PutReply.FromString(
-                    self._put(frames, timeout=deadline, metadata=self.options.metadata())
-                )
-            except grpc.RpcError as exc:
-                raise _rpc.map_error(exc, self.address) from None
-            stored += reply.stored
-            if reply.rejected:
-                log.warning("vault %s rejected %d blobs larger than its budget", self.address, reply.rejected)
-        return stored
+        return self._run(self.calls.put(namespace, items, priority))
 
-    def get_buffers(self, namespace: bytes, keys: Sequence[bytes]) -> list[Buffer | None]:
+    def get_buffers(
+        self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None
+    ) -> list[Buffer | None]:
         """Like :meth:`get` without the final copy: memoryviews into the received frames."""
-        if not keys:
-            return []
-        request = _rpc.keys_request(pb.BatchGetRequest, namespace, keys)
-        channel = self._bulk_channel()
-        if channel is not None:
-            assembler = _rpc.GetAssembler(len(keys))
-            try:
-                channel.batch_get(request, assembler, timeout=self.timeout)
-                return assembler.finish(self.address)
-            except VaultUnavailable as exc:
-                if exc.code != "CONNECT":
-                    raise
-                log.info("bulk port of %s unreachable, using gRPC: %s", self.address, exc)
-                self._drop_bulk()
-        assembler = _rpc.GetAssembler(len(keys))
-        try:
-            for frame in self._get(request, timeout=self.timeout, metadata=self.options.metadata()):
-                assembler.feed(frame, self.address)
-        except grpc.RpcError as exc:
-            raise _rpc.map_error(exc, self.address) from None
-        return assembler.finish(self.address)
+        return self._run(self.calls.get_buffers(namespace, keys, timeout))
 
-    def get(self, namespace: bytes, keys: Sequence[bytes]) -> list[bytes | None]:
+    def get(
+        self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None
+    ) -> list[bytes | None]:
         """One BatchGet: a blob per key, None where missing or corrupt (the vault verified checksums)."""
-        return _rpc.as_bytes(self.get_buffers(namespace, keys))
+        return as_bytes(self.get_buffers(namespace, keys, timeout=timeout))
 
-    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes]) -> int:
+    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None) -> int:
         """How many leading keys of a chain the vault holds."""
-        raw = self._call("PrefixLookup", _rpc.keys_request(pb.PrefixLookupRequest, namespace, keys))
-        return pb.PrefixLookupReply.FromString(raw).count
+        return self._run(self.calls.prefix_lookup(namespace, keys, timeout))
 
-    def delete(self, namespace: bytes, keys: Sequence[bytes]) -> int:
-        raw = self._call("Delete", _rpc.keys_request(pb.DeleteRequest, namespace, keys))
-        return pb.DeleteReply.FromString(raw).deleted
+    def delete(self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None) -> int:
+        return self._run(self.calls.delete(namespace, keys, timeout))
 
-    def flush(self, namespace: bytes = b"") -> int:
-        """Delete a namespace (everything when empty); returns entries deleted."""
-        raw = self._call("Flush", pb.FlushRequest(namespace=namespace).SerializeToString())
-        return pb.FlushReply.FromString(raw).deleted
+    def flush(self, namespace: bytes = b"", *, all_namespaces: bool = False) -> int:
+        """Delete one namespace, or every namespace with ``all_namespaces=True`` (the vault allows that to
+        its admin role only); returns entries deleted. ``flush(b"")`` alone is a ValueError."""
+        return self._run(self.calls.flush(namespace, all_namespaces))
 
     def stats(self) -> VaultStats:
-        return _rpc.stats_from_reply(self._call("Stats", b""))
+        return self._run(self.calls.stats())
 
     def health(self, service: str = "") -> bool:
         """Standard grpc.health.v1 check: True when SERVING, False otherwise (never raises)."""
-        try:
-            reply = self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
-        except grpc.RpcError:
-            return False
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+        return self._run(self.calls.health(service))
 
-    def _bulk_channel(self) -> BulkChannel | None:
-        """The vault's bulk data plane, asked for once (and again after a failure, at most every 30 s)."""
-        if not self.options.bulk or (self.options.tls is not None and self.options.tls.enabled):
-            return None
-        with self._bulk_lock:
-            if self._bulk is not None or time.monotonic() < self._bulk_retry_at:
-                return self._bulk
-            self._bulk_retry_at = time.monotonic() + _BULK_RETRY_S
-        try:
-            port = self.stats().bulk_port
-        except VaultError:
-            return None
-        if not port:
-            return None
-        host = self.address.rpartition(":")[0]
-        channel = BulkChannel(host, port, token=self.options.token, address=self.address)
-        with self._bulk_lock:
-            self._bulk = self._bulk or channel
-            return self._bulk
+    @property
+    def bulk_port(self) -> int | None:
+        """The bulk port BatchGet uses now; None while it goes over gRPC."""
+        bulk = self.transport.bulk if isinstance(self.transport, BulkFirst) else None
+        return None if bulk is None else bulk.endpoint.port
 
-    def _drop_bulk(self) -> None:
-        with self._bulk_lock:
-            channel, self._bulk = self._bulk, None
-            self._bulk_retry_at = time.monotonic() + _BULK_RETRY_S
-        if channel is not None:
-            channel.close()
+    def _run(self, op: Op[T]) -> T:
+        exchange = Exchange(op)
+        while exchange.request is not None:
+            exchange.answer(self._send(exchange.request))
+        return exchange.result
 
-    def _call(self, name: str, request: bytes) -> bytes:
+    def _send(self, request: Request) -> bytes | VaultError:
         try:
-            result: bytes = self._unary[name](request, timeout=self.timeout, metadata=self.options.metadata())
-        except grpc.RpcError as exc:
-            raise _rpc.map_error(exc, self.address) from None
-        return result
+            return self.transport.handle(request)
+        except VaultError as exc:
+            return exc
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def close(self) -> None:
-        self._drop_bulk()
-        self._channel.close()
+        self.transport.close()
 
     def __enter__(self) -> VaultClient:
         return self

@@ -13,12 +13,15 @@ Request (client → vault)::
 Reply (vault → client): records ``u8 kind | u32 length | payload``; kind FRAME carries one
 ``tierkv.v1.Frame`` exactly as gRPC would, END (length 0) closes a complete reply — the connection then
 takes the next request —, ERROR carries ``"STATUS_NAME details"`` in UTF-8 and the vault closes the
-connection. This module does no I/O.
+connection. This module does no I/O; everything it cannot parse is a :class:`FrameError`.
 """
 
 from __future__ import annotations
 
 import struct
+
+from tierkv.limits import MAX_BULK_REQUEST_BYTES, MAX_MESSAGE_BYTES
+from tierkv.wire.framing import Buffer, FrameError
 
 MAGIC = b"TKVB"
 VERSION = 1
@@ -28,10 +31,13 @@ REQUEST_HEAD = struct.Struct("<4sBBI")
 LENGTH = struct.Struct("<I")
 RECORD = struct.Struct("<BI")
 MAX_TOKEN_BYTES = 4096
-MAX_REQUEST_BYTES = 64 * 1024 * 1024
+MAX_REQUEST_BYTES = MAX_BULK_REQUEST_BYTES
+MAX_ERROR_BYTES = 64 * 1024
+_RECORD_LIMITS = {FRAME: MAX_MESSAGE_BYTES, END: 0, ERROR: MAX_ERROR_BYTES}
+"""The longest payload each record kind may declare: a FRAME is at most a gRPC message, END is empty."""
 
 
-class BulkProtocolError(ValueError):
+class BulkProtocolError(FrameError):
     """The peer sent something that is not tierkv-bulk/1."""
 
 
@@ -41,8 +47,10 @@ def encode_request(token: str | None, request: bytes) -> bytes:
     return b"".join([head, secret, LENGTH.pack(len(request)), request])
 
 
-def parse_request_head(head: bytes) -> int:
+def parse_request_head(head: Buffer) -> int:
     """Validate the fixed head; returns the token length that follows."""
+    if len(head) != REQUEST_HEAD.size:
+        raise BulkProtocolError(f"a request head is {REQUEST_HEAD.size} bytes, got {len(head)}")
     magic, version, op, token_len = REQUEST_HEAD.unpack(head)
     if magic != MAGIC:
         raise BulkProtocolError("not a tierkv-bulk request")
@@ -57,10 +65,27 @@ def record(kind: int, length: int) -> bytes:
     return RECORD.pack(kind, length)
 
 
+def parse_record(head: Buffer) -> tuple[int, int]:
+    """Kind and payload length of one reply record; anything the vault never sends is refused here, so a
+    reader never allocates what a garbled length claims."""
+    if len(head) != RECORD.size:
+        raise BulkProtocolError(f"a record head is {RECORD.size} bytes, got {len(head)}")
+    kind, length = RECORD.unpack(head)
+    limit = _RECORD_LIMITS.get(kind)
+    if limit is None:
+        raise BulkProtocolError(f"bulk reply record of unknown kind {kind}")
+    if length > limit:
+        raise BulkProtocolError(f"bulk reply record of kind {kind} declares {length} bytes (limit {limit})")
+    return int(kind), int(length)
+
+
 def error_payload(code: str, details: str) -> bytes:
     return f"{code} {details}".encode()
 
 
-def parse_error(payload: bytes) -> tuple[str, str]:
-    code, _, details = payload.decode(errors="replace").partition(" ")
+def parse_error(payload: Buffer) -> tuple[str, str]:
+    """``(STATUS_NAME, details)`` of an ERROR record; a name that is no status name reads as UNKNOWN."""
+    code, _, details = bytes(payload).decode(errors="replace").partition(" ")
+    if not (code.isascii() and code.replace("_", "").isalpha() and code.isupper()):
+        return "UNKNOWN", bytes(payload).decode(errors="replace")
     return code, details

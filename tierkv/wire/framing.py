@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from google.protobuf.message import DecodeError
 
+from tierkv.limits import MAX_KEY_BYTES, MAX_NAMESPACE_BYTES
 from tierkv.wire._proto import vault_pb2 as pb
 
 Buffer = bytes | bytearray | memoryview
@@ -26,14 +27,13 @@ CORRUPT = pb.CORRUPT
 STORED = pb.STORED
 REJECTED = pb.REJECTED
 
-MAX_KEY_BYTES = 1024
-MAX_NAMESPACE_BYTES = 255
 MAX_SEGMENTS_PER_FRAME = 4096
 _EMPTY = memoryview(b"")
 
 
 class FrameError(ValueError):
-    """A frame is malformed or inconsistent (the vault answers INVALID_ARGUMENT)."""
+    """A frame is malformed or inconsistent (the vault answers INVALID_ARGUMENT, a client raises
+    ``VaultError``). Every parse failure of this module is one: no IndexError or DecodeError escapes."""
 
 
 class FrameLimitError(FrameError):
@@ -95,20 +95,31 @@ def parse_frame(data: Buffer) -> tuple[pb.FrameHeader, memoryview]:
     view = memoryview(data).cast("B")
     header = pb.FrameHeader()
     try:
-        if len(view) >= 2 and view[0] == 0x0A:
-            head_len, pos = _read_varint(view, 1)
-            head_end = pos + head_len
-            header.ParseFromString(bytes(view[pos:head_end]))
-            if head_end == len(view):
-                return header, _EMPTY
-            if view[head_end] == 0x12:
-                body_len, body_pos = _read_varint(view, head_end + 1)
-                if body_pos + body_len == len(view):
-                    return header, view[body_pos:]
+        body = _split(view, header)
+        if body is not None:
+            return header, body
         frame = pb.Frame.FromString(bytes(view))
     except DecodeError as exc:
         raise FrameError(f"not a tierkv.v1.Frame: {exc}") from exc
     return frame.header, memoryview(frame.body)
+
+
+def _split(view: memoryview, header: pb.FrameHeader) -> memoryview | None:
+    """The body of a frame laid out as tierkv writes it (header field, then body field), parsing the
+    header into ``header``; None for any other valid layout, which the full parser then reads."""
+    if len(view) < 2 or view[0] != 0x0A:
+        return None
+    head_len, pos = _read_varint(view, 1)
+    head_end = pos + head_len
+    if head_end > len(view):
+        raise FrameError("frame header runs past the end of the frame")
+    header.ParseFromString(bytes(view[pos:head_end]))
+    if head_end == len(view):
+        return _EMPTY
+    if view[head_end] != 0x12:
+        return None
+    body_len, body_pos = _read_varint(view, head_end + 1)
+    return view[body_pos:] if body_pos + body_len == len(view) else None
 
 
 def encode_frames(blobs: Iterable[Blob], *, frame_bytes: int, namespace: bytes = b"") -> Iterator[bytes]:
@@ -180,6 +191,7 @@ class FrameDecoder:
         self.total_bytes = 0
         self.frames = 0
         self._partial: Blob | None = None
+        self._partial_size = 0
         self._partial_buf = bytearray()
 
     def feed(self, frame: Buffer) -> list[Blob]:
@@ -213,15 +225,8 @@ class FrameDecoder:
         return out
 
     def _take(self, seg: pb.Segment, piece: memoryview) -> Blob | None:
-        partial = self._partial
-        if partial is not None:
-            if seg.key != partial.key or seg.index != partial.index:
-                raise FrameError("a blob that spans frames was interrupted by another key")
-            self._partial_buf += piece
-            if len(self._partial_buf) < seg.size:
-                return None
-            partial.data, self._partial, self._partial_buf = self._partial_buf, None, bytearray()
-            return partial
+        if self._partial is not None:
+            return self._continue(self._partial, seg, piece)
         blob = Blob(key=seg.key, data=None, index=seg.index, status=seg.status, priority=seg.priority)
         if seg.status in (MISSING, CORRUPT, REJECTED):
             if seg.size or seg.length:
@@ -230,10 +235,49 @@ class FrameDecoder:
         if seg.length == seg.size:
             blob.data = piece
             return blob
-        self._partial, self._partial_buf = blob, bytearray(piece)
+        self._partial, self._partial_size, self._partial_buf = blob, seg.size, bytearray(piece)
         return None
+
+    def _continue(self, partial: Blob, seg: pb.Segment, piece: memoryview) -> Blob | None:
+        """The next piece of the blob that spans frames; it must name the same blob, size included."""
+        if (seg.key, seg.index, seg.status, seg.size) != (
+            partial.key,
+            partial.index,
+            partial.status,
+            self._partial_size,
+        ):
+            raise FrameError("a blob that spans frames was interrupted by another key")
+        self._partial_buf += piece
+        if len(self._partial_buf) > seg.size:
+            raise FrameError("the pieces of a blob add up to more than its size")
+        if len(self._partial_buf) < seg.size:
+            return None
+        partial.data, self._partial, self._partial_buf = self._partial_buf, None, bytearray()
+        return partial
 
     def close(self) -> None:
         """Raise if the stream ended in the middle of a blob."""
         if self._partial is not None:
             raise FrameError("stream ended in the middle of a blob")
+
+
+__all__ = [
+    "CORRUPT",
+    "FOUND",
+    "MAX_KEY_BYTES",
+    "MAX_NAMESPACE_BYTES",
+    "MAX_SEGMENTS_PER_FRAME",
+    "MISSING",
+    "REJECTED",
+    "STORED",
+    "Blob",
+    "Buffer",
+    "FrameDecoder",
+    "FrameError",
+    "FrameLimitError",
+    "build_frame",
+    "encode_frame_parts",
+    "encode_frames",
+    "frame_parts",
+    "parse_frame",
+]

@@ -1,0 +1,142 @@
+"""Every vault operation written once, without I/O, for the sync and the asyncio client alike.
+
+An operation is a generator: it yields each :class:`~tierkv.client.transport.Request` it needs, receives
+the reply (or has the transport's :class:`~tierkv.errors.VaultError` thrown in) and returns its result.
+:class:`Exchange` steps one through; a client only adds the transport call, with or without ``await``::
+
+    exchange = Exchange(calls.prefix_lookup(namespace, keys))
+    while exchange.request is not None:
+        exchange.answer(transport.handle(exchange.request))      # await transport.handle(...) in asyncio
+    return exchange.result
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator, Sequence
+from typing import Generic, TypeVar
+
+from grpc_health.v1 import health_pb2
+
+from tierkv.client._rpc import (
+    ClientOptions,
+    GetAssembler,
+    Items,
+    batch_bytes,
+    keys_request,
+    parse_reply,
+    put_batches,
+    put_frames,
+    stats_from_reply,
+)
+from tierkv.client.transport import (
+    BATCH_GET,
+    DELETE,
+    FLUSH,
+    HEALTH,
+    PREFIX_LOOKUP,
+    PUT,
+    STATS,
+    Request,
+)
+from tierkv.client.types import VaultStats
+from tierkv.errors import VaultError
+from tierkv.wire import pb
+from tierkv.wire.framing import Buffer
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Op = Generator[Request, bytes, T]
+"""An operation: yields requests, is sent their replies, returns its result."""
+
+
+class Calls:
+    """The operations of one vault (its address names it in errors) under one set of options."""
+
+    def __init__(self, address: str, options: ClientOptions) -> None:
+        self.address = address
+        self.options = options
+
+    def put(self, namespace: bytes, items: Items, priority: int) -> Op[int]:
+        """Store blobs in batches (one write transaction each); returns how many were acknowledged."""
+        stored = 0
+        for batch in put_batches(items, self.options, priority):
+            deadline = self.options.put_deadline(batch_bytes(batch))
+            raw = yield Request(PUT, put_frames(namespace, batch, self.options), deadline)
+            reply = parse_reply(pb.PutReply, raw, self.address)
+            stored += reply.stored
+            if reply.rejected:
+                log.warning("vault %s rejected %d blobs larger than its budget", self.address, reply.rejected)
+        return stored
+
+    def get_buffers(
+        self, namespace: bytes, keys: Sequence[bytes], timeout: float | None
+    ) -> Op[list[Buffer | None]]:
+        """One BatchGet; the reply's frames are assembled as they arrive."""
+        if not keys:
+            return []
+        assembler = GetAssembler(len(keys), self.address)
+        request = keys_request(pb.BatchGetRequest, namespace, keys)
+        yield Request(BATCH_GET, request, self.options.deadline(timeout), sink=assembler.feed)
+        return assembler.finish()
+
+    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], timeout: float | None) -> Op[int]:
+        request = keys_request(pb.PrefixLookupRequest, namespace, keys)
+        raw = yield Request(PREFIX_LOOKUP, request, self.options.deadline(timeout))
+        return parse_reply(pb.PrefixLookupReply, raw, self.address).count
+
+    def delete(self, namespace: bytes, keys: Sequence[bytes], timeout: float | None) -> Op[int]:
+        request = keys_request(pb.DeleteRequest, namespace, keys)
+        raw = yield Request(DELETE, request, self.options.deadline(timeout))
+        return parse_reply(pb.DeleteReply, raw, self.address).deleted
+
+    def flush(self, namespace: bytes, all_namespaces: bool) -> Op[int]:
+        """Empty one namespace, or every one when asked in so many words (an empty namespace is not
+        "all": that request is refused here, before it is sent)."""
+        if bool(namespace) == all_namespaces:
+            raise ValueError("flush takes a namespace, or all_namespaces=True with no namespace")
+        request = pb.FlushRequest(namespace=namespace, all_namespaces=all_namespaces)
+        raw = yield Request(FLUSH, request.SerializeToString(), self.options.deadline())
+        return parse_reply(pb.FlushReply, raw, self.address).deleted
+
+    def stats(self) -> Op[VaultStats]:
+        raw = yield Request(STATS, b"", self.options.deadline())
+        return stats_from_reply(parse_reply(pb.StatsReply, raw, self.address))
+
+    def health(self, service: str) -> Op[bool]:
+        """grpc.health.v1 Check: True when SERVING; any failure, answer or not, is False."""
+        request = health_pb2.HealthCheckRequest(service=service).SerializeToString()
+        try:
+            raw = yield Request(HEALTH, request, self.options.deadline())
+            reply = parse_reply(health_pb2.HealthCheckResponse, raw, self.address)
+        except VaultError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+class Exchange(Generic[T]):
+    """Steps one operation: :attr:`request` is what it asks for next (None once it is done, with
+    :attr:`result` set); :meth:`answer` gives it the reply, or the transport's error to raise inside."""
+
+    def __init__(self, op: Op[T]) -> None:
+        self._op = op
+        self.request: Request | None = None
+        self.result: T
+        self._step(None)
+
+    def answer(self, outcome: bytes | VaultError) -> None:
+        self._step(outcome)
+
+    def _step(self, outcome: bytes | VaultError | None) -> None:
+        try:
+            if isinstance(outcome, VaultError):
+                self.request = self._op.throw(outcome)
+            else:
+                self.request = self._op.send(outcome)  # type: ignore[arg-type]  # None starts it
+        except StopIteration as done:
+            self.request = None
+            self.result = done.value
+
+
+__all__ = ["Calls", "Exchange", "Op"]
