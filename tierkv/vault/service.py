@@ -198,6 +198,7 @@ def parse_canonical(message_type: type[M], data: bytes) -> M:
     """Parse a request that must be unambiguous: it has to be exactly how protobuf itself would encode
     it (no unknown fields, no odd wire types or varints), so a flipped bit cannot turn into a valid call."""
     message = parse_message(message_type, data)
+    message.DiscardUnknownFields()
     if message.SerializeToString(deterministic=True) != bytes(data):
         raise invalid(f"not a canonically encoded {message_type.__name__} (unknown or malformed fields)")
     return message

@@ -1,0 +1,117 @@
+"""Tenants on one real vault: tokens map to tenants and roles; the vault confines each tenant, quotas
+evict only within the tenant, and only an admin flushes everything, crosses tenants or sees paths."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.conftest import VaultFactory
+from tests.vault.rawcalls import code_of, get, put, stats, unary
+from tierkv.vault.launcher import VaultProcess
+from tierkv.wire import pb
+
+TOKENS = """\
+# token       tenant  role   quota
+tok-admin     ops     admin
+tok-a         alpha   user   1MiB
+tok-b         beta    user
+"""
+
+
+@pytest.fixture
+def tenant_vault(vault_factory: VaultFactory, tmp_path: Path) -> VaultProcess:
+    token_file = tmp_path / "tokens"
+    token_file.write_text(TOKENS)
+    cfg = tmp_path / "tenants.toml"
+    cfg.write_text(f'[auth]\ntoken_file = "{token_file}"\n')
+    return vault_factory(max_bytes="16MiB", extra_args=["--config", str(cfg)])
+
+
+def test_a_tenant_cannot_read_overwrite_delete_or_flush_another(tenant_vault: VaultProcess) -> None:
+    with grpc.insecure_channel(tenant_vault.address) as ch:
+        put(ch, b"shared-ns", {b"k": b"beta's bytes"}, token="tok-b")
+        # same namespace and key from tenant alpha: a different entry, never beta's
+        assert get(ch, b"shared-ns", [b"k"], token="tok-a") == [None]
+        put(ch, b"shared-ns", {b"k": b"alpha's bytes"}, token="tok-a")
+        assert get(ch, b"shared-ns", [b"k"], token="tok-b") == [b"beta's bytes"]
+        assert get(ch, b"shared-ns", [b"k"], token="tok-a") == [b"alpha's bytes"]
+        delete = pb.DeleteRequest(namespace=b"shared-ns", keys=[b"k"])
+        assert (
+            pb.DeleteReply.FromString(unary(ch, "Delete", delete.SerializeToString(), "tok-a")).deleted == 1
+        )
+        assert get(ch, b"shared-ns", [b"k"], token="tok-b") == [b"beta's bytes"]
+        flush = pb.FlushRequest(namespace=b"shared-ns")
+        unary(ch, "Flush", flush.SerializeToString(), "tok-a")
+        assert get(ch, b"shared-ns", [b"k"], token="tok-b") == [b"beta's bytes"]
+        lookup = pb.PrefixLookupRequest(namespace=b"shared-ns", keys=[b"k"]).SerializeToString()
+        assert pb.PrefixLookupReply.FromString(unary(ch, "PrefixLookup", lookup, "tok-a")).count == 0
+        # naming beta's tenant or asking for everything needs the admin role
+        cross = pb.DeleteRequest(namespace=b"shared-ns", keys=[b"k"], tenant="beta").SerializeToString()
+        assert code_of(unary, ch, "Delete", cross, "tok-a") is grpc.StatusCode.PERMISSION_DENIED
+        everything = pb.FlushRequest(all_namespaces=True).SerializeToString()
+        assert code_of(unary, ch, "Flush", everything, "tok-a") is grpc.StatusCode.PERMISSION_DENIED
+        assert code_of(unary, ch, "Stats", b"", "nobody") is grpc.StatusCode.UNAUTHENTICATED
+        assert get(ch, b"shared-ns", [b"k"], token="tok-b") == [b"beta's bytes"]
+        # the admin may act in beta's namespaces
+        assert pb.DeleteReply.FromString(unary(ch, "Delete", cross, "tok-admin")).deleted == 1
+        assert get(ch, b"shared-ns", [b"k"], token="tok-b") == [None]
+
+
+def test_stats_show_paths_and_every_tenant_to_an_admin_only(tenant_vault: VaultProcess) -> None:
+    with grpc.insecure_channel(tenant_vault.address) as ch:
+        put(ch, b"ns", {b"k": b"x" * 1000}, token="tok-a")
+        user = stats(ch, "tok-a")
+        assert (user.tenant, user.access, user.path, len(user.tenants)) == ("alpha", "user", "", 0)
+        assert user.keys == 1 and user.max_bytes == 1 << 20
+        assert stats(ch, "tok-b").keys == 0
+        admin = stats(ch, "tok-admin")
+        assert admin.access == "admin" and admin.path == str(tenant_vault.path)
+        by_tenant = {t.tenant: t for t in admin.tenants}
+        assert by_tenant["alpha"].keys == 1 and by_tenant["alpha"].quota_bytes == 1 << 20
+        assert {"ops", "beta", "default"} <= set(by_tenant)
+
+
+def test_quota_holds_under_tenfold_overfill_and_spares_other_tenants(tenant_vault: VaultProcess) -> None:
+    blob = 64 * 1024
+    with grpc.insecure_channel(tenant_vault.address) as ch:
+        theirs = {f"b{i}".encode(): os.urandom(blob) for i in range(40)}
+        put(ch, b"ns", theirs, token="tok-b")
+        for i in range(0, 160, 8):  # 10 MiB into alpha's 1 MiB quota
+            reply = put(
+                ch, b"ns", {f"a{j}".encode(): os.urandom(blob) for j in range(i, i + 8)}, token="tok-a"
+            )
+            assert reply.stored == 8
+            assert stats(ch, "tok-a").used_bytes <= 1 << 20
+        assert stats(ch, "tok-a").evictions > 100
+        assert get(ch, b"ns", list(theirs), token="tok-b") == list(theirs.values())
+        assert stats(ch, "tok-b").evictions == 0
+
+
+def test_a_single_bare_token_is_the_admin_of_the_default_tenant(
+    vault_factory: VaultFactory, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("just-one-token\n")
+    cfg = tmp_path / "one.toml"
+    cfg.write_text(f'[auth]\ntoken_file = "{token_file}"\n')
+    v = vault_factory(extra_args=["--config", str(cfg)])
+    with grpc.insecure_channel(v.address) as ch:
+        put(ch, b"ns", {b"k": b"v"}, token="just-one-token")
+        s = stats(ch, "just-one-token")
+        assert (s.tenant, s.access, s.keys) == ("default", "admin", 1)
+        assert code_of(stats, ch, "wrong") is grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_bad_token_file_line_is_a_clear_start_up_error(vault_factory: VaultFactory, tmp_path: Path) -> None:
+    token_file = tmp_path / "tokens"
+    token_file.write_text("tok-a alpha owner\n")
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(f'[auth]\ntoken_file = "{token_file}"\n')
+    v = vault_factory(extra_args=["--config", str(cfg)], start=False)
+    with pytest.raises(RuntimeError, match=r"line 1[\s\S]*expected admin or user"):
+        v.start(timeout=20)
+    assert "Traceback" not in v.log_tail(100)
