@@ -202,3 +202,14 @@ def test_short_prompt_and_partial_block_leave_the_last_token_to_compute() -> Non
     prepared = MlxTier(model, storage, block_size=16).prepare(ids)
     assert prepared.restored == 48 and len(prepared.remaining.tolist()) == 16
     assert MlxTier(model, storage, block_size=16).prepare(ids[:5]).restored == 0
+
+
+def test_store_sends_only_the_blocks_the_vaults_lack() -> None:
+    storage = MemoryStorage()
+    model, ids, ref = _stored("llama", storage)
+    tier = MlxTier(model, storage, block_size=16)
+    prepared = tier.prepare(ids + ref.tokens + prompt(20, seed=5))
+    assert prepared.restored == 64
+    run(model, prepared.remaining.tolist(), prepared.cache, new=2)
+    tally = tier.store(prepared)
+    assert tally.sent == tally.stored == (70 + 8 + 20 + 1) // 16 - 4

@@ -221,7 +221,7 @@ class MlxTier:
             if boundary == 0:
                 return
             kv = self._fetch_kv(prepared, kv_keys[:boundary])
-            got = kv[0].ints[0] // self.block_size if kv else boundary
+            got = (kv[0].ints[0] // self.block_size if kv else 0) if self.layout.has_kv else boundary
             if got == boundary or not self.layout.has_snapshots:
                 self._assemble(prepared, got, kv, snapshot)
                 return
