@@ -7,9 +7,9 @@ from collections.abc import Mapping
 
 import grpc
 
-from tierkv.wire import FrameDecoder, SERVICE, bulk, encode_frames, pb
+from tierkv.wire import SERVICE, FrameDecoder, bulk, encode_frames, pb
 
-Ident = lambda b: b  # noqa: E731
+Ident = lambda b: b
 
 
 def metadata(token: str | None) -> list[tuple[str, str]]:
@@ -62,11 +62,16 @@ def code_of(fn, *args, **kwargs) -> grpc.StatusCode:  # type: ignore[no-untyped-
     return grpc.StatusCode.OK
 
 
-def bulk_records(port: int, request: bytes, *, timeout: float = 10) -> list[tuple[int, bytes]]:
-    """One raw tierkv-bulk/1 exchange: the (kind, payload) records up to END or ERROR (or EOF)."""
+def bulk_records(
+    port: int, request: bytes, *, timeout: float = 10, half_close: bool = False
+) -> list[tuple[int, bytes]]:
+    """One raw tierkv-bulk/1 exchange: the (kind, payload) records up to END or ERROR (or EOF).
+    ``half_close`` ends the sending side, so a request cut short is not waited for."""
     records = []
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(request)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
         stream = sock.makefile("rb")
         while True:
             head = stream.read(bulk.RECORD.size)
