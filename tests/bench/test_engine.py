@@ -1,4 +1,4 @@
-"""``tierkv bench --engine-api`` against a streaming server whose first-token delays are known."""
+"""``tierkv bench engine`` against a streaming server whose first-token delays are known."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def test_cli_engine_mode_writes_json_and_exits_zero(tmp_path: Path) -> None:
     with serve(Behaviour(cold_s=0.2, hot_s=0.01, restore_s=0.05, tail_s=0.0)) as (url, _):
         result = subprocess.run(
             [
-                sys.executable, "-m", "tierkv", "bench", "--engine-api", url + "/v1", "--tokens", "100,300",
+                sys.executable, "-m", "tierkv", "bench", "engine", url + "/v1", "--tokens", "100,300",
                 "--repeats", "1", "--settle", "0", "--json", "-",
             ],
             capture_output=True, text=True, timeout=60, cwd=tmp_path,

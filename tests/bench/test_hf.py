@@ -1,4 +1,4 @@
-"""``tierkv bench --hf`` with a tiny random-weight model: prefill, hot hit and cold restore really happen."""
+"""``tierkv bench hf`` with a tiny random-weight model: prefill, hot hit and cold restore really happen."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_hf_bench_restores_from_the_vaults_and_reports_ttft(tmp_path: Path) -> N
     out = tmp_path / "hf.json"
     result = subprocess.run(
         [
-            sys.executable, "-m", "tierkv", "bench", "--hf", "--shape", "custom:2,2,32,float32",
+            sys.executable, "-m", "tierkv", "bench", "hf", "--shape", "custom:2,2,32,float32",
             "--tokens", "64,160", "--repeats", "2", "--codec", "int8", "--json", str(out),
         ],
         capture_output=True, text=True, timeout=180, cwd=tmp_path,
@@ -71,7 +71,7 @@ def test_hf_bench_restores_from_the_vaults_and_reports_ttft(tmp_path: Path) -> N
 
 def test_hf_bench_refuses_hybrid_shapes(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "tierkv", "bench", "--hf", "--shape", "qwen3.6-35b-a3b"],
+        [sys.executable, "-m", "tierkv", "bench", "hf", "--shape", "qwen3.6-35b-a3b"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 2

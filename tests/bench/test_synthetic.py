@@ -1,9 +1,10 @@
-"""``tierkv bench`` (synthetic) end to end: real vault processes, real LMDB, the JSON a script reads."""
+"""``tierkv bench synthetic`` end to end: real vault processes, real LMDB, the JSON a script reads."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,9 +49,15 @@ CELL_FIELDS = {
 }
 
 
-def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def bench(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``tierkv bench ARGS`` as a user runs it (the console script's module), in ``cwd``."""
     return subprocess.run(
-        [sys.executable, "-m", "tierkv", "bench", *args], capture_output=True, text=True, timeout=240, cwd=cwd
+        [sys.executable, "-m", "tierkv", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -94,7 +101,7 @@ def check_document(doc: dict[str, Any], lengths: list[int], codecs: list[str], r
 def test_synthetic_bench_starts_its_own_vaults_and_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "figures" / "bench.json"
     result = bench(
-        "--tokens", "64,256", "--repeats", "2", "--batch-mib", "1", "--prefill-tps", "800",
+        "synthetic", "--tokens", "64,256", "--repeats", "2", "--batch-mib", "1", "--prefill-tps", "800",
         "--prefill-at", "4096", "--json", str(out), cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -117,7 +124,9 @@ def test_synthetic_bench_starts_its_own_vaults_and_writes_every_figure(tmp_path:
 
 
 def test_json_to_stdout_keeps_stdout_parseable(tmp_path: Path) -> None:
-    result = bench("--tokens", "32", "--repeats", "1", "--codec", "raw", "--json", "-", cwd=tmp_path)
+    result = bench(
+        "synthetic", "--tokens", "32", "--repeats", "1", "--codec", "raw", "--json", "-", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["ok"] and doc["breakeven"] == {} and "--prefill-tps" in doc["verdict"]
@@ -130,7 +139,7 @@ def test_configured_vaults_are_used_when_reachable(vault_factory: VaultFactory, 
     toml.write_text(f'[cluster.kv_cold]\nhost = "127.0.0.1"\nport = {kv.port}\n')
     out = tmp_path / "b.json"
     result = bench(
-        "--config", str(toml), "--vaults", "config", "--tokens", "128", "--repeats", "1",
+        "synthetic", "--config", str(toml), "--use-config-vaults", "--tokens", "128", "--repeats", "1",
         "--json", str(out), cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -147,12 +156,23 @@ def test_unreachable_configured_vaults_fail_in_config_mode_and_fall_back_in_auto
     toml = tmp_path / "tierkv.toml"
     toml.write_text('[cluster]\ntimeout = 0.5\n[cluster.kv_cold]\nhost = "127.0.0.1"\nport = 9\n')
     strict = bench(
-        "--config", str(toml), "--vaults", "config", "--tokens", "32", "--repeats", "1", cwd=tmp_path
+        "synthetic",
+        "--config",
+        str(toml),
+        "--use-config-vaults",
+        "--tokens",
+        "32",
+        "--repeats",
+        "1",
+        cwd=tmp_path,
     )
     assert strict.returncode == 2
     assert "unreachable" in strict.stderr
     out = tmp_path / "b.json"
-    auto = bench("--config", str(toml), "--tokens", "32", "--repeats", "1", "--json", str(out), cwd=tmp_path)
+    auto = bench(
+        "synthetic", "--config", str(toml), "--vaults", "auto", "--tokens", "32", "--repeats", "1",
+        "--json", str(out), cwd=tmp_path,
+    )  # fmt: skip
     assert auto.returncode == 0, auto.stdout + auto.stderr
     doc = json.loads(out.read_text())
     assert doc["vaults"]["source"] == "local"
@@ -160,9 +180,11 @@ def test_unreachable_configured_vaults_fail_in_config_mode_and_fall_back_in_auto
 
 
 def test_bad_flags_exit_with_usage_errors(tmp_path: Path) -> None:
-    assert bench("--shape", "gpt-nothing", cwd=tmp_path).returncode == 2
-    assert bench("--tokens", "8", cwd=tmp_path).returncode == 2  # shorter than one block
-    assert bench("--codec", "zstd", "--tokens", "32", cwd=tmp_path).returncode == 2
+    assert bench("synthetic", "--shape", "gpt-nothing", cwd=tmp_path).returncode == 2
+    assert bench("synthetic", "--tokens", "8", cwd=tmp_path).returncode == 2  # shorter than one block
+    assert bench("synthetic", "--codec", "zstd", "--tokens", "32", cwd=tmp_path).returncode == 2
+    assert bench("synthetic", "--batch-mib", "1", "--tokens", "x", cwd=tmp_path).returncode == 2
+    assert bench("hf", "--batch-mib", "1", cwd=tmp_path).returncode == 2  # not an hf option
 
 
 def test_hybrid_shape_sends_state_snapshots_to_ssm_cold(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ class EngineSettings:
     def validate(self) -> None:
         parsed = urllib.parse.urlsplit(self.url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise BenchError(f"--engine-api needs an http(s) URL, got {self.url!r}")
+            raise BenchError(f"the engine URL must be http(s)://HOST[:PORT][/v1], got {self.url!r}")
         if self.api not in APIS:
             raise BenchError(f"--api must be one of {', '.join(APIS)}")
         if self.evict not in EVICTIONS:
@@ -464,37 +464,14 @@ def _measure(
 
 
 def _conclude(result: EngineResult) -> None:
-    s = result.settings
     rows = [r for r in result.rows if r.restored]
     result.rows = rows
-    if rows and s.evict == "none":
+    if rows and result.settings.evict == "none":
         result.warnings.append("--evict none: 'restored' is just another hot hit")
     for row in rows:
         f = row.figures()
-        at = f"{row.tokens:,} tokens"
-        if f["hot_speedup"] is not None and f["hot_speedup"] < NOT_HIT_RATIO:
-            result.warnings.append(
-                f"{at}: even the engine's own prefix cache barely helps (hot {f['hot_ttft_s']:.3f} s vs cold "
-                f"{f['cold_ttft_s']:.3f} s): TTFT is not prefill-bound here; try longer prompts"
-            )
-        elif f["speedup"] is not None and f["speedup"] < NOT_HIT_RATIO:
-            result.warnings.append(
-                f"{at}: restored TTFT {f['restored_ttft_s']:.3f} s is close to cold "
-                f"{f['cold_ttft_s']:.3f} s: the cold tier was probably not hit (connector loaded? "
-                "vaults reachable? give the store time with --settle)"
-            )
-        cached = row.cached_tokens_restored
-        if cached == 0:
-            result.warnings.append(
-                f"{at}: the engine reports 0 cached prompt tokens for the restored request"
-            )
-        hot = f["hot_ttft_s"]
-        if result.evict_method.startswith("flood") and hot and f["restored_ttft_s"] <= 1.1 * hot:
-            result.warnings.append(
-                f"{at}: restored is as fast as a hot hit: the flood may not have evicted the prompt "
-                "(raise --flood-tokens)"
-            )
-        result.check_speedup(row.tokens, f["speedup"], s.min_speedup)
+        result.warnings.extend(_row_warnings(row, f, flooded=result.evict_method.startswith("flood")))
+        result.check_speedup(row.tokens, f["speedup"], result.settings.min_speedup)
     result.warnings = list(dict.fromkeys(result.warnings))
     if rows:
         result.breakeven["restored via engine"] = ttft_break_even(
@@ -503,6 +480,32 @@ def _conclude(result: EngineResult) -> None:
             median([m.ttft_s for r in rows for m in r.hot]) or 0.0,
         )
     result.verdict = engine_verdict(result)
+
+
+def _row_warnings(row: EngineRow, f: dict[str, Any], *, flooded: bool) -> list[str]:
+    """What one prompt length's figures say about the run itself (cold tier hit? eviction worked?)."""
+    at = f"{row.tokens:,} tokens"
+    found: list[str] = []
+    if f["hot_speedup"] is not None and f["hot_speedup"] < NOT_HIT_RATIO:
+        found.append(
+            f"{at}: even the engine's own prefix cache barely helps (hot {f['hot_ttft_s']:.3f} s vs cold "
+            f"{f['cold_ttft_s']:.3f} s): TTFT is not prefill-bound here; try longer prompts"
+        )
+    elif f["speedup"] is not None and f["speedup"] < NOT_HIT_RATIO:
+        found.append(
+            f"{at}: restored TTFT {f['restored_ttft_s']:.3f} s is close to cold "
+            f"{f['cold_ttft_s']:.3f} s: the cold tier was probably not hit (connector loaded? "
+            "vaults reachable? give the store time with --settle)"
+        )
+    if row.cached_tokens_restored == 0:
+        found.append(f"{at}: the engine reports 0 cached prompt tokens for the restored request")
+    hot = f["hot_ttft_s"]
+    if flooded and hot and f["restored_ttft_s"] <= 1.1 * hot:
+        found.append(
+            f"{at}: restored is as fast as a hot hit: the flood may not have evicted the prompt "
+            "(raise --flood-tokens)"
+        )
+    return found
 
 
 def engine_verdict(result: EngineResult) -> str:

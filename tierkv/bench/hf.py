@@ -254,6 +254,13 @@ class RecordingCluster:
     def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD) -> int:
         return self.cluster.prefix_lookup(namespace, keys, role=role)
 
+    def delete(self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD) -> int:
+        self.stored[namespace, role].difference_update(keys)
+        return self.cluster.delete(namespace, keys, role=role)
+
+    def close(self) -> None:
+        """Nothing: the run's vault set owns the cluster and closes it after :meth:`delete_stored`."""
+
     def replay(self, times: int) -> list[tuple[float, int]]:
         """Seconds and bytes of the latest KV BatchGet done again ``times`` times with nothing around it
         (none when the restore made no BatchGet)."""

@@ -1,14 +1,12 @@
-"""One entry point for the ``tierkv bench`` command: pick the mode, fill in its defaults, run, render.
+"""From flag text to a mode's settings, and from its result to the screen: what the ``tierkv bench``
+subcommands share.
 
-The command line hands over a :class:`BenchRequest` (flags as given, ``None`` where the user left a
-per-mode default); :func:`run_bench` builds the mode's settings, runs it and returns its result, whose
-``document()`` is the ``--json`` output and whose ``ok`` is the exit status.
+Every parser raises :class:`BenchError` naming the flag, so the command exits 2 with one line; the
+modes themselves check their settings before anything starts.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,17 +14,9 @@ from rich.console import Console
 
 from tierkv.bench import BenchError
 from tierkv.bench.breakeven import PrefillModel
-from tierkv.bench.shapes import parse_shape
-from tierkv.bench.vaults import VaultSettings
-from tierkv.config import Config, parse_size
-
-logger = logging.getLogger(__name__)
-
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "synthetic": {"tokens": (1024, 4096, 16384), "repeats": 3, "max_seconds": 120.0},
-    "hf": {"tokens": (512, 2048), "repeats": 2, "max_seconds": 300.0},
-    "engine": {"tokens": (1024, 4096), "repeats": 3, "max_seconds": 900.0},
-}
+from tierkv.bench.shapes import ModelShape, parse_shape
+from tierkv.bench.vaults import VaultSettings, parse_vaults
+from tierkv.config import parse_size
 
 
 class BenchResult(Protocol):
@@ -38,74 +28,15 @@ class BenchResult(Protocol):
     def document(self) -> dict[str, Any]: ...
 
 
-@dataclasses.dataclass(frozen=True)
-class BenchRequest:
-    """What the user asked for; ``None`` means the mode's default."""
-
-    shape: str = "qwen2.5-0.5b"
-    tokens: str | None = None
-    codecs: str = "raw,int8"
-    repeats: int | None = None
-    block_tokens: int = 16
-    batch_mib: float = 16.0
-    ssm_every: int = 1024
-    max_seconds: float | None = None
-    prefill_tps: float | None = None
-    prefill_at: int | None = None
-    vaults: str = "auto"
-    state_dir: str | None = None
-    vault_max_bytes: str = "1GiB"
-    vault_sync: str = "durable"
-    hf: bool = False
-    device: str = "cpu"
-    engine_api: str | None = None
-    model: str | None = None
-    api: str = "auto"
-    evict: str = "auto"
-    flood_tokens: int = 65536
-    settle_s: float = 1.0
-    max_new_tokens: int = 4
-    min_speedup: float | None = None
-    seed: int = 0
-
-    @property
-    def mode(self) -> str:
-        if self.hf and self.engine_api:
-            raise BenchError("--hf and --engine-api are separate modes: pick one")
-        return "hf" if self.hf else "engine" if self.engine_api else "synthetic"
-
-    def lengths(self) -> tuple[int, ...]:
-        if self.tokens is None:
-            return tuple(DEFAULTS[self.mode]["tokens"])
-        try:
-            values = tuple(_count(part) for part in self.tokens.split(",") if part.strip())
-        except ValueError as exc:
-            raise BenchError(f"--tokens: {exc}") from exc
-        if not values:
-            raise BenchError("--tokens needs at least one length")
-        return values
-
-    def default(self, name: str) -> Any:
-        value = getattr(self, name)
-        return DEFAULTS[self.mode][name] if value is None else value
-
-    def vault_settings(self) -> VaultSettings:
-        try:
-            budget = parse_size(self.vault_max_bytes)
-        except ValueError as exc:
-            raise BenchError(f"--vault-max-bytes: {exc}") from exc
-        if self.vault_sync not in ("durable", "fast"):
-            raise BenchError("--vault-sync must be durable or fast")
-        state = Path(self.state_dir).expanduser() if self.state_dir else None
-        return VaultSettings(mode=self.vaults, state_dir=state, max_bytes=budget, sync=self.vault_sync)
-
-    def prefill_model(self) -> PrefillModel | None:
-        if self.prefill_tps is None:
-            return None
-        try:
-            return PrefillModel.from_rate(self.prefill_tps, self.prefill_at)
-        except ValueError as exc:
-            raise BenchError(f"--prefill-tps: {exc}") from exc
+def parse_lengths(text: str) -> tuple[int, ...]:
+    """``--tokens``: comma-separated prompt lengths, ``4096`` or ``4k`` (k = 1024)."""
+    try:
+        values = tuple(_count(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise BenchError(f"--tokens: {exc}") from exc
+    if not values:
+        raise BenchError("--tokens needs at least one length")
+    return values
 
 
 def _count(text: str) -> int:
@@ -117,73 +48,45 @@ def _count(text: str) -> int:
     return value
 
 
-def run_bench(request: BenchRequest, config: Config, console: Console) -> BenchResult:
-    """Run the requested mode; setup problems raise :class:`BenchError`, measurement ones go to ``errors``."""
-    mode = request.mode
+def parse_codecs(text: str) -> tuple[str, ...]:
+    """``--codec``: comma-separated codec names (checked by the mode)."""
+    return tuple(c.strip() for c in text.split(",") if c.strip())
+
+
+def model_shape(text: str) -> ModelShape:
     try:
-        shape = parse_shape(request.shape)
+        return parse_shape(text)
     except ValueError as exc:
         raise BenchError(str(exc)) from exc
-    codecs = tuple(c.strip() for c in request.codecs.split(",") if c.strip())
-    if mode == "engine":
-        from tierkv.bench.engine import EngineSettings, run_engine
 
-        assert request.engine_api is not None
-        return run_engine(
-            EngineSettings(
-                url=request.engine_api,
-                model=request.model,
-                lengths=request.lengths(),
-                repeats=request.default("repeats"),
-                max_tokens=request.max_new_tokens,
-                api=request.api,
-                evict=request.evict,
-                flood_tokens=request.flood_tokens,
-                settle_s=request.settle_s,
-                max_seconds=request.default("max_seconds"),
-                min_speedup=request.min_speedup,
-                seed=request.seed,
-            ),
-            console,
-        )
-    if mode == "hf":
-        from tierkv.bench.hf import HFSettings, run_hf
 
-        return run_hf(
-            config,
-            HFSettings(
-                shape=shape,
-                lengths=request.lengths(),
-                repeats=request.default("repeats"),
-                device=request.device,
-                codec=codecs[0] if codecs else "raw",
-                block_tokens=request.block_tokens,
-                max_seconds=request.default("max_seconds"),
-                min_speedup=request.min_speedup,
-                seed=request.seed,
-            ),
-            request.vault_settings(),
-            console,
-        )
-    from tierkv.bench.synthetic import SyntheticSettings, run_synthetic
+def vault_settings(
+    vaults: str, use_config: bool, state_dir: str | None, max_bytes: str, sync: str
+) -> VaultSettings:
+    """``--vaults`` / ``--use-config-vaults`` and the settings of vaults started here."""
+    mode, addresses = parse_vaults(vaults)
+    if use_config:
+        if mode not in ("local", "config"):
+            raise BenchError("--use-config-vaults and --vaults name different vaults: pick one")
+        mode = "config"
+    try:
+        budget = parse_size(max_bytes)
+    except ValueError as exc:
+        raise BenchError(f"--vault-max-bytes: {exc}") from exc
+    if sync not in ("durable", "fast"):
+        raise BenchError("--vault-sync must be durable or fast")
+    state = Path(state_dir).expanduser() if state_dir else None
+    return VaultSettings(mode=mode, state_dir=state, max_bytes=budget, sync=sync, addresses=addresses)
 
-    return run_synthetic(
-        config,
-        SyntheticSettings(
-            shape=shape,
-            lengths=request.lengths(),
-            codecs=codecs,
-            repeats=request.default("repeats"),
-            block_tokens=request.block_tokens,
-            batch_bytes=max(1, int(request.batch_mib * (1 << 20))),
-            ssm_every=request.ssm_every,
-            max_seconds=request.default("max_seconds"),
-            prefill=request.prefill_model(),
-            seed=request.seed,
-        ),
-        request.vault_settings(),
-        console,
-    )
+
+def prefill_model(tps: float | None, at: int | None) -> PrefillModel | None:
+    """``--prefill-tps`` (and the length ``--prefill-at`` it was measured at), when given."""
+    if tps is None:
+        return None
+    try:
+        return PrefillModel.from_rate(tps, at)
+    except ValueError as exc:
+        raise BenchError(f"--prefill-tps: {exc}") from exc
 
 
 def render_result(result: BenchResult, console: Console) -> None:
@@ -202,4 +105,12 @@ def render_result(result: BenchResult, console: Console) -> None:
         raise TypeError(f"no renderer for {type(result).__name__}")
 
 
-__all__ = ["DEFAULTS", "BenchRequest", "BenchResult", "render_result", "run_bench"]
+__all__ = [
+    "BenchResult",
+    "model_shape",
+    "parse_codecs",
+    "parse_lengths",
+    "prefill_model",
+    "render_result",
+    "vault_settings",
+]

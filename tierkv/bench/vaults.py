@@ -1,10 +1,15 @@
-"""The vaults a bench run talks to: the ones in tierkv.toml, or ones it starts itself on loopback.
+"""The vaults a bench run talks to: ones it starts on loopback (the default), or ones it is told to use.
 
-``auto`` uses the configured vaults when every ``kv_cold`` vault answers a Stats RPC, and otherwise starts
-its own (a ``kv_cold`` one, plus an ``ssm_cold`` one for hybrid shapes) under a temporary directory and
-stops them (by PID, SIGTERM) when the run ends. ``config`` insists on the configured ones; ``local``
-always starts its own. Measuring against configured vaults writes into them, in a namespace of its own
-that the runner deletes afterwards.
+A bench writes gigabytes and can evict real entries, so it never goes near a vault unless asked:
+
+- ``local`` (default): a ``kv_cold`` vault (plus an ``ssm_cold`` one for hybrid shapes) on 127.0.0.1,
+  a free port each, LMDB under a temporary directory, stopped (by PID, SIGTERM) when the run ends;
+- ``config`` (``--use-config-vaults``): the vaults in tierkv.toml, every ``kv_cold`` one must answer;
+- ``given`` (``--vaults kv_cold=HOST:PORT,...``): those vaults, with tierkv.toml's token and TLS;
+- ``auto``: the configured vaults when they all answer, else self-started ones (the pre-0.3 default).
+
+Measuring against vaults that were not started here writes into them, in a namespace of its own that
+the run deletes afterwards; the run says so in its warnings.
 """
 
 from __future__ import annotations
@@ -13,36 +18,85 @@ import contextlib
 import dataclasses
 import logging
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from tierkv.bench import BenchError
-from tierkv.client.cluster import KV_COLD, SSM_COLD, Cluster
+from tierkv.client.cluster import Cluster
 from tierkv.client.types import VaultStats
 from tierkv.config import BUILTIN, Config
+from tierkv.endpoints import HostPort
 from tierkv.errors import VaultError
-from tierkv.status import cluster_status, human_bytes
+from tierkv.roles import COLD_ROLE_NAMES, Role
+from tierkv.status import human_bytes
 from tierkv.vault.launcher import VaultProcess
 
 logger = logging.getLogger(__name__)
 
-VAULT_MODES = ("auto", "config", "local")
+KV_COLD, SSM_COLD = Role.KV_COLD.value, Role.SSM_COLD.value
+
+VAULT_MODES = ("local", "config", "auto")
+"""Keywords ``--vaults`` takes besides a list of addresses (which is mode ``given``)."""
+
+PROBE_TIMEOUT_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
 class VaultSettings:
-    mode: str = "auto"
+    mode: str = "local"
     state_dir: Path | None = None
     max_bytes: int = 1 << 30
     sync: str = "durable"
     timeout_s: float = 30.0
+    addresses: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in (*VAULT_MODES, "given"):
+            raise BenchError(f"--vaults must be one of {', '.join(VAULT_MODES)} or ROLE=HOST:PORT,...")
+        if (self.mode == "given") != bool(self.addresses):
+            raise BenchError("vault addresses go with mode 'given', and only with it")
 
     def at_least(self, nbytes: int) -> VaultSettings:
-        """Vaults started here get a budget of at least ``nbytes`` (configured ones keep theirs)."""
-        if self.mode == "config" or self.max_bytes >= nbytes:
+        """Vaults started here get a budget of at least ``nbytes`` (vaults not started here keep theirs)."""
+        if self.mode in ("config", "given") or self.max_bytes >= nbytes:
             return self
         return dataclasses.replace(self, max_bytes=nbytes)
+
+    def remote(self, config: Config) -> list[tuple[str, str]]:
+        """(role, address) of every vault this run would use without starting it (none for ``local``)."""
+        if self.mode == "local":
+            return []
+        if self.mode == "given":
+            return [(role, a) for role, addresses in self.addresses.items() for a in addresses]
+        cc = config.cluster
+        return [(KV_COLD, e.address) for e in cc.kv_cold] + [(SSM_COLD, e.address) for e in cc.ssm_cold]
+
+
+def parse_vaults(text: str) -> tuple[str, dict[str, tuple[str, ...]]]:
+    """``--vaults``: a mode keyword, or ``kv_cold=HOST:PORT,ssm_cold=HOST:PORT,...`` (a role may repeat;
+    IPv6 as ``[addr]:port``). Returns (mode, addresses by role); BenchError saying what was expected."""
+    word = text.strip()
+    if word in VAULT_MODES:
+        return word, {}
+    found: dict[str, list[str]] = {}
+    for item in filter(None, (part.strip() for part in word.split(","))):
+        role, sep, address = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError(f"expected {', '.join(VAULT_MODES)} or ROLE=HOST:PORT,..., got {item!r}")
+            parsed = Role.parse(role.strip())
+            if not parsed.cold:
+                raise ValueError(f"vaults serve {' or '.join(COLD_ROLE_NAMES)}, not {role.strip()!r}")
+            found.setdefault(parsed.value, []).append(HostPort.parse(address).address)
+        except ValueError as exc:
+            raise BenchError(f"--vaults: {exc}") from None
+    if KV_COLD not in found:
+        raise BenchError(
+            f"--vaults takes {', '.join(VAULT_MODES)} or kv_cold=HOST:PORT[,ssm_cold=HOST:PORT...], "
+            f"got {text!r}"
+        )
+    return "given", {role: tuple(addresses) for role, addresses in found.items()}
 
 
 @dataclasses.dataclass
@@ -101,36 +155,56 @@ def open_vaults(
     config: Config, settings: VaultSettings, *, need_ssm: bool, cluster_timeout: float = 60.0
 ) -> Iterator[VaultSet]:
     """Yield a :class:`VaultSet`; self-started vaults are stopped on the way out, whatever happened."""
-    if settings.mode not in VAULT_MODES:
-        raise BenchError(f"--vaults must be one of {', '.join(VAULT_MODES)}, got {settings.mode!r}")
     warnings: list[str] = []
-    if settings.mode != "local":
-        nodes = cluster_status(config, timeout=min(config.cluster.timeout, 5.0))
-        kv = [n for n in nodes if n.role == KV_COLD]
-        ssm = [n for n in nodes if n.role == SSM_COLD]
-        usable = bool(kv) and all(n.reachable for n in kv)
-        if usable:
-            roles: dict[str, list[str]] = {KV_COLD: [n.address for n in kv]}
-            live_ssm = [n.address for n in ssm if n.reachable]
-            if live_ssm:
-                roles[SSM_COLD] = live_ssm
-            if len(live_ssm) < len(ssm):
-                warnings.append("some ssm_cold vaults are unreachable; state goes to the reachable ones")
-            elif need_ssm and not ssm:
-                warnings.append("no ssm_cold vault configured: recurrent state goes to kv_cold")
-            warnings.append("measured on the configured vaults: other traffic on them shares the figures")
-            with Cluster.from_config(config, timeout=cluster_timeout) as cluster:
-                cluster_set = VaultSet(cluster, "config", roles, config.source, warnings)
-                cluster_set.notes.append(f"vaults from {config.source}")
-                yield cluster_set
-            return
-        down = ", ".join(f"{n.role} {n.address}" for n in nodes if not n.reachable) or "none configured"
-        if settings.mode == "config":
-            raise BenchError(f"configured vaults unreachable ({down}); use --vaults local to start some")
-        if config.source != BUILTIN:
-            warnings.append(f"configured vaults unreachable ({down}): started vaults on loopback instead")
-    with _local_vaults(settings, need_ssm, warnings, cluster_timeout) as vaults:
-        yield vaults
+    roles = _remote_roles(config, settings, need_ssm, warnings)
+    if roles is None:
+        with _local_vaults(settings, need_ssm, warnings, cluster_timeout) as vaults:
+            yield vaults
+        return
+    source = "given" if settings.mode == "given" else "config"
+    named = "by --vaults" if source == "given" else f"in {config.source}"
+    warnings.append(
+        f"measured on the vaults named {named}: the run writes into them (in a namespace of its own, "
+        "deleted afterwards), can evict their entries, and other traffic on them shares the figures"
+    )
+    with Cluster.from_config(config, roles, timeout=cluster_timeout) as cluster:
+        yield VaultSet(cluster, source, roles, config.source, warnings, [f"vaults named {named}"])
+
+
+def _remote_roles(
+    config: Config, settings: VaultSettings, need_ssm: bool, warnings: list[str]
+) -> dict[str, list[str]] | None:
+    """The addresses by role of the vaults to use (each asked for Stats first), or None to start some."""
+    pairs = settings.remote(config)
+    if not pairs:
+        return None
+    roles: dict[str, list[str]] = {}
+    for role, address in pairs:
+        roles.setdefault(role, []).append(address)
+    with Cluster.from_config(config, roles, timeout=min(config.cluster.timeout, PROBE_TIMEOUT_S)) as probe:
+        down = [f"{role} {address}" for role, address, st in probe.stats() if isinstance(st, VaultError)]
+    kv_down = [d for d in down if d.startswith(KV_COLD)]
+    if KV_COLD in roles and not kv_down:
+        return _reachable_roles(roles, down, need_ssm, warnings)
+    if settings.mode != "auto":
+        raise BenchError(f"vaults unreachable ({', '.join(down)}); leave out --vaults to start some here")
+    if config.source != BUILTIN:
+        warnings.append(
+            f"configured vaults unreachable ({', '.join(down)}): started vaults on loopback instead"
+        )
+    return None
+
+
+def _reachable_roles(
+    roles: dict[str, list[str]], down: list[str], need_ssm: bool, warnings: list[str]
+) -> dict[str, list[str]]:
+    """Every ``kv_cold`` vault (all answered) and the ``ssm_cold`` ones that answered."""
+    live_ssm = [a for a in roles.get(SSM_COLD, []) if f"{SSM_COLD} {a}" not in down]
+    if down:
+        warnings.append("some ssm_cold vaults are unreachable; state goes to the reachable ones")
+    elif need_ssm and not live_ssm:
+        warnings.append("no ssm_cold vault given: recurrent state goes to kv_cold")
+    return {KV_COLD: roles[KV_COLD], **({SSM_COLD: live_ssm} if live_ssm else {})}
 
 
 @contextlib.contextmanager
@@ -188,4 +262,12 @@ def _local_vaults(
                     logger.warning("%s vault exited with %d:\n%s", role, code, proc.log_tail())
 
 
-__all__ = ["VAULT_MODES", "VaultSet", "VaultSettings", "counter_delta", "open_vaults", "watched_vaults"]
+__all__ = [
+    "VAULT_MODES",
+    "VaultSet",
+    "VaultSettings",
+    "counter_delta",
+    "open_vaults",
+    "parse_vaults",
+    "watched_vaults",
+]

@@ -2,6 +2,9 @@
 
 The child is a real ``tierkv vault`` process; readiness is the ready file it writes once it serves, so no
 port is guessed and no sleep is needed. Only the process started here is ever signalled, by its PID.
+
+The child imports tierkv without the working directory on ``sys.path`` (``python -m tierkv`` would put
+it first, and a folder named ``tierkv`` there, such as a state directory, would shadow the package).
 """
 
 from __future__ import annotations
@@ -13,6 +16,17 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+TIERKV_COMMAND = (
+    sys.executable,
+    "-c",
+    "import sys\n"
+    "if sys.path and sys.path[0] == '': del sys.path[0]\n"
+    "from tierkv.cli import app\n"
+    "app(prog_name='tierkv')",
+)
+"""``tierkv`` as a child process: this interpreter, the working directory (``-c`` puts ``''`` first on
+``sys.path``) taken off the import path before tierkv is imported."""
 
 
 class VaultProcess:
@@ -33,9 +47,7 @@ class VaultProcess:
         self.host = host
         self.port = port
         self.args = [
-            sys.executable,
-            "-m",
-            "tierkv",
+            *TIERKV_COMMAND,
             "vault",
             "--host",
             host,
