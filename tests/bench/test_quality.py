@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import VaultFactory
-from tests.connectors.hf_models import tiny_model
+from tests.connectors.hf.models import tiny_model
 from tierkv.bench.quality import restore_agreement
 from tierkv.client.cluster import Cluster
 

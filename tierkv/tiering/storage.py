@@ -19,7 +19,6 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from tierkv.client.cluster import Cluster
 from tierkv.codec import Buffer
 from tierkv.config import Config
 from tierkv.roles import Role
@@ -57,8 +56,11 @@ def open_cluster(
     """A :class:`~tierkv.client.cluster.Cluster` from ``[cluster]``, ``[auth]`` and ``[tls]`` of ``config``.
 
     ``roles`` replaces the file's vault addresses; ``overrides`` replace cluster options (``timeout``, …).
-    Hooks call this instead of importing the client, so the client stays behind the Protocol.
+    Hooks call this instead of importing the client, so the client stays behind the Protocol. The
+    client (and grpc) is imported here, on first use: the pipeline itself runs without it.
     """
+    from tierkv.client.cluster import Cluster
+
     return Cluster.from_config(config, roles=roles, **overrides)
 
 

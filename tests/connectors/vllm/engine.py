@@ -169,7 +169,7 @@ def write_tiny_qwen3_next(path: Path, seed: int = 0) -> Path:
     """
     import torch
 
-    from tests.connectors.hf_models import tiny_model
+    from tests.connectors.hf.models import tiny_model
 
     model = tiny_model(
         "qwen3_next",

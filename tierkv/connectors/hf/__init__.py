@@ -2,17 +2,20 @@
 
 ::
 
-    from tierkv.client.cluster import Cluster
+    from tierkv.config import load_config
     from tierkv.connectors.hf import TieredSession
+    from tierkv.tiering import open_cluster
 
-    cluster = Cluster({"kv_cold": ["127.0.0.1:50051"], "ssm_cold": ["127.0.0.1:50052"]}, timeout=2.0)
-    s = TieredSession(model, cluster, codec="raw", block_size=16, hot_bytes=1 << 30)
+    vaults = open_cluster(load_config())  # or roles={"kv_cold": ["127.0.0.1:50051"], ...}
+    s = TieredSession(model, vaults, codec="raw", block_size=16, hot_bytes=1 << 30)
     out = s.generate(input_ids, max_new_tokens=32)
     s.last_stats  # restored_tokens, computed_tokens, hot_hits, cold_hits, bytes_fetched, ttft_s, ...
 """
 
 from tierkv.connectors.hf.layout import CacheLayout, StateSnapshot, probe_layout
-from tierkv.connectors.hf.session import ClusterLike, GenerationStats, TieredSession, weights_fingerprint
+from tierkv.connectors.hf.session import ClusterLike, TieredSession
+from tierkv.connectors.hf.stats import GenerationStats
+from tierkv.connectors.hf.streams import weights_fingerprint
 from tierkv.connectors.hf.text import encode_with_offsets
 
 __all__ = [

@@ -18,8 +18,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from tierkv.client.cluster import Cluster
-from tierkv.connectors.vllm.lazy import LazyCluster
 from tierkv.connectors.vllm.plan import (
     KV,
     BlockRef,
@@ -37,6 +35,7 @@ from tierkv.connectors.vllm.plan import (
     state_candidates,
 )
 from tierkv.connectors.vllm.stats import Counters
+from tierkv.tiering import LazyStorage, Storage
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ class SchedulerSide:
         self,
         topology: Topology,
         namespaces: Mapping[Stream, Sequence[bytes]],
-        cluster_factory: Callable[[], Cluster],
+        storage_factory: Callable[[], Storage],
         block_keys: KeyFunction,
         *,
         forget: Callable[[str], None] | None = None,
@@ -79,7 +78,7 @@ class SchedulerSide:
         self._forget = forget
         self.max_state_probes = max_state_probes
         self.counters = counters or Counters()
-        self._cluster = LazyCluster(cluster_factory)
+        self._storage = LazyStorage(storage_factory)
         self._pool = ThreadPoolExecutor(lookup_threads, thread_name_prefix="tierkv-lookup")
         self._lookups: dict[str, _Lookup] = {}
         self._requests: dict[str, Any] = {}
@@ -88,9 +87,9 @@ class SchedulerSide:
         self._loading: set[str] = set()
 
     @property
-    def cluster(self) -> Cluster:
-        """The vault cluster, created on first use by whichever lookup thread comes first."""
-        return self._cluster.get()
+    def storage(self) -> Storage:
+        """The vaults, opened on first use by whichever lookup thread comes first."""
+        return self._storage.get()
 
     # -- restore -----------------------------------------------------------------------------------
 
@@ -136,7 +135,7 @@ class SchedulerSide:
             if stream.kind != KV:
                 continue
             for ns in namespaces:
-                hits = min(hits, self.cluster.prefix_lookup(ns, keys[:hits], role=stream.role))
+                hits = min(hits, self.storage.prefix_lookup(ns, keys[:hits], role=stream.role))
                 if hits == 0:
                     return 0
         return hits
@@ -145,7 +144,7 @@ class SchedulerSide:
         states = [(s, ns) for s, nss in self.namespaces.items() if s.kind != KV for ns in nss]
         for blocks in state_candidates(Window(0, window.size), kv_hits, self.max_state_probes):
             key = keys[blocks - 1]
-            if all(self.cluster.prefix_lookup(ns, [key], role=s.role) == 1 for s, ns in states):
+            if all(self.storage.prefix_lookup(ns, [key], role=s.role) == 1 for s, ns in states):
                 return blocks
         return 0
 
@@ -222,7 +221,7 @@ class SchedulerSide:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self._cluster.close()
+        self._storage.close()
 
 
 __all__ = ["KeyFunction", "SchedulerSide"]

@@ -1,8 +1,10 @@
 """The worker half of the connector: moves blocks between vLLM's paged caches and the vaults.
 
+This is the vLLM adapter over the pipeline (:mod:`tierkv.tiering`): it owns the job bookkeeping, the
+chunking and the copies out of and back into vLLM's paged caches; encoding, batching, putting, fetching,
+verifying, decoding and dropping corrupt blobs are the pipeline's :class:`~tierkv.tiering.ColdTier`.
 Nothing here runs on the step loop except taking jobs and, for recurrent-state snapshots that vLLM does
-not keep for us, one copy of the offered blocks. Fetching, verifying, decoding, encoding and shipping run
-on background threads:
+not keep for us, one copy of the offered blocks. Everything else runs on background threads:
 
 - a load writes only into blocks vLLM allocated for the waiting request, and the request is reported in
   ``finished_recving`` once every block was written or reported as failed;
@@ -22,19 +24,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tierkv.client.cluster import Cluster
-from tierkv.codec.torch_codec import decode_tensor, encode_tensor
+from tierkv.codec.torch_codec import dtype_name
 from tierkv.connectors.vllm.layout import KVGroupView, StateGroupView
-from tierkv.connectors.vllm.lazy import LazyCluster
-from tierkv.connectors.vllm.plan import KV, BlockRef, LoadJob, StepJobs, StoreJob, Stream, Topology
+from tierkv.connectors.vllm.plan import BlockRef, LoadJob, StepJobs, StoreJob, Stream, Topology
 from tierkv.connectors.vllm.stats import Counters
-from tierkv.errors import TierKVError
-from tierkv.tiering.batches import byte_batches
+from tierkv.tiering import Block, ColdTier, Expect, LazyStorage, Storage, StoreTally, StreamSpec
+from tierkv.tiering.tensors import TorchArrays
 
 logger = logging.getLogger(__name__)
 
-MAX_PUT_BYTES = 32 * 1024 * 1024
-"""Blobs per put call are capped at this many bytes (well under the vaults' message limits)."""
 CHUNK_BLOCKS = 64
 """Blocks copied out of (or fetched into) the KV cache at a time, bounding the memory a transfer holds."""
 
@@ -69,7 +67,7 @@ class WorkerSide:
         topology: Topology,
         views: Mapping[Stream, GroupView],
         namespaces: Mapping[Stream, bytes],
-        cluster_factory: Callable[[], Cluster],
+        storage_factory: Callable[[], Storage],
         *,
         codec: str = "raw",
         max_inflight_stores: int = 2,
@@ -84,7 +82,14 @@ class WorkerSide:
         self.counters = counters or Counters()
         self.per_block_errors = len(topology.groups) == 1
         self._groups = {g.index: g for g in topology.groups}
-        self._cluster = LazyCluster(cluster_factory)
+        self._storage = LazyStorage(storage_factory)
+        self._tier: ColdTier[torch.Tensor] = ColdTier(self._storage, TorchArrays())
+        self._specs = {s: StreamSpec(ns, s.layer_group, codec) for s, ns in self.namespaces.items()}
+        self._expect: dict[Stream, Expect] = {
+            s: self._specs[s].expect(v.block_shape, topology.block_size, dtype_name(v.dtype))
+            for s, v in self.views.items()
+            if s in self._specs
+        }
         self._max_pending_stores = max_inflight_stores + max_queued_stores
         self._state = _Transfers()
         self._stores = ThreadPoolExecutor(max_inflight_stores, thread_name_prefix="tierkv-store")
@@ -92,9 +97,9 @@ class WorkerSide:
         self._closed = False
 
     @property
-    def cluster(self) -> Cluster:
-        """The vault cluster, created on first use (in the worker process, after fork)."""
-        return self._cluster.get()
+    def storage(self) -> Storage:
+        """The vaults, opened on first use (in the worker process, after fork)."""
+        return self._storage.get()
 
     # -- step loop ---------------------------------------------------------------------------------
 
@@ -149,11 +154,11 @@ class WorkerSide:
         return errors
 
     def shutdown(self) -> None:
-        """Let running transfers finish (each bounded by its RPC deadlines), then close the cluster."""
+        """Let running transfers finish (each bounded by its RPC deadlines), then close the storage."""
         self._closed = True
         self._loads.shutdown(wait=True, cancel_futures=True)
         self._stores.shutdown(wait=True, cancel_futures=False)
-        self._cluster.close()
+        self._storage.close()
 
     # -- stores ------------------------------------------------------------------------------------
 
@@ -210,47 +215,32 @@ class WorkerSide:
                 st.cond.notify_all()
 
     def _store(self, job: StoreJob, copies: dict[Stream, tuple[list[BlockRef], torch.Tensor]] | None) -> None:
-        cluster = self.cluster
-        tally = dict.fromkeys(("stored_blocks", "stored_bytes", "store_skipped_blocks", "store_failures"), 0)
+        tally = StoreTally()
+        skipped = 0
         for stream, wanted in self._by_stream(job.refs).items():
             view = self.views.get(stream)
             if view is None or not wanted:
                 continue
-            ns = self.namespaces[stream]
+            spec = self._specs[stream]
             if copies is not None and stream in copies:
                 chunks: Iterable[tuple[list[BlockRef], torch.Tensor]] = [copies[stream]]
             else:
-                present = cluster.prefix_lookup(ns, [r.key for r in wanted], role=stream.role)
-                tally["store_skipped_blocks"] += present
+                present = self._tier.lookup(spec, [r.key for r in wanted])
+                skipped += present
                 chunks = self._gathered(view, wanted[present:])
-            for batch in byte_batches(self._encoded(stream, chunks), MAX_PUT_BYTES):
-                self._put(cluster, ns, stream, batch, tally)
-        for name, value in tally.items():
-            self.counters.add(name, value)
+            tally.add(self._tier.store(spec, self._blocks(chunks)))
+        self.counters.add("stored_blocks", tally.stored)
+        self.counters.add("stored_bytes", tally.stored_bytes)
+        self.counters.add("store_skipped_blocks", skipped)
+        self.counters.add("store_failures", tally.failed)
         if not job.snapshot:
             self.counters.add("store_requests")
 
-    def _encoded(
-        self, stream: Stream, chunks: Iterable[tuple[list[BlockRef], torch.Tensor]]
-    ) -> Iterator[tuple[bytes, bytes]]:
-        """``(key, blob)`` of each block, encoded as it is asked for."""
-        codec = self.codec if stream.kind == KV else "raw"  # state pages: exact bytes
+    def _blocks(self, chunks: Iterable[tuple[list[BlockRef], torch.Tensor]]) -> Iterator[Block[torch.Tensor]]:
+        """``(key, block, tokens)`` of each block, taken from the chunks as the pipeline asks for them."""
         for refs, data in chunks:
             for ref, block in zip(refs, data, strict=True):
-                blob = encode_tensor(
-                    block, codec=codec, tokens=self.topology.block_size, layer_group=stream.layer_group
-                )
-                yield ref.key, blob
-
-    @staticmethod
-    def _put(
-        cluster: Cluster, ns: bytes, stream: Stream, batch: dict[bytes, bytes], tally: dict[str, int]
-    ) -> None:
-        size = sum(map(len, batch.values()))
-        acked = cluster.put(ns, batch, role=stream.role)
-        tally["stored_blocks"] += acked
-        tally["store_failures"] += len(batch) - acked
-        tally["stored_bytes"] += size * acked // len(batch)
+                yield ref.key, block, self.topology.block_size
 
     @staticmethod
     def _gathered(view: GroupView, refs: list[BlockRef]) -> Iterator[tuple[list[BlockRef], torch.Tensor]]:
@@ -283,7 +273,6 @@ class WorkerSide:
 
     def _load(self, job: LoadJob) -> list[BlockRef]:
         """Fetch, verify, decode and write every block of ``job``; returns the blocks that failed."""
-        cluster = self.cluster
         bad: list[BlockRef] = []
         loaded = nbytes = 0
         for stream, refs in self._by_stream(job.refs).items():
@@ -291,10 +280,8 @@ class WorkerSide:
             if view is None:
                 bad.extend(refs)
                 continue
-            ns = self.namespaces[stream]
             for i in range(0, len(refs), CHUNK_BLOCKS):
-                chunk = refs[i : i + CHUNK_BLOCKS]
-                n, size = self._load_chunk(cluster, ns, stream, view, chunk, bad, job.req_id)
+                n, size = self._load_chunk(stream, view, refs[i : i + CHUNK_BLOCKS], bad)
                 loaded += n
                 nbytes += size
         self.counters.add("restored_blocks", loaded)
@@ -302,48 +289,21 @@ class WorkerSide:
         return bad
 
     def _load_chunk(
-        self,
-        cluster: Cluster,
-        ns: bytes,
-        stream: Stream,
-        view: GroupView,
-        refs: list[BlockRef],
-        bad: list[BlockRef],
-        req_id: str,
+        self, stream: Stream, view: GroupView, refs: list[BlockRef], bad: list[BlockRef]
     ) -> tuple[int, int]:
-        """One BatchGet, verified and decoded, written into the cache; failures appended to ``bad``."""
-        blobs = cluster.get_buffers(ns, [r.key for r in refs], role=stream.role)
-        corrupt: list[bytes] = []
-        good_ids: list[int] = []
-        # Decoded straight into one buffer: the blocks are copied once more, by the scatter.
+        """One get, verified and decoded, written into the cache; failures appended to ``bad``.
+
+        The pipeline decodes straight into one buffer (the n-th good block into row n) and the good
+        blocks are scattered into the cache at once: each block is copied once more, by the scatter.
+        """
         buffer = torch.empty((len(refs), *view.block_shape), dtype=view.dtype, device=view.device)
-        nbytes = 0
-        for ref, blob in zip(refs, blobs, strict=True):
-            if blob is None:
-                bad.append(ref)
-                continue
-            try:
-                decode_tensor(
-                    blob,
-                    out=buffer[len(good_ids)],
-                    expect_shape=view.block_shape,
-                    expect_tokens=self.topology.block_size,
-                    expect_layer_group=stream.layer_group,
-                )
-            except TierKVError as exc:
-                logger.warning("block %s of request %s not restored: %s", ref.position, req_id, exc)
-                bad.append(ref)
-                corrupt.append(ref.key)
-                continue
-            good_ids.append(ref.block_id)
-            nbytes += len(blob)
-        if good_ids:
-            view.scatter(good_ids, buffer[: len(good_ids)])
-        if corrupt:
-            # A blob that fails verification would fail every later restore too: drop it so the next
-            # store of this prefix replaces it.
-            cluster.delete(ns, corrupt, role=stream.role)
-        return len(good_ids), nbytes
+        got = self._tier.restore(
+            self._specs[stream], [r.key for r in refs], self._expect[stream], buffer.__getitem__
+        )
+        bad.extend(refs[i] for i in got.failed)
+        if got.decoded:
+            view.scatter([refs[i].block_id for i in got.decoded], buffer[: len(got.decoded)])
+        return len(got.decoded), got.decoded_bytes
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -358,4 +318,4 @@ class WorkerSide:
         return out
 
 
-__all__ = ["MAX_PUT_BYTES", "WorkerSide"]
+__all__ = ["CHUNK_BLOCKS", "WorkerSide"]

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from tests.connectors.hf_models import ATTENTION_FAMILIES, HYBRID_FAMILIES, prompt, tiny_model
+from tests.connectors.hf.models import ATTENTION_FAMILIES, HYBRID_FAMILIES, prompt, tiny_model
 from tierkv.codec import LayerGroup
-from tierkv.connectors.hf.blocks import BlockCodec
+from tierkv.connectors.hf.blocks import ModelBlocks
 from tierkv.connectors.hf.layout import (
     build_cache,
     check_continuation,
@@ -18,8 +18,11 @@ from tierkv.connectors.hf.layout import (
 )
 from tierkv.connectors.hf.session import TieredSession
 from tierkv.errors import ConfigError
+from tierkv.tiering import ColdTier, MemoryStorage, StreamSpec
+from tierkv.tiering.tensors import TorchArrays
 
 CPU = torch.device("cpu")
+NS = b"n" * 32
 
 
 def _filled(family: str, length: int = 40) -> tuple[object, DynamicCache]:
@@ -58,53 +61,86 @@ def test_build_cache_round_trip(family: str) -> None:
         assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
+def _tier() -> tuple[MemoryStorage, ColdTier[torch.Tensor]]:
+    storage = MemoryStorage()
+    return storage, ColdTier(storage, TorchArrays())
+
+
+def _keys(n: int, tag: bytes = b"kv") -> list[bytes]:
+    return [tag + bytes([i]) * 31 for i in range(n)]
+
+
 @pytest.mark.parametrize("codec", ["raw", "int8"])
 def test_kv_blocks_round_trip(codec: str) -> None:
     model, cache = _filled("qwen2")
     layout = probe_layout(model)
     kv = extract_kv(layout, cache)
-    bc = BlockCodec(layout, 16, codec)
-    blobs: list[bytes | memoryview | None] = [bc.encode_kv_block(kv, i) for i in range(2)]
-    result = bc.decode_kv_blocks([*blobs, None], CPU)
-    assert result.blocks == 2 and result.kv is not None
+    blocks = ModelBlocks(layout, 16)
+    spec = StreamSpec(NS, LayerGroup.ATTENTION, codec)
+    _, tier = _tier()
+    tier.store(spec, [(k, blocks.kv_block(kv, i), 16) for i, k in enumerate(_keys(2))])
+    out = blocks.kv_buffer(48, CPU)
+    got = tier.restore(
+        spec,
+        _keys(3),
+        blocks.kv_expect(spec),
+        lambda n: out[:, :, :, n * 16 : (n + 1) * 16],
+        leading_only=True,
+    )
+    assert got.leading == 2 and got.failed == [2]
     ref = torch.stack([torch.stack((k[0, :, :32], v[0, :, :32])) for k, v in kv])
-    err = (result.kv - ref).abs().max().item()
+    err = (out[:, :, :, :32] - ref).abs().max().item()
     if codec == "raw":
         assert err == 0.0
     else:
         assert 0.0 < err < 0.02 * ref.abs().max().item()
-    # Behind a prefix (a hot entry's first block): one tensor, prefix first, then the decoded block.
-    joined = bc.decode_kv_blocks([blobs[1]], CPU, kv, 16)
-    assert joined.blocks == 1 and joined.kv is not None and joined.kv.shape == ref.shape
-    assert torch.equal(joined.kv[:, :, :, :16], ref[:, :, :, :16])
-    assert torch.equal(joined.kv[:, :, :, 16:], result.kv[:, :, :, 16:])
 
 
 def test_tampered_or_misplaced_blobs_are_rejected() -> None:
     model, cache = _filled("qwen3_next")
     layout = probe_layout(model)
     kv = extract_kv(layout, cache)
-    bc = BlockCodec(layout, 16, "raw")
-    good = [bc.encode_kv_block(kv, i) for i in range(2)]
-    bad = bytearray(good[1])
+    blocks = ModelBlocks(layout, 16)
+    spec = StreamSpec(NS, LayerGroup.ATTENTION, "raw")
+    storage, tier = _tier()
+    tier.store(spec, [(k, blocks.kv_block(kv, i), 16) for i, k in enumerate(_keys(2))])
+    space = storage.blobs[("kv_cold", NS)]
+    bad = bytearray(space[_keys(2)[1]])
     bad[-5] ^= 0x40
-    result = bc.decode_kv_blocks([good[0], bytes(bad)], CPU)
-    assert result.blocks == 1 and result.rejected == 1
+    space[_keys(2)[1]] = bytes(bad)
+    out = blocks.kv_buffer(32, CPU)
+    slot = lambda n: out[:, :, :, n * 16 : (n + 1) * 16]
+    got = tier.restore(spec, _keys(2), blocks.kv_expect(spec), slot, leading_only=True)
+    assert got.leading == 1 and got.rejected == 1 and _keys(2)[1] not in space
     # A blob encoded with another codec or block size is refused too.
-    assert BlockCodec(layout, 16, "int8").decode_kv_blocks(good, CPU).blocks == 0
-    assert BlockCodec(layout, 8, "raw").decode_kv_blocks(good, CPU).blocks == 0
+    int8 = StreamSpec(NS, LayerGroup.ATTENTION, "int8")
+    assert tier.restore(spec, _keys(1), blocks.kv_expect(int8), slot).rejected == 1
+    tier.store(spec, [(k, blocks.kv_block(kv, i), 16) for i, k in enumerate(_keys(1))])
+    assert tier.restore(spec, _keys(1), ModelBlocks(layout, 8).kv_expect(spec), slot).rejected == 1
 
     snap = snapshot_states(layout, cache)
-    states = bc.encode_states(snap, 32)
-    assert set(states) == {LayerGroup.SSM, LayerGroup.CONV}
-    restored = bc.decode_states(dict(states), 32, CPU)
-    assert restored is not None
-    for a, b in zip(snap.recurrent + snap.conv, restored.recurrent + restored.conv, strict=True):
-        assert torch.equal(a, b)
-    assert bc.decode_states(dict(states), 48, CPU) is None  # snapshot of another position
-    assert bc.decode_states({LayerGroup.SSM: states[LayerGroup.SSM], LayerGroup.CONV: None}, 32, CPU) is None
-    swapped = {LayerGroup.SSM: states[LayerGroup.CONV], LayerGroup.CONV: states[LayerGroup.SSM]}
-    assert bc.decode_states(swapped, 32, CPU) is None
+    assert blocks.state_groups() == [LayerGroup.SSM, LayerGroup.CONV]
+    ssm = StreamSpec(NS, LayerGroup.SSM, "int8")
+    arrays = blocks.state_arrays(snap)
+    keys = {g: _keys(1, tag) for g, tag in ((LayerGroup.SSM, b"s"), (LayerGroup.CONV, b"c"))}
+
+    def restore(position: int, order: tuple[LayerGroup, ...] = (LayerGroup.SSM, LayerGroup.CONV)) -> int:
+        for g in order:
+            tier.store(ssm.sibling(g), [(keys[g][0], arrays[g], 32)])
+        flats = blocks.state_buffers(CPU)
+        got = tier.restore(
+            ssm, [keys[g][0] for g in order], blocks.state_expects(ssm, position), flats.__getitem__
+        )
+        if got.leading == 2:
+            restored = blocks.snapshot(flats)
+            for a, b in zip(snap.recurrent + snap.conv, restored.recurrent + restored.conv, strict=True):
+                assert torch.equal(a, b)
+        return got.leading
+
+    assert restore(32) == 2
+    assert restore(48) == 0, "a snapshot of another position"
+    assert restore(32, (LayerGroup.CONV, LayerGroup.SSM)) == 0, "groups swapped"
+    assert storage.blobs[("ssm_cold", NS)] == {}, "every rejected state blob was deleted"
 
 
 @pytest.mark.slow

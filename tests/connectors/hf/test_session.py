@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.connectors.hf_models import (
+from tests.connectors.hf.models import (
     ATTENTION_FAMILIES,
     HYBRID_FAMILIES,
     MORE_HYBRID_FAMILIES,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import VaultFactory
-from tests.connectors.hf_models import (
+from tests.connectors.hf.models import (
     ATTENTION_FAMILIES,
     HYBRID_FAMILIES,
     MORE_HYBRID_FAMILIES,
@@ -21,6 +21,7 @@ from tests.connectors.hf_models import (
 from tierkv.client.cluster import Cluster
 from tierkv.codec import LayerGroup
 from tierkv.connectors.hf import TieredSession
+from tierkv.connectors.hf.hot import TokenArray, as_tokens
 from tierkv.vault.launcher import VaultProcess
 
 NEW = 16
@@ -120,8 +121,8 @@ def test_hybrid_states_go_to_the_ssm_role(
         s.generate(ids, max_new_tokens=4)
         assert s.persist(timeout=30)
         tokens = _tokens(ids)
-        kv_keys = s._kv_keys(tokens, 2)  # type: ignore[arg-type]
-        state_keys = s._state_keys(tokens, 2)  # type: ignore[arg-type]
+        kv_keys = s.streams.kv_keys(tokens, 2)
+        state_keys = s.streams.state_keys(tokens, 2)
         at_32 = [state_keys[LayerGroup.SSM][1], state_keys[LayerGroup.CONV][1]]
         assert kv_only.prefix_lookup(s.namespace, kv_keys) == 2
         assert ssm_only.prefix_lookup(s.namespace, kv_keys) == 0
@@ -132,8 +133,8 @@ def test_hybrid_states_go_to_the_ssm_role(
         ssm_only.close()
 
 
-def _tokens(ids: torch.Tensor) -> object:
-    return ids[0].numpy().astype("int64")
+def _tokens(ids: torch.Tensor) -> TokenArray:
+    return as_tokens(ids[0].numpy())
 
 
 def test_hot_eviction_ships_blocks_a_later_request_restores(cluster: Cluster) -> None:
@@ -188,7 +189,7 @@ def test_vault_killed_mid_session_still_generates_correctly(
 def test_corrupted_block_is_not_used(cluster: Cluster) -> None:
     stored = _store("llama", cluster, 60)
     writer = stored.writer
-    keys = writer._kv_keys(_tokens(stored.ids), 3)  # type: ignore[arg-type]
+    keys = writer.streams.kv_keys(_tokens(stored.ids), 3)
     _flip_bits(cluster, writer.namespace, keys[1], None, 0x10)
 
     reader = _session(stored.model, cluster)
@@ -198,10 +199,29 @@ def test_corrupted_block_is_not_used(cluster: Cluster) -> None:
     assert stats.rejected_blobs == 1 and stats.restored_tokens == 16 and stats.computed_tokens == 44
 
 
+def test_a_corrupted_block_is_deleted_and_the_next_store_replaces_it(cluster: Cluster) -> None:
+    stored = _store("qwen2", cluster, 60)
+    namespace = stored.writer.namespace
+    keys = stored.writer.streams.kv_keys(_tokens(stored.ids), 3)
+    _flip_bits(cluster, namespace, keys[1], -3, 0x20)
+
+    reader = _session(stored.model, cluster)
+    assert torch.equal(reader.generate(stored.ids, max_new_tokens=NEW), stored.ref)
+    assert reader.last_stats.rejected_blobs == 1 and reader.last_stats.restored_tokens == 16
+    assert cluster.get(namespace, keys)[1] is None, "the blob that failed verification is gone"
+    assert cluster.prefix_lookup(namespace, keys) == 1
+
+    assert reader.persist(timeout=30)  # ships the recomputed blocks the vaults lack
+    assert cluster.prefix_lookup(namespace, keys) == 3
+    again = _session(stored.model, cluster)
+    assert torch.equal(again.generate(stored.ids, max_new_tokens=NEW), stored.ref)
+    assert again.last_stats.rejected_blobs == 0 and again.last_stats.restored_tokens == 48
+
+
 def test_corrupted_state_falls_back_to_an_earlier_boundary(cluster: Cluster) -> None:
     stored = _store("falcon_h1", cluster, 60, state_stride_blocks=2)
     writer = stored.writer
-    state_keys = writer._state_keys(_tokens(stored.ids), 3)  # type: ignore[arg-type]
+    state_keys = writer.streams.state_keys(_tokens(stored.ids), 3)
     key = state_keys[LayerGroup.SSM][2]  # the snapshot after 48 tokens
     _flip_bits(cluster, writer.namespace, key, -1, 0x01, role="ssm_cold")
 
@@ -217,7 +237,7 @@ def test_hybrid_hit_needs_both_kv_and_state(
     model, ids, ref, writer = _store("granitemoehybrid", cluster, 50)
 
     # Corrupt one KV block before the boundary: the state there cannot be used without it.
-    keys = writer._kv_keys(_tokens(ids), 3)  # type: ignore[arg-type]
+    keys = writer.streams.kv_keys(_tokens(ids), 3)
     _flip_bits(cluster, writer.namespace, keys[0], -2, 0x08)
     reader = _session(model, cluster)
     assert torch.equal(reader.generate(ids, max_new_tokens=NEW), ref)

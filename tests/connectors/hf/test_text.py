@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.connectors.hf_models import tiny_llama
+from tests.connectors.hf.models import tiny_llama
 from tierkv.connectors.hf import TieredSession, encode_with_offsets
 
 tokenizers = pytest.importorskip("tokenizers")
