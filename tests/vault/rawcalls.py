@@ -22,7 +22,12 @@ def unary(channel: grpc.Channel, method: str, request: bytes, token: str | None 
 
 
 def put(
-    channel: grpc.Channel, namespace: bytes, blobs: Mapping[bytes, bytes], token: str | None = None
+    channel: grpc.Channel,
+    namespace: bytes,
+    blobs: Mapping[bytes, bytes],
+    token: str | None = None,
+    *,
+    timeout: float = 30,
 ) -> pb.PutReply:
     from tierkv.wire import Blob
 
@@ -30,7 +35,7 @@ def put(
         [Blob(key=k, data=v) for k, v in blobs.items()], frame_bytes=1 << 20, namespace=namespace
     )
     call = channel.stream_unary(f"/{SERVICE}/Put", Ident, Ident)
-    return pb.PutReply.FromString(call(frames, timeout=30, metadata=metadata(token)))
+    return pb.PutReply.FromString(call(frames, timeout=timeout, metadata=metadata(token)))
 
 
 def get(
