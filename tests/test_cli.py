@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import VaultFactory
 from tests.vault.test_daemon import free_port
 from tierkv import VaultClient
+from tierkv.config import Config, load_config
+from tierkv.extras import MissingExtra, require
 
 
-def tierkv(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def tierkv(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tierkv", *args], capture_output=True, text=True, timeout=60, cwd=cwd
+        [sys.executable, "-m", "tierkv", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -75,3 +90,218 @@ def test_vault_flags_are_validated(tmp_path: Path) -> None:
 def test_version() -> None:
     result = tierkv("--version")
     assert result.returncode == 0 and result.stdout.startswith("tierkv ")
+
+
+# -- one clear line and exit 2 instead of a traceback ----------------------------------------------------
+
+
+def assert_clean_error(result: subprocess.CompletedProcess[str], *needles: str, code: int = 2) -> None:
+    output = result.stdout + result.stderr
+    assert result.returncode == code, output
+    assert "Traceback" not in output, output
+    for needle in needles:
+        assert needle in output, output
+
+
+def vault_args(tmp_path: Path, *extra: str) -> tuple[str, ...]:
+    return ("vault", "--port", "0", "--path", str(tmp_path / "v"), *extra)
+
+
+def test_a_missing_token_file_names_the_file_and_the_section(tmp_path: Path) -> None:
+    cfg = tmp_path / "tierkv.toml"
+    cfg.write_text(f'[auth]\ntoken_file = "{tmp_path / "token"}"\n')
+    for args in (vault_args(tmp_path, "-c", str(cfg)), ("status", "-c", str(cfg))):
+        result = tierkv(*args)
+        assert_clean_error(result, str(cfg), "auth.token_file", str(tmp_path / "token"), "No such file")
+
+
+def test_missing_tls_files_are_a_clear_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "tierkv.toml"
+    cfg.write_text(f'[tls]\ncert_file = "{tmp_path / "c.pem"}"\nkey_file = "{tmp_path / "k.pem"}"\n')
+    assert_clean_error(
+        tierkv(*vault_args(tmp_path, "-c", str(cfg))), "tls.cert_file", str(tmp_path / "c.pem")
+    )
+
+
+def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = tierkv(*vault_args(tmp_path, "--metrics-port", port))
+    assert_clean_error(result, "vault.metrics_port", f"port {port}", "taken")
+
+
+def test_bad_paths_and_addresses_on_the_command_line_are_clear_errors(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    cases = [
+        (("vault", "--port", "0", "--path", str(tmp_path / "file" / "v")), ("vault.path", "cannot create")),
+        (
+            vault_args(tmp_path, "--ready-file", str(tmp_path / "no" / "r")),
+            ("--ready-file", "does not exist"),
+        ),
+        (vault_args(tmp_path, "--host", "no-such-host.invalid"), ("vault.host", "cannot resolve")),
+        (vault_args(tmp_path, "--host", "192.0.2.1"), ("vault.host", "not an address of this machine")),
+        (vault_args(tmp_path, "-c", str(tmp_path)), ("--config", "is a directory")),
+        (vault_args(tmp_path, "--role", "inference"), ("--role", "kv_cold or ssm_cold")),
+        (("status", "-c", str(tmp_path)), ("--config", "is a directory")),
+        (("demo", "--tokens", "0", "--state-dir", str(tmp_path / "d")), ("--tokens", "at least one block")),
+    ]
+    for args, needles in cases:
+        assert_clean_error(tierkv(*args), *needles)
+
+
+def test_a_missing_extra_names_the_pip_install() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None; "
+        "sys.argv = ['tierkv', 'bench', 'hf', '--tokens', '64', '--repeats', '1']; "
+        "from tierkv.cli import run; run()"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert_clean_error(result, "needs torch", "pip install 'tierkv[hf]'")
+
+
+def test_require_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(MissingExtra, match=r"tierkv\.connectors\.hf needs torch.*pip install 'tierkv\[hf\]'"):
+        require("torch", "tierkv.connectors.hf")
+    assert require("json", "x").dumps([]) == "[]"
+
+
+# -- status ------------------------------------------------------------------------------------------------
+
+
+def test_status_tells_a_refused_token_from_an_unreachable_vault(
+    vault_factory: VaultFactory, tmp_path: Path
+) -> None:
+    kv = vault_factory(name="kv", env={"TIERKV_TOKEN": "right"})
+    cfg = cluster_toml(tmp_path, kv.port, free_port())
+    cfg.write_text(cfg.read_text() + '[auth]\ntoken_env = "MY_TOKEN"\n')
+    result = tierkv("status", "--config", str(cfg), "--json", env={"MY_TOKEN": "wrong"})
+    assert result.returncode == 1
+    nodes = {n["role"]: n for n in json.loads(result.stdout)["nodes"]}
+    assert nodes["kv_cold"]["state"] == "auth refused" and nodes["ssm_cold"]["state"] == "unreachable"
+    table = tierkv("status", "--config", str(cfg), env={"MY_TOKEN": "wrong"})
+    assert "auth refused" in table.stdout and "unreachable" in table.stdout
+    right = tierkv("status", "--config", str(cfg), "--json", env={"MY_TOKEN": "right"})
+    assert {n["role"]: n["state"] for n in json.loads(right.stdout)["nodes"]}["kv_cold"] == "ok"
+
+
+def test_status_watch_refreshes_until_its_count(vault_factory: VaultFactory, tmp_path: Path) -> None:
+    kv = vault_factory(name="kv")
+    cfg = tmp_path / "tierkv.toml"
+    cfg.write_text(f'[cluster.kv_cold]\nhost = "127.0.0.1"\nport = {kv.port}\n')
+    result = tierkv("status", "-c", str(cfg), "--json", "--watch", "0.1", "--count", "3")
+    assert result.returncode == 0, result.stderr
+    rounds = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rounds) == 3 and rounds[0]["time"] < rounds[2]["time"]
+    assert all(r["nodes"][0]["state"] == "ok" for r in rounds)
+
+
+def test_status_watch_stops_on_ctrl_c(vault_factory: VaultFactory, tmp_path: Path) -> None:
+    kv = vault_factory(name="kv")
+    cfg = tmp_path / "tierkv.toml"
+    cfg.write_text(f'[cluster.kv_cold]\nhost = "127.0.0.1"\nport = {kv.port}\n')
+    cmd = [sys.executable, "-m", "tierkv", "status", "-c", str(cfg), "--json", "--watch", "0.2"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        _out, errors = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "Traceback" not in errors
+    assert json.loads(first)["nodes"][0]["state"] == "ok"
+
+
+# -- config and service commands -------------------------------------------------------------------------
+
+
+def test_config_check_exits_0_or_2(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text('[[cluster.kv_cold]]\nhost = "a"\nport = 1\n')
+    result = tierkv("config", "check", "-c", str(good))
+    assert result.returncode == 0 and "ok" in result.stdout and "1 kv_cold" in result.stdout
+    dup = tmp_path / "dup.toml"
+    dup.write_text('[[cluster.kv_cold]]\nhost = "a"\nport = 1\n[[cluster.kv_cold]]\nhost = "a"\nport = 1\n')
+    assert_clean_error(tierkv("config", "check", "-c", str(dup)), "cluster.kv_cold[1]", "listed twice")
+    taken = tmp_path / "vault.toml"
+    taken.write_text(f'[vault]\npath = "{tmp_path / "file" / "v"}"\n')
+    (tmp_path / "file").write_text("")
+    assert tierkv("config", "check", "-c", str(taken)).returncode == 0
+    assert_clean_error(
+        tierkv("config", "check", "--vault", "-c", str(taken)), "vault.path", "not a directory"
+    )
+
+
+def test_the_01_config_is_accepted_and_its_log_file_honoured(
+    vault_factory: VaultFactory, tmp_path: Path
+) -> None:
+    log_file = tmp_path / "tierkv.log"
+    old = tmp_path / "old.toml"
+    old.write_text(
+        '[cluster]\nrole = "kv_cold"\n[cluster.kv_cold]\nhost = "127.0.0.1"\nport = 1\n'
+        '[cluster.recompute]\nhost = "127.0.0.1"\nport = 2\n'
+        f'[inference]\nexo_path = "/opt/exo"\nlog_file = "{log_file}"\nmemory_threshold = 0.9\nkv_dim = 128\n'
+    )
+    check = tierkv("config", "check", "-c", str(old))
+    assert check.returncode == 0, check.stderr
+    for key in ("cluster.recompute", "inference.exo_path", "inference.log_file", "inference.kv_dim"):
+        assert check.stderr.count(f"{key}: obsolete") == 1, check.stderr
+    assert "[log] file" in check.stderr
+    vp = vault_factory(name="old", extra_args=["-c", str(old)])
+    vp.stop()
+    assert "vault serving on" in log_file.read_text()
+
+
+def test_config_show_prints_the_effective_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "tierkv.toml"
+    cfg.write_text('[vault]\nmax_bytes = "2GiB"\n[cluster.ssm_cold]\nhost = "::1"\nport = 7\n')
+    shown = tierkv("config", "show", "-c", str(cfg))
+    assert shown.returncode == 0
+    copy = tmp_path / "copy.toml"
+    copy.write_text(shown.stdout)
+    assert load_config(copy) == dataclasses.replace(load_config(cfg), source=str(copy))
+    assert "max_bytes = 2147483648" in shown.stdout and "grace_s = 5.0" in shown.stdout
+    doc = json.loads(tierkv("config", "show", "-c", str(cfg), "--json").stdout)
+    assert doc["source"] == str(cfg) and doc["cluster"]["ssm_cold"] == [{"host": "::1", "port": 7}]
+
+
+def test_config_init_writes_the_example_and_does_not_overwrite(tmp_path: Path) -> None:
+    target = tmp_path / "tierkv.toml"
+    assert tierkv("config", "init", str(target)).returncode == 0
+    assert load_config(target).vault == Config().vault
+    assert target.read_text() == (Path(__file__).parent.parent / "tierkv.toml.example").read_text()
+    assert_clean_error(tierkv("config", "init", str(target)), "exists", "--force")
+    assert tierkv("config", "init", str(target), "--force").returncode == 0
+    assert tierkv("config", "init", "-").stdout == target.read_text()
+
+
+def test_service_print_gives_the_shipped_units() -> None:
+    root = Path(__file__).parent.parent
+    systemd = tierkv("service", "print", "systemd")
+    assert systemd.returncode == 0
+    assert systemd.stdout == (root / "systemd" / "tierkv-vault.service").read_text()
+    launchd = tierkv("service", "print", "launchd")
+    assert launchd.stdout == (root / "launchd" / "io.tierkv.vault.plist").read_text()
+    assert tierkv("service", "print", "upstart").returncode == 2
+
+
+# -- help --------------------------------------------------------------------------------------------------
+
+
+def test_help_shows_h_defaults_the_token_variable_and_flags_without_placeholders() -> None:
+    top = tierkv("-h")
+    assert top.returncode == 0 and "TIERKV_TOKEN" in top.stdout and "config" in top.stdout
+    status = tierkv("status", "-h")
+    assert status.returncode == 0 and "TIERKV_TOKEN" in status.stdout
+    assert "<bool>" not in status.stdout and "--json " in status.stdout
+    assert (
+        "-v, --verbose  " in status.stdout
+        and "<int>" not in status.stdout.split("--verbose")[1].split("\n")[0]
+    )
+    vault = tierkv("vault", "-h")
+    assert (
+        "(default 8GiB)" in vault.stdout
+        and "(default durable)" in vault.stdout
+        and "TIERKV_TOKEN" in vault.stdout
+    )
+    assert tierkv("config", "show", "-h").returncode == 0

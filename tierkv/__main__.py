@@ -1,5 +1,5 @@
 """``python -m tierkv`` is the ``tierkv`` command."""
 
-from tierkv.cli import app
+from tierkv.cli import run
 
-app()
+run()

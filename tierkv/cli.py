@@ -1,25 +1,57 @@
-"""The ``tierkv`` command: thin — parse flags, call the library, render with rich."""
+"""The ``tierkv`` command: thin — parse flags, call the library, render with rich.
+
+Exit codes: 0 fine, 1 a vault unreachable or a check failed, 2 a bad config, flag or environment (one
+line naming the file, the key and what was expected; never a traceback), 3 the vault's port is taken.
+"""
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
-from typing import Annotated
+import time
+from importlib.resources import files
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tierkv import __version__
-from tierkv.config import Config, load_config, with_overrides
+from tierkv.config import (
+    Config,
+    VaultConfig,
+    check_client_files,
+    check_vault_start,
+    config_to_dict,
+    format_size,
+    load_config,
+    to_toml,
+    with_overrides,
+)
 from tierkv.errors import ConfigError, TierKVError
+from tierkv.extras import MissingExtra, install_hint
 from tierkv.logs import setup_logging
+from tierkv.roles import Role
 
+if TYPE_CHECKING:
+    from tierkv.status import NodeStatus
+
+# plain help: flags without a value placeholder (``--json``, not ``--json <bool>``), defaults shown
+_APP_STYLE = {
+    "no_args_is_help": True,
+    "rich_markup_mode": None,
+    "context_settings": {"help_option_names": ["-h", "--help"]},
+}
 app = typer.Typer(
     name="tierkv",
     help="KV-cache tiering for LLM inference.",
-    no_args_is_help=True,
+    epilog="Environment: TIERKV_CONFIG names the config file; TIERKV_TOKEN holds the auth token "
+    "(unless [auth] token_file or token_env say otherwise).",
     add_completion=False,
     pretty_exceptions_enable=False,
+    **_APP_STYLE,  # type: ignore[arg-type]
 )
 # rich assumes 80 columns when output is piped; tables of figures read better unwrapped
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -33,15 +65,34 @@ ConfigOpt = Annotated[
         help="tierkv.toml (default: $TIERKV_CONFIG, ./tierkv.toml, ~/.config/tierkv/tierkv.toml)",
     ),
 ]
-Verbose = Annotated[int, typer.Option("--verbose", "-v", count=True, help="More log output (-vv for debug).")]
+Verbose = Annotated[
+    int,
+    typer.Option("--verbose", "-v", count=True, show_default=False, help="More log output (-vv for debug)."),
+]
+_VAULT = VaultConfig()
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def _fail(exc: Exception, label: str = "error", code: int = 2) -> NoReturn:
+    """One red line on stderr and the exit code; never a traceback."""
+    err.print(f"[red]{label}:[/red] {escape(str(exc))}")
+    raise typer.Exit(code) from exc
 
 
 def _load(path: str | None) -> Config:
     try:
         return load_config(path)
     except ConfigError as exc:
-        err.print(f"[red]config error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        _fail(exc, "config error")
+
+
+def _setup_logging(cfg: Config, verbosity: int) -> None:
+    try:
+        setup_logging(
+            verbosity, level=cfg.log.level, json_lines=cfg.log.json, file=cfg.log.file, source=cfg.source
+        )
+    except ConfigError as exc:
+        _fail(exc, "config error")
 
 
 def _version(value: bool) -> None:
@@ -62,71 +113,131 @@ def main(
 @app.command()
 def vault(
     config: ConfigOpt = None,
-    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="gRPC port (default 50051; 0 picks a free one).")] = None,
-    path: Annotated[str | None, typer.Option(help="LMDB directory (default: user data dir).")] = None,
-    max_bytes: Annotated[str | None, typer.Option(help="Byte budget, e.g. 8GiB.")] = None,
-    sync: Annotated[str | None, typer.Option(help="durable (fsync per batch) or fast.")] = None,
-    policy: Annotated[str | None, typer.Option(help="Eviction policy: lru or priority-lru.")] = None,
-    role: Annotated[str | None, typer.Option(help="Role this vault serves: kv_cold or ssm_cold.")] = None,
-    metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port (0 = off).")] = None,
+    host: Annotated[str | None, typer.Option(help=f"Bind address (default {_VAULT.host}).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help=f"gRPC port (default {_VAULT.port}; 0 picks a free one).")
+    ] = None,
+    path: Annotated[
+        str | None, typer.Option(help="LMDB directory (default: $XDG_DATA_HOME/tierkv/vault-PORT).")
+    ] = None,
+    max_bytes: Annotated[
+        str | None, typer.Option(help=f"Byte budget (default {format_size(_VAULT.max_bytes)}).")
+    ] = None,
+    sync: Annotated[
+        str | None, typer.Option(help=f"durable (fsync per batch) or fast (default {_VAULT.sync}).")
+    ] = None,
+    policy: Annotated[
+        str | None, typer.Option(help=f"Eviction policy: lru or priority-lru (default {_VAULT.policy}).")
+    ] = None,
+    role: Annotated[
+        str | None, typer.Option(help="Role this vault serves: kv_cold or ssm_cold (default kv_cold).")
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Prometheus /metrics port (default 0: off).")
+    ] = None,
     ready_file: Annotated[str | None, typer.Option(help="Write the bound port here once serving.")] = None,
     verbose: Verbose = 0,
 ) -> None:
-    """Run one vault in the foreground until SIGTERM or SIGINT."""
-    from tierkv.vault.server import PortInUseError, VaultServer
+    """Run one vault in the foreground until SIGTERM or SIGINT.
 
+    Flags override tierkv.toml's [vault] section. With a token ([auth] token_file, else $TIERKV_TOKEN)
+    every data call must carry it.
+    """
     cfg = _load(config)
     try:
-        size = None if max_bytes is None else max_bytes
         cfg = with_overrides(
             cfg,
             "vault",
             host=host,
             port=port,
             path=path,
-            max_bytes=size,
+            max_bytes=max_bytes,
             sync=sync,
             policy=policy,
             metrics_port=metrics_port,
         )
         if role is not None:
-            cfg = with_overrides(cfg, "cluster", role=role)
-        setup_logging(verbose + 1, level=cfg.log.level, json_lines=cfg.log.json)
+            cfg = with_overrides(cfg, "cluster", role=_vault_role(role))
+        check_vault_start(cfg, ready_file=ready_file)
+        _setup_logging(cfg, verbose + 1)
+        from tierkv.vault.server import PortInUseError, VaultServer
+
         server = VaultServer(cfg)
-    except (ConfigError, TierKVError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+    except TierKVError as exc:
+        _fail(exc)
     try:
         server.serve_forever(ready_file=ready_file)
     except PortInUseError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(3) from exc
+        _fail(exc, code=3)
+
+
+def _vault_role(role: str) -> str:
+    if role == Role.INFERENCE:
+        problem = "a vault serves kv_cold or ssm_cold; inference is the engine's side (it runs no vault)"
+        raise ConfigError("command line", "--role", problem)
+    return role
 
 
 @app.command()
 def status(
     config: ConfigOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-    timeout: Annotated[float | None, typer.Option(help="Per-vault deadline in seconds.")] = None,
+    as_json: JsonFlag = False,
+    timeout: Annotated[
+        float | None, typer.Option(help="Per-vault deadline in seconds (default: [cluster] timeout).")
+    ] = None,
+    watch: Annotated[
+        float,
+        typer.Option(
+            "--watch", "-w", min=0, metavar="SECONDS", help="Refresh every N seconds until Ctrl-C (0: once)."
+        ),
+    ] = 0,
+    count: Annotated[
+        int, typer.Option(min=0, metavar="N", help="With --watch: stop after N refreshes (0: no limit).")
+    ] = 0,
     verbose: Verbose = 0,
 ) -> None:
-    """Ask every vault in tierkv.toml over RPC; exit 1 if any is unreachable."""
-    from tierkv.status import cluster_status, status_table
+    """Ask every vault in tierkv.toml over RPC; exit 1 if any is unreachable or refuses the token.
+
+    The token comes from [auth] token_file, else $TIERKV_TOKEN. A config error exits 2.
+    """
+    from tierkv.status import cluster_status
 
     cfg = _load(config)
-    setup_logging(verbose, level=cfg.log.level)
-    nodes = cluster_status(cfg, timeout)
+    _setup_logging(cfg, verbose)
+    try:
+        check_client_files(cfg)
+    except ConfigError as exc:
+        _fail(exc, "config error")
+    healthy, rounds = True, 0
+    try:
+        while True:
+            healthy = _show_status(cfg, cluster_status(cfg, timeout), as_json=as_json, watching=watch > 0)
+            rounds += 1
+            if not watch or (count and rounds >= count):
+                break
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        pass
+    if not healthy:
+        raise typer.Exit(1)
+
+
+def _show_status(cfg: Config, nodes: list[NodeStatus], *, as_json: bool, watching: bool) -> bool:
+    """Print one round (a JSON line per round when watching); True when every vault answered."""
+    from tierkv.status import status_table
+
     if as_json:
-        print(json.dumps({"config": cfg.source, "nodes": [n.as_dict() for n in nodes]}, indent=2))
+        doc = {"config": cfg.source, "time": time.time(), "nodes": [n.as_dict() for n in nodes]}
+        print(json.dumps(doc, indent=None if watching else 2), flush=True)
     else:
-        table = status_table(nodes, f"tierkv status ({cfg.source})")
-        out.print(table)
+        if watching and out.is_terminal:
+            out.clear()
+        stamp = time.strftime(" %H:%M:%S") if watching else ""
+        out.print(status_table(nodes, f"tierkv status ({cfg.source}){stamp}"))
         for n in nodes:
             if not n.reachable:
-                err.print(f"[red]{n.role} {n.address}:[/red] {n.error}")
-    if not all(n.reachable for n in nodes):
-        raise typer.Exit(1)
+                err.print(f"[red]{n.role} {n.address} {n.state}:[/red] {escape(n.error)}")
+    return all(n.reachable for n in nodes)
 
 
 @app.command()
@@ -134,16 +245,19 @@ def demo(
     state_dir: Annotated[
         str, typer.Option(help="Where the demo vaults keep their LMDB files.")
     ] = ".state/demo",
-    tokens: Annotated[int, typer.Option(help="Prompt length of the synthetic workload.")] = 4096,
+    tokens: Annotated[
+        int, typer.Option(help="Prompt length of the synthetic workload (at least one 16-token block).")
+    ] = 4096,
     verbose: Verbose = 0,
 ) -> None:
     """Start two vaults on loopback, store and restore a synthetic KV workload, stop them."""
-    from pathlib import Path
-
     from tierkv.demo import run_demo
 
     setup_logging(verbose)
-    result = run_demo(Path(state_dir), out, tokens=tokens)
+    try:
+        result = run_demo(Path(state_dir), out, tokens=tokens)
+    except ValueError as exc:
+        _fail(exc)
     if not result.ok:
         raise typer.Exit(1)
 
@@ -153,5 +267,102 @@ from tierkv.bench.cli import bench_app  # noqa: E402  (its modes import their he
 app.add_typer(bench_app, name="bench")
 
 
+config_app = typer.Typer(help="Check, show or write tierkv.toml.", **_APP_STYLE)  # type: ignore[arg-type]
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("check")
+def config_check(
+    config: ConfigOpt = None,
+    vault: Annotated[
+        bool,
+        typer.Option(
+            "--vault", help="Also check what `tierkv vault` needs here: data directory, bind address, ports."
+        ),
+    ] = False,
+) -> None:
+    """Validate tierkv.toml and the files it names; exit 0 when usable, 2 (with the reason) when not."""
+    cfg = _load(config)
+    try:
+        check_client_files(cfg)
+        if vault:
+            check_vault_start(cfg, create=False)
+    except ConfigError as exc:
+        _fail(exc, "config error")
+    roles = ", ".join(f"{len(cfg.cluster.addresses(r))} {r}" for r in (Role.KV_COLD, Role.SSM_COLD))
+    out.print(f"{escape(cfg.source)}: ok (role {cfg.cluster.role}; vaults: {roles})", highlight=False)
+
+
+@config_app.command("show")
+def config_show(config: ConfigOpt = None, as_json: JsonFlag = False) -> None:
+    """Print the effective config: the file's values with every default filled in."""
+    cfg = _load(config)
+    data = config_to_dict(cfg)
+    if as_json:
+        print(json.dumps({"source": cfg.source, **data}, indent=2))
+    else:
+        print(f"# effective tierkv config, from {cfg.source}\n{to_toml(data)}", end="")
+
+
+DATA = files("tierkv") / "data"
+
+
+@config_app.command("init")
+def config_init(
+    path: Annotated[str, typer.Argument(help="Where to write it ('-': print it).")] = "tierkv.toml",
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+) -> None:
+    """Write the example tierkv.toml: every key with its default and what it does."""
+    text = (DATA / "tierkv.toml.example").read_text()
+    if path == "-":
+        print(text, end="")
+        return
+    target = Path(path).expanduser()
+    if target.exists() and not force:
+        _fail(FileExistsError(f"{target} exists (--force overwrites it)"))
+    try:
+        target.write_text(text)
+    except OSError as exc:
+        _fail(OSError(f"cannot write {target}: {exc.strerror or exc}"))
+    out.print(f"wrote {escape(str(target))}", highlight=False)
+
+
+class ServiceKind(str, enum.Enum):
+    systemd = "systemd"
+    launchd = "launchd"
+
+
+SERVICE_FILES = {ServiceKind.systemd: "tierkv-vault.service", ServiceKind.launchd: "io.tierkv.vault.plist"}
+
+service_app = typer.Typer(help="Run a vault as a service (systemd, launchd).", **_APP_STYLE)  # type: ignore[arg-type]
+app.add_typer(service_app, name="service")
+
+
+@service_app.command("print")
+def service_print(
+    kind: Annotated[ServiceKind, typer.Argument(help="systemd (a unit) or launchd (a plist).")],
+) -> None:
+    """Print the service definition; redirect it into place (see the comments at its top)."""
+    print((DATA / SERVICE_FILES[kind]).read_text(), end="")
+
+
+def run() -> None:
+    """The ``tierkv`` entry point: the app, with a missing optional dependency named by its extra."""
+    try:
+        app()
+    except MissingExtra as exc:
+        _exit_missing(str(exc))
+    except ModuleNotFoundError as exc:
+        hint = install_hint(exc.name or "")
+        if hint is None:
+            raise
+        _exit_missing(f"this command needs {exc.name}, which is not installed: {hint}")
+
+
+def _exit_missing(message: str) -> NoReturn:
+    err.print(f"[red]error:[/red] {escape(message)}")
+    sys.exit(2)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())
+    run()
