@@ -1,26 +1,35 @@
 """tierkv vault vs redis-server, side by side in one run, plus the raw-TCP ceiling of this machine.
 
 Each server runs in its own process, the client in this one. For blob sizes of 256 KiB, 1 MiB and 4 MiB
-and rounds of ``--round-mib`` MiB, it times tierkv ``put`` (one Put stream per round) against redis-py
-``MSET`` and tierkv ``get`` (one BatchGet) against ``MGET`` (hiredis parser), and reports median GB/s and
-ratios. Run ``benchmarks/setup-redis.sh`` first (``make bench-redis`` does both).
+and rounds of ``--round-mib`` MiB, it times tierkv ``put`` (one Put stream per round, a fast and a durable
+vault) against redis-py ``MSET``, tierkv ``get`` / ``get_buffers`` (one BatchGet) against ``MGET``
+(hiredis parser), and a raw TCP pull of the same bytes.
+
+The contenders are interleaved: every repetition runs each of them once, in an order rotated from one
+repetition to the next, so a burst of outside load on a shared machine hits all of them instead of
+one. Rates are medians over the repetitions; ratios are the medians of the per-repetition ratios (each
+taken between runs seconds apart), not ratios of medians. Run ``benchmarks/setup-redis.sh`` first
+(``make bench-redis`` does both).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import shutil
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -28,17 +37,24 @@ from tierkv import VaultClient, __version__
 from tierkv.vault.launcher import VaultProcess
 
 SIZES = [256 * 1024, 1024 * 1024, 4 * 1024 * 1024]
+RATIOS = {
+    "get_vs_mget": ("tierkv_get", "redis_mget"),
+    "get_buffers_vs_mget": ("tierkv_get_buffers", "redis_mget"),
+    "put_fast_vs_mset": ("tierkv_put_fast", "redis_mset"),
+    "put_durable_vs_mset": ("tierkv_put_durable", "redis_mset"),
+    "get_vs_tcp": ("tierkv_get", "tcp"),
+}
 
 TCP_SERVER = r"""
-import socket, sys
-total = int(sys.argv[1]); chunk = memoryview(bytearray(4 << 20))
+import socket, struct, sys
+chunk = memoryview(bytearray(4 << 20))
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
 print(srv.getsockname()[1], flush=True)
 while True:
     conn, _ = srv.accept()
-    if conn.recv(1) != b"g":
+    left = struct.unpack("!Q", conn.recv(8, socket.MSG_WAITALL))[0]
+    if not left:
         break
-    left = total
     while left:
         n = min(left, len(chunk)); conn.sendall(chunk[:n]); left -= n
     conn.close()
@@ -51,28 +67,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def timed(fn: Callable[[], object], nbytes: int, repeats: int) -> float:
-    """Median GB/s over ``repeats`` runs (after one warm-up run)."""
-    fn()
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        rates.append(nbytes / (time.perf_counter() - start) / 1e9)
-    return statistics.median(rates)
-
-
-def tcp_ceiling(nbytes: int, repeats: int) -> float:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", TCP_SERVER, str(nbytes)], stdout=subprocess.PIPE, text=True
-    )
+@contextlib.contextmanager
+def tcp_server() -> Iterator[Callable[[int], None]]:
+    """A process that sends N bytes to whoever asks; yields ``pull(N)``, the raw-TCP contender."""
+    proc = subprocess.Popen([sys.executable, "-c", TCP_SERVER], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     port = int(proc.stdout.readline())
     buf = memoryview(bytearray(4 << 20))
 
-    def pull() -> None:
+    def pull(nbytes: int) -> None:
         with socket.create_connection(("127.0.0.1", port)) as s:
-            s.sendall(b"g")
+            s.sendall(struct.pack("!Q", nbytes))
             left = nbytes
             while left:
                 got = s.recv_into(buf, min(left, len(buf)))
@@ -81,105 +86,148 @@ def tcp_ceiling(nbytes: int, repeats: int) -> float:
                 left -= got
 
     try:
-        return timed(pull, nbytes, repeats)
+        yield pull
     finally:
         with socket.create_connection(("127.0.0.1", port)) as s:
-            s.sendall(b"x")
+            s.sendall(struct.pack("!Q", 0))
         proc.wait(10)
+
+
+@contextlib.contextmanager
+def redis_server(work: Path) -> Iterator[redis.Redis]:
+    port = free_port()
+    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(
+        ["redis-server", *args, "--protected-mode", "yes", "--dir", str(work)], stdout=subprocess.DEVNULL
+    )
+    try:
+        r = redis.Redis(port=port, socket_timeout=60)
+        for _ in range(100):
+            with contextlib.suppress(redis.ConnectionError):
+                r.ping()
+                break
+            time.sleep(0.05)
+        yield r
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def interleaved(
+    contenders: dict[str, Callable[[], object]], nbytes: int, repeats: int
+) -> dict[str, list[float]]:
+    """GB/s of every contender per repetition; each runs once per repetition, the order rotated."""
+    for fn in contenders.values():
+        fn()  # warm-up (and the first writes, so the reads find their keys)
+    names = list(contenders)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(repeats):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            contenders[name]()
+            rates[name].append(nbytes / (time.perf_counter() - start) / 1e9)
+    return rates
+
+
+def summarize(size: int, n: int, rates: dict[str, list[float]]) -> dict[str, Any]:
+    """Median rates, and the median over repetitions of each repetition's ratio."""
+    row: dict[str, Any] = {"blob_bytes": size, "blobs_per_round": n, "round_bytes": n * size}
+    row |= {name: statistics.median(values) for name, values in rates.items()}
+    for ratio, (a, b) in RATIOS.items():
+        row[ratio] = statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
+    row["runs"] = rates
+    return row
+
+
+def measure_size(
+    size: int,
+    round_bytes: int,
+    repeats: int,
+    r: redis.Redis,
+    vaults: dict[str, VaultClient],
+    pull: Callable[[int], None],
+) -> dict[str, Any]:
+    n = round_bytes // size
+    keys = [f"blk{i:06d}".encode() for i in range(n)]
+    blobs = {k: os.urandom(size) for k in keys}
+    fast, durable = vaults["fast"], vaults["durable"]
+    contenders: dict[str, Callable[[], object]] = {
+        "redis_mset": lambda: r.mset(blobs),
+        "tierkv_put_fast": lambda: fast.put(b"bench", blobs),
+        "tierkv_put_durable": lambda: durable.put(b"bench", blobs),
+        "redis_mget": lambda: r.mget(keys),
+        "tierkv_get": lambda: fast.get(b"bench", keys),
+        "tierkv_get_buffers": lambda: fast.get_buffers(b"bench", keys),
+        "tcp": lambda: pull(n * size),
+    }
+    rates = interleaved(contenders, n * size, repeats)
+    assert fast.get(b"bench", keys[:3]) == [blobs[k] for k in keys[:3]]
+    assert r.mget(keys[:3]) == [blobs[k] for k in keys[:3]]
+    r.flushall()
+    return summarize(size, n, rates)
+
+
+def print_table(rows: list[dict[str, Any]], header: str) -> None:
+    print(f"\n{header}\n")
+    print(
+        "| blob | tierkv BatchGet | Redis MGET | ratio | tierkv Put (fast) | tierkv Put (durable) | Redis MSET "
+        "| ratio (fast) | ratio (durable) | BatchGet / raw TCP |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        size = row["blob_bytes"]
+        label = f"{size // 1024} KiB" if size < 1 << 20 else f"{size >> 20} MiB"
+        print(
+            f"| {label} | {row['tierkv_get']:.2f} GB/s | {row['redis_mget']:.2f} GB/s | {row['get_vs_mget']:.2f}× "
+            f"| {row['tierkv_put_fast']:.2f} GB/s | {row['tierkv_put_durable']:.2f} GB/s "
+            f"| {row['redis_mset']:.2f} GB/s | {row['put_fast_vs_mset']:.2f}× | {row['put_durable_vs_mset']:.2f}× "
+            f"| {row['get_vs_tcp']:.0%} |"
+        )
+    print(
+        "\nget_buffers (zero-copy views) vs MGET: "
+        + ", ".join(f"{r['get_buffers_vs_mget']:.2f}×" for r in rows)
+    )
+    print("raw TCP loopback: " + ", ".join(f"{r['tcp']:.2f} GB/s" for r in rows))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--round-mib", type=int, default=128, help="bytes per round (64-256 MiB)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7, help="interleaved repetitions per blob size")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args()
     if not shutil.which("redis-server"):
         sys.exit("redis-server not found: run benchmarks/setup-redis.sh first")
     round_bytes = args.round_mib * 1024 * 1024
-    work = Path(tempfile.mkdtemp(prefix="tierkv-bench-"))
-    redis_port = free_port()
-    redis_proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(redis_port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--protected-mode",
-            "yes",
-            "--dir",
-            str(work),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    vaults = {
-        mode: VaultProcess(work / f"vault-{mode}", max_bytes="4GiB", sync=mode).start()
-        for mode in ("fast", "durable")
-    }
-    results: list[dict[str, object]] = []
-    try:
-        r = redis.Redis(port=redis_port, socket_timeout=60)
-        for _ in range(100):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        tcp = tcp_ceiling(round_bytes, args.repeats)
-        for size in SIZES:
-            n = round_bytes // size
-            keys = [f"blk{i:06d}".encode() for i in range(n)]
-            blobs = {k: os.urandom(size) for k in keys}
-            row: dict[str, object] = {"blob_bytes": size, "blobs_per_round": n, "round_bytes": n * size}
-            row["redis_mset"] = timed(lambda: r.mset(blobs), n * size, args.repeats)
-            row["redis_mget"] = timed(lambda: r.mget(keys), n * size, args.repeats)
-            for mode, vp in vaults.items():
-                with VaultClient(vp.address, timeout=60) as c:
-                    row[f"tierkv_put_{mode}"] = timed(lambda: c.put(b"bench", blobs), n * size, args.repeats)
-                    if mode == "fast":
-                        assert c.get(b"bench", keys[:3]) == [blobs[k] for k in keys[:3]]
-                        row["tierkv_get"] = timed(lambda: c.get(b"bench", keys), n * size, args.repeats)
-                        row["tierkv_get_buffers"] = timed(
-                            lambda: c.get_buffers(b"bench", keys), n * size, args.repeats
-                        )
-            r.flushall()
-            results.append(row)
-    finally:
-        for vp in vaults.values():
-            vp.stop()
-        redis_proc.terminate()
-        redis_proc.wait(10)
-        shutil.rmtree(work, ignore_errors=True)
-
+    with contextlib.ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tierkv-bench-")))
+        r = stack.enter_context(redis_server(work))
+        pull = stack.enter_context(tcp_server())
+        vaults = {
+            mode: stack.enter_context(
+                VaultClient(
+                    stack.enter_context(
+                        VaultProcess(work / f"vault-{mode}", max_bytes="4GiB", sync=mode)
+                    ).address,
+                    timeout=60,
+                )
+            )
+            for mode in ("fast", "durable")
+        }
+        rows = [measure_size(size, round_bytes, args.repeats, r, vaults, pull) for size in SIZES]
     redis_version = subprocess.run(
         ["redis-server", "--version"], capture_output=True, text=True
     ).stdout.strip()
-    print(
-        f"\ntierkv {__version__} vs {redis_version}; {platform.machine()}, {os.cpu_count()} cores; "
-        f"{args.round_mib} MiB per round, median of {args.repeats}; raw TCP loopback ceiling {tcp:.2f} GB/s\n"
+    print_table(
+        rows,
+        f"tierkv {__version__} vs {redis_version}; {platform.machine()}, {os.cpu_count()} cores; "
+        f"{args.round_mib} MiB per round; {args.repeats} interleaved repetitions: median rates, "
+        "medians of per-repetition ratios",
     )
-    print(
-        "| blob | tierkv BatchGet | Redis MGET | ratio | tierkv Put (fast) | tierkv Put (durable) | Redis MSET "
-        "| ratio (fast) | BatchGet / TCP |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for row in results:
-        size = int(row["blob_bytes"])  # type: ignore[call-overload]
-        get, mget = float(row["tierkv_get"]), float(row["redis_mget"])  # type: ignore[arg-type]
-        put, putd, mset = (float(row[k]) for k in ("tierkv_put_fast", "tierkv_put_durable", "redis_mset"))  # type: ignore[arg-type]
-        label = f"{size // 1024} KiB" if size < 1 << 20 else f"{size >> 20} MiB"
-        print(
-            f"| {label} | {get:.2f} GB/s | {mget:.2f} GB/s | {get / mget:.2f}× | {put:.2f} GB/s | {putd:.2f} GB/s "
-            f"| {mset:.2f} GB/s | {put / mset:.2f}× | {get / tcp:.0%} |"
-        )
     if args.json:
         args.json.write_text(
-            json.dumps({"tcp_ceiling": tcp, "redis": redis_version, "rows": results}, indent=2)
+            json.dumps({"redis": redis_version, "repeats": args.repeats, "rows": rows}, indent=2)
         )
 
 

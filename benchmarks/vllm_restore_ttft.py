@@ -89,11 +89,12 @@ def main() -> None:
     lengths = [int(x) for x in args.lengths.split(",")]
     shape = MODELS[args.model]
     with tempfile.TemporaryDirectory() as tmp:
-        model = write_tiny_llama(Path(tmp) / "model", **shape)
+        max_len = max(lengths) + 64
+        model = write_tiny_llama(Path(tmp) / "model", **shape, max_positions=max_len)
         vault = VaultProcess(Path(tmp) / "vault", max_bytes="1GiB").start()
         try:
             extra = {"kv_cold": vault.address, "load_mode": args.load_mode}
-            llm = make_llm(model, extra, max_model_len=max(lengths) + 64)
+            llm = make_llm(model, extra, max_model_len=max_len)
             try:
                 rows = measure(llm, lengths, args.runs)
                 totals = connector_totals(llm)

@@ -64,14 +64,18 @@ def write_tiny_llama(
     heads: int = HEADS,
     kv_heads: int = KV_HEADS,
     head_dim: int = HEAD_DIM,
+    max_positions: int = 2048,
 ) -> Path:
-    """:func:`llama_config` with seeded weights and a word tokenizer; returns its directory."""
+    """:func:`llama_config` with seeded weights and a word tokenizer; returns its directory.
+
+    ``max_positions`` bounds the engine's ``max_model_len``: a caller with longer prompts raises it."""
     import torch
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
     config = llama_config(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     config |= {"rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
+    config["max_position_embeddings"] = max(config["max_position_embeddings"], max_positions)
     intermediate = config["intermediate_size"]
     (path / "config.json").write_text(json.dumps(config))
     gen = torch.Generator().manual_seed(seed)
