@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import asdict
 from functools import cache
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import mlx.core as mx
@@ -125,3 +128,25 @@ def run(model: Any, tokens: Sequence[int], cache: list[Any] | None = None, new: 
         out.append(int(tok))
         lps.append(np.array(lp.astype(mx.float32)))
     return Run(out, lps)
+
+
+def save_model(family: str, path: Path) -> Path:
+    """Write :func:`tiny_model` as an mlx-lm model directory (config, weights, word-level tokenizer)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    model = tiny_model(family)
+    path.mkdir(parents=True, exist_ok=True)
+    config = {k: v for k, v in asdict(model.args).items() if v is not None}
+    (path / "config.json").write_text(json.dumps(config))
+    model.save_weights(str(path / "model.safetensors"))
+    # "t2z", not "t2": special tokens are matched inside words ("t217" would start with "t2").
+    tokenizer = Tokenizer(models.WordLevel(vocab={f"t{i}z": i for i in range(VOCAB)}, unk_token="t0z"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(path / "tokenizer.json"))
+    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0z", "eos_token": "t2z"}
+    (path / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    return path
+
+
+def as_text(tokens: Sequence[int]) -> str:
+    return " ".join(f"t{t}z" for t in tokens)

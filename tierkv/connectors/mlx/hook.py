@@ -204,13 +204,19 @@ class MlxTier:
         At least one token is always left to compute (``generate`` needs the logits of the last one).
         Models with snapshot layers are then prefilled up to the prompt's last block boundary.
         """
+        prepared = self.restore(prompt)
+        if self.layout.has_snapshots:
+            last = (len(prepared.tokens) - 1) // self.block_size * self.block_size
+            self._prefill_to_boundaries(prepared, last)
+        return prepared
+
+    def restore(self, prompt: Sequence[int] | Any) -> Prepared:
+        """Like :meth:`prepare` without the prefill: only what the vaults give back is in the cache."""
         tokens = [int(t) for t in (prompt.tolist() if hasattr(prompt, "tolist") else prompt)]
         prepared = Prepared(tokens, make_prompt_cache(self.model))
         limit = (len(tokens) - 1) // self.block_size
         if limit > 0:
             self._restore(prepared, limit)
-        if self.layout.has_snapshots:
-            self._prefill_to_boundaries(prepared, limit * self.block_size)
         return prepared
 
     def _restore(self, prepared: Prepared, limit: int) -> None:
@@ -315,6 +321,24 @@ class MlxTier:
             items = self._snapshot_blocks(chain, snaps)
             tally.add(self.blocks.store(self.snap_spec, items))
         return tally
+
+    def store_cache(self, tokens: Sequence[int], cache: Sequence[Any]) -> StoreTally:
+        """Ship a filled prompt cache that this hook did not prepare (e.g. a server cache entry).
+
+        Its KV blocks are stored as far as the cache holds ``tokens``; its snapshot layers only when
+        the cache ends exactly on a block boundary (a state is never cut back), which needs a
+        full-attention or sliding layer to tell how many tokens the cache holds.
+        """
+        prepared = Prepared([int(t) for t in tokens], list(cache))
+        held = self._held(cache)
+        if self.layout.has_snapshots and held and held % self.block_size == 0 and held <= len(tokens):
+            prepared.snapshots[held] = [read_state(cache[s.index]) for s in self.layout.snapshots]
+        return self.store(prepared)
+
+    def _held(self, cache: Sequence[Any]) -> int:
+        """Tokens a cache holds, by its layers' offsets (0 when no layer has one or they disagree)."""
+        offsets = {int(c.offset) for c in cache if hasattr(c, "offset")}
+        return offsets.pop() if len(offsets) == 1 else 0
 
     def _store_kv(self, cache: Sequence[Any], tokens: Sequence[int]) -> StoreTally:
         held = min(int(cache[i].offset) for i in self.layout.kv_layers)

@@ -108,37 +108,33 @@ class MlxLayout:
 
 def probe(model: Any, cache: Sequence[Any]) -> MlxLayout:
     """Find ``model``'s layout by running one token through ``cache`` (a fresh prompt cache)."""
-    kinds = [kind_of(c) for c in cache]
+    kinds = tuple(kind_of(c) for c in cache)
     model(mx.array([[0]]), cache=list(cache))
     states = [read_state(c) for c in cache]
     kv_layers = tuple(i for i, k in enumerate(kinds) if k == KV)
-    snapshots = tuple(
-        SnapshotLayer(
-            i,
-            k,
-            len(states[i].arrays),
-            keep=int(getattr(cache[i], "keep", 0)) if k == ROTATING else 0,
-            max_size=int(getattr(cache[i], "max_size", 0)) if k == ROTATING else 0,
-        )
-        for i, k in enumerate(kinds)
-        if k != KV
-    )
+    snapshots = tuple(_snapshot_layer(i, c, states[i]) for i, c in enumerate(cache) if kinds[i] != KV)
     if not kv_layers:
-        return MlxLayout(tuple(kinds), (), snapshots)
-    geometry = {
-        (s.arrays[0].shape[1], s.arrays[0].shape[3], s.arrays[1].shape[3]) for s in _at(states, kv_layers)
-    }
-    dtypes = {blob_dtype(a) for s in _at(states, kv_layers) for a in s.arrays}
+        return MlxLayout(kinds, (), snapshots)
+    heads, k_dim, v_dim, dtype = _kv_geometry([states[i] for i in kv_layers])
+    return MlxLayout(kinds, kv_layers, snapshots, heads, k_dim, v_dim, dtype)
+
+
+def _snapshot_layer(index: int, cache: Any, state: LayerState) -> SnapshotLayer:
+    if state.kind != ROTATING:
+        return SnapshotLayer(index, state.kind, len(state.arrays))
+    return SnapshotLayer(index, state.kind, len(state.arrays), int(cache.keep), int(cache.max_size))
+
+
+def _kv_geometry(states: Sequence[LayerState]) -> tuple[int, int, int, str]:
+    """(kv heads, k_dim, v_dim, dtype), which every full-attention layer must share to stack in a block."""
+    geometry = {(s.arrays[0].shape[1], s.arrays[0].shape[3], s.arrays[1].shape[3]) for s in states}
+    dtypes = {blob_dtype(a) for s in states for a in s.arrays}
     if len(geometry) != 1 or len(dtypes) != 1:
         raise LayoutError(
             f"full-attention layers differ in (heads, k_dim, v_dim) {geometry} or dtype {dtypes}"
         )
     ((heads, k_dim, v_dim),) = geometry
-    return MlxLayout(tuple(kinds), kv_layers, snapshots, heads, k_dim, v_dim, dtypes.pop())
-
-
-def _at(states: Sequence[LayerState], indices: Sequence[int]) -> list[LayerState]:
-    return [states[i] for i in indices]
+    return heads, k_dim, v_dim, dtypes.pop()
 
 
 # ------------------------------------------------------------------------------------------- KV blocks
