@@ -28,6 +28,7 @@ from tierkv.config import (
     to_toml,
     with_overrides,
 )
+from tierkv.endpoints import HostPort
 from tierkv.errors import ConfigError
 from tierkv.roles import Role
 from tierkv.tiering.checks import SessionSettings
@@ -387,3 +388,18 @@ def test_a_check_does_not_create_the_data_directory(tmp_path: Path) -> None:
 def test_a_directory_given_as_the_config_is_refused_clearly(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is a directory"):
         load_config(tmp_path)
+
+
+hosts = st.one_of(
+    st.from_regex(r"[a-z][a-z0-9.-]{0,20}", fullmatch=True),
+    st.ip_addresses(v=4).map(str),
+    st.ip_addresses(v=6).map(str),
+)
+
+
+@given(st.lists(st.tuples(hosts, st.integers(1, 65535)), max_size=4), st.sampled_from([", ", ",", " ,  "]))
+def test_address_lists_parse_as_hostport_formats_them(pairs: list[tuple[str, int]], sep: str) -> None:
+    addresses = [HostPort(h, p).address for h, p in pairs]
+    parsed = settings_from_dict(HookSample, {"vaults": sep.join(addresses)}, "x").vaults
+    assert parsed == tuple(addresses)
+    assert settings_from_dict(HookSample, {"vaults": addresses}, "x").vaults == tuple(addresses)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tierkv.connectors.vllm import settings as settings_module
 from tierkv.connectors.vllm.identity import TIERKV, Identity, KeyBook, choose_hash_scheme, make_identity
 from tierkv.connectors.vllm.plan import KV, GroupPlan, make_topology
-from tierkv.connectors.vllm.settings import ConnectorSettings
+from tierkv.connectors.vllm.settings import KNOWN_KEYS, ConnectorSettings
 from tierkv.connectors.vllm.stats import Counters, merge
 from tierkv.errors import ConfigError
 from tierkv.keys import block_keys, wrap_engine_hashes
@@ -64,6 +67,40 @@ def test_bad_extra_config_names_the_key(extra: dict[str, object], key: str) -> N
     with pytest.raises(ConfigError) as err:
         ConnectorSettings.from_extra({"kv_cold": "127.0.0.1:1", **extra})
     assert err.value.key == key
+
+
+INHERITED = ("kv_cold", "ssm_cold", "timeout", "config")
+
+
+def test_errors_have_the_shape_of_every_settings_source() -> None:
+    with pytest.raises(ConfigError) as err:
+        ConnectorSettings.from_extra({"kv_cold": "127.0.0.1:1", "codec": "zstd"})
+    assert str(err.value) == "kv_connector_extra_config: codec: expected one of 'raw', 'int8', got 'zstd'"
+
+
+def test_defaults_are_the_schema_and_ipv6_addresses_parse(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TIERKV_CONFIG", raising=False)
+    s = ConnectorSettings.from_extra({"kv_cold": ["[::1]:50051"]})
+    assert s.kv_cold == ("[::1]:50051",)
+    defaults = ConnectorSettings()
+    for f in dataclasses.fields(ConnectorSettings):
+        if f.name not in INHERITED:
+            assert getattr(s, f.name) == getattr(defaults, f.name), f.name
+    assert {f.name for f in dataclasses.fields(ConnectorSettings)} - {"config"} == KNOWN_KEYS
+
+
+def test_the_settings_reach_the_vaults_through_the_storage_seam_only() -> None:
+    source = Path(settings_module.__file__).read_text()
+    imported = {
+        node.module
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module is not None
+    }
+    assert not any(m.startswith("tierkv.client") for m in imported), imported
+    assert "tierkv.tiering.storage" in imported
 
 
 def identity(**overrides: Any) -> Identity:
