@@ -1,4 +1,4 @@
-"""``tierkv bench --engine-api URL``: cold vs restored time to first token on an OpenAI-compatible server.
+"""``tierkv bench engine URL``: cold vs restored time to first token on an OpenAI-compatible server.
 
 Protocol, per prompt length and repeat, with a fresh prompt (:mod:`.prompts`) each time:
 

@@ -1,4 +1,4 @@
-"""``tierkv bench --hf``: prefill vs hot hit vs cold restore, timed to the first token, on a real model.
+"""``tierkv bench hf``: prefill vs hot hit vs cold restore, timed to the first token, on a real model.
 
 A random-weight transformers model of the chosen shape (no download: the FLOPs and the KV bytes are the
 real model's, the words are noise) runs through :class:`~tierkv.connectors.hf.TieredSession` against

@@ -1,6 +1,6 @@
 """What a lossy KV codec costs in output: a restored prompt's continuation against a full prefill's.
 
-``tierkv bench --hf --codec int8`` runs :func:`restore_agreement` for ``raw`` (the model's own noise
+``tierkv bench hf --codec int8`` runs :func:`restore_agreement` for ``raw`` (the model's own noise
 between a prefill and a restore followed by a short prefill; zero on float32 models) and for ``int8``;
 the int8 figures are read against the raw ones. Greedy agreement over free-running generation is harsh
 on random-weight models (nearly flat logits: one flipped argmax changes everything after it), so the

@@ -74,7 +74,7 @@ def render_synthetic(result: SyntheticResult, console: Console) -> None:
     head = f"{shape.name}: {shape.kv_bytes_per_token:,} KV bytes/token ({shape.dtype})"
     if shape.ssm_layers:
         head += f", {human_bytes(shape.ssm_bytes_per_snapshot)} state snapshot every {s.ssm_every} tokens"
-    console.print(f"[bold]tierkv bench[/bold] — {head}; blocks of {s.block_tokens} tokens")
+    console.print(f"[bold]tierkv bench synthetic[/bold] — {head}; blocks of {s.block_tokens} tokens")
     console.print(
         _table(
             "codecs (on the workload's values)",
@@ -209,7 +209,7 @@ def render_footer(result: BenchRun, console: Console) -> None:
 def render_hf(result: HFResult, console: Console) -> None:
     s = result.settings
     console.print(
-        f"[bold]tierkv bench --hf[/bold] — random-weight {result.model_desc} on {s.device}, "
+        f"[bold]tierkv bench hf[/bold] — random-weight {result.model_desc} on {s.device}, "
         f"codec {s.codec}, blocks of {s.block_tokens} tokens"
     )
     console.print(
@@ -311,7 +311,7 @@ def _restore_row(row: HFRow) -> tuple[str, ...]:
 def render_engine(result: EngineResult, console: Console) -> None:
     s = result.settings
     console.print(
-        f"[bold]tierkv bench --engine-api[/bold] {s.url} — model {result.model}, {result.api} API, "
+        f"[bold]tierkv bench engine[/bold] {s.url} — model {result.model}, {result.api} API, "
         f"eviction by {result.evict_method}"
     )
     cols = (

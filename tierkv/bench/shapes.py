@@ -1,7 +1,7 @@
 """KV geometry of real models, so synthetic workloads move the bytes a real deployment would.
 
 A shape gives, per token, the bytes of attention KV (to ``kv_cold``) and, for hybrid models, the size of the
-recurrent state snapshot taken at each block boundary (to ``ssm_cold``). Shapes that ``tierkv bench --hf``
+recurrent state snapshot taken at each block boundary (to ``ssm_cold``). Shapes that ``tierkv bench hf``
 can instantiate as random-weight transformers models also carry the rest of the architecture
 (:class:`HFArch`), so the prefill it measures costs the FLOPs the real model would.
 """

@@ -1,4 +1,4 @@
-"""The default ``tierkv bench``: KV shaped like a real model, through real vaults, both codecs, a sweep.
+"""``tierkv bench synthetic`` (the default): KV shaped like a real model, through real vaults, a sweep.
 
 For each prompt length and codec, and ``repeats`` times, a fresh prompt's KV is stored the way a
 connector stores it (encode on the inference side, one Put per batch of about ``batch_bytes``) and
