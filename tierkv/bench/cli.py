@@ -332,4 +332,58 @@ def engine(
     _run(config, verbose, json_out, measure)
 
 
+@bench_app.command()
+def mlx(
+    config: ConfigOpt = None,
+    tokens: Lengths = "512,2048",
+    repeats: Repeats = 2,
+    block_tokens: BlockTokens = 16,
+    codec: Annotated[str, typer.Option(help="Codec of the stored blocks: raw or int8.")] = "raw",
+    layers: Annotated[int, typer.Option(help="Layers of the random llama.")] = 8,
+    hidden: Annotated[int, typer.Option(help="Hidden size of the random llama.")] = 512,
+    dtype: Annotated[str, typer.Option(help="bfloat16, float16 or float32.")] = "bfloat16",
+    sliding_window: Annotated[
+        int, typer.Option(help="Every other layer a window of N tokens (0: none).")
+    ] = 0,
+    vaults: Vaults = "local",
+    use_config_vaults: UseConfigVaults = False,
+    state_dir: StateDir = None,
+    vault_max_bytes: VaultMaxBytes = "1GiB",
+    vault_sync: VaultSync = "durable",
+    seed: Seed = 0,
+    json_out: JsonOut = None,
+    verbose: Verbose = 0,
+) -> None:
+    """Prefill vs hot hit vs cold restore TTFT with a random-weight mlx-lm model (needs tierkv[mlx])."""
+    from tierkv.bench import runner
+    from tierkv.bench.vaults import watched_vaults
+
+    def measure(cfg: Config, console: Console) -> BenchResult:
+        try:
+            from tierkv.connectors.mlx.bench import MlxBenchSettings, run_mlx
+        except ImportError as exc:
+            raise BenchError(f"bench mlx needs mlx and mlx-lm (tierkv's mlx extra): {exc}") from exc
+        settings = MlxBenchSettings(
+            lengths=runner.parse_lengths(tokens),
+            repeats=repeats,
+            block_size=block_tokens,
+            codec=codec,
+            layers=layers,
+            hidden=hidden,
+            dtype=dtype,
+            sliding_window=sliding_window,
+            seed=seed,
+        )
+        where = runner.vault_settings(vaults, use_config_vaults, state_dir, vault_max_bytes, vault_sync)
+        record: dict[str, object] = {}
+        warnings: list[str] = []
+        with watched_vaults(cfg, where, need_ssm=True, record=record, warnings=warnings) as found:
+            result = run_mlx(found.cluster, settings, console)
+        result.vaults.update(record)
+        result.warnings.extend(warnings)
+        return result
+
+    _run(config, verbose, json_out, measure)
+
+
 __all__ = ["BenchGroup", "bench_app", "deprecation_note", "legacy_args"]

@@ -101,6 +101,8 @@ def render_result(result: BenchResult, console: Console) -> None:
         render_hf(result, console)
     elif isinstance(result, SyntheticResult):
         render_synthetic(result, console)
+    elif callable(render := getattr(result, "render", None)):
+        render(console)  # results that render themselves (bench mlx)
     else:
         raise TypeError(f"no renderer for {type(result).__name__}")
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import struct
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Final
@@ -46,7 +47,7 @@ from tierkv.connectors.mlx.layout import (
 )
 from tierkv.connectors.mlx.states import LayerState, read_state, rebuild, to_numpy
 from tierkv.keys import Namespace, block_keys
-from tierkv.tiering.pipeline import Block, ColdTier, StoreTally
+from tierkv.tiering.pipeline import Block, ColdTier, Restored, StoreTally
 from tierkv.tiering.spec import Expect, StreamSpec
 from tierkv.tiering.storage import Storage
 
@@ -107,6 +108,16 @@ class Prepared:
     snapshots: dict[int, list[LayerState]] = field(default_factory=dict)
     fetched_bytes: int = 0
     rejected: int = 0
+    get_s: float = 0.0
+    decode_s: float = 0.0
+    inject_s: float = 0.0
+
+    def count(self, restored: Restored) -> None:
+        """Add one pipeline restore's bytes, rejects and times."""
+        self.fetched_bytes += restored.fetched_bytes
+        self.rejected += restored.rejected
+        self.get_s += restored.get_s
+        self.decode_s += restored.decode_s
 
     @property
     def remaining(self) -> Any:
@@ -245,8 +256,7 @@ class MlxTier:
         found = self.manifests.restore(
             self.snap_spec, [part_key(chain[b - 1], 0) for b in candidates], expects, metas.__getitem__
         )
-        prepared.fetched_bytes += found.fetched_bytes
-        prepared.rejected += found.rejected
+        prepared.count(found)
         for n, i in enumerate(found.decoded[:SNAPSHOT_TRIES]):
             b = candidates[i]
             specs = parse_manifest(self.layout, metas[n], b * self.block_size)
@@ -263,8 +273,7 @@ class MlxTier:
         keys = [part_key(base, j + 1) for j in range(len(wanted))]
         expects = [self.snap_spec.expect(a.shape, position, a.dtype) for a in wanted]
         got = self.blocks.restore(self.snap_spec, keys, expects, arrays.__getitem__, leading_only=True)
-        prepared.fetched_bytes += got.fetched_bytes
-        prepared.rejected += got.rejected
+        prepared.count(got)
         return snapshot_states(specs, arrays) if got.leading == len(wanted) else None
 
     def _fetch_kv(self, prepared: Prepared, keys: Sequence[bytes]) -> list[LayerState]:
@@ -275,8 +284,7 @@ class MlxTier:
         buf = np.empty((len(keys), *shape), DTYPES[self.layout.kv_dtype].storage)
         expect = self.kv_spec.expect(shape, self.block_size, self.layout.kv_dtype)
         got = self.blocks.restore(self.kv_spec, keys, expect, buf.__getitem__, leading_only=True)
-        prepared.fetched_bytes += got.fetched_bytes
-        prepared.rejected += got.rejected
+        prepared.count(got)
         return kv_states(self.layout, buf[: got.leading]) if got.leading else []
 
     def _assemble(
@@ -286,7 +294,10 @@ class MlxTier:
             return
         layers = dict(zip(self.layout.kv_layers, kv, strict=True))
         layers.update({s.index: st for s, st in zip(self.layout.snapshots, snapshot, strict=True)})
+        start = time.perf_counter()
         prepared.cache = [rebuild(t, layers[i]) for i, t in enumerate(prepared.cache)]
+        mx.eval([c.state for c in prepared.cache])
+        prepared.inject_s += time.perf_counter() - start
         prepared.restored = prepared.processed = blocks * self.block_size
 
     def _prefill_to_boundaries(self, prepared: Prepared, last: int) -> None:
