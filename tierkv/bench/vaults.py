@@ -187,7 +187,10 @@ def _remote_roles(
     if KV_COLD in roles and not kv_down:
         return _reachable_roles(roles, down, need_ssm, warnings)
     if settings.mode != "auto":
-        raise BenchError(f"vaults unreachable ({', '.join(down)}); leave out --vaults to start some here")
+        raise BenchError(
+            f"vaults unreachable ({', '.join(down)}); without --vaults / --use-config-vaults the run "
+            "starts its own"
+        )
     if config.source != BUILTIN:
         warnings.append(
             f"configured vaults unreachable ({', '.join(down)}): started vaults on loopback instead"
