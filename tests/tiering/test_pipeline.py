@@ -87,33 +87,37 @@ def test_store_counts_what_was_not_acknowledged() -> None:
     assert 0 < tally.stored_bytes < 3 * len(tier.arrays.encode(blocks(1)[0], "int8", TOKENS, KV.layer_group))
 
 
-def test_restore_decodes_into_the_callers_slots() -> None:
+RAW = StreamSpec(NS, LayerGroup.ATTENTION)
+
+
+def stored(n: int, spec: StreamSpec = RAW) -> tuple[MemoryStorage, ColdTier[np.ndarray], list[np.ndarray]]:
+    """A storage holding ``n`` blocks of ``spec`` and the pipeline over it."""
     storage = MemoryStorage()
     tier = ColdTier(storage, NumpyArrays())
-    raw = StreamSpec(NS, LayerGroup.ATTENTION)
-    data = blocks(3)
-    store(tier, raw, keys(3), data)
-    assert tier.lookup(raw, keys(3)) == 3 and tier.lookup(raw, []) == 0
+    data = blocks(n)
+    store(tier, spec, keys(n), data)
+    return storage, tier, data
+
+
+def test_restore_decodes_into_the_callers_slots() -> None:
+    _, tier, data = stored(3)
+    assert tier.lookup(RAW, keys(3)) == 3 and tier.lookup(RAW, []) == 0
     out = np.zeros((3, *SHAPE), dtype=np.float32)
-    got = tier.restore(raw, keys(3), raw.expect(SHAPE, TOKENS, "float32"), out.__getitem__)
+    got = tier.restore(RAW, keys(3), RAW.expect(SHAPE, TOKENS, "float32"), out.__getitem__)
     assert got.decoded == [0, 1, 2] and got.leading == 3 and got.failed == [] and got.rejected == 0
     assert got.decoded_bytes == got.fetched_bytes > 0
     np.testing.assert_array_equal(out, np.stack(data))
 
 
 def test_missing_blocks_are_reported_and_leading_only_stops_at_the_first() -> None:
-    storage = MemoryStorage()
-    tier = ColdTier(storage, NumpyArrays())
-    raw = StreamSpec(NS, LayerGroup.ATTENTION)
-    data = blocks(4)
-    store(tier, raw, keys(4), data)
+    storage, tier, data = stored(4)
     del storage.blobs[("kv_cold", NS)][keys(4)[1]]
     out = np.zeros((4, *SHAPE), dtype=np.float32)
-    got = tier.restore(raw, keys(4), raw.expect(SHAPE, TOKENS), out.__getitem__)
+    got = tier.restore(RAW, keys(4), RAW.expect(SHAPE, TOKENS), out.__getitem__)
     assert got.decoded == [0, 2, 3] and got.leading == 1 and got.failed == [1]
     # packed: the n-th decoded block is in slot n
     np.testing.assert_array_equal(out[:3], np.stack([data[0], data[2], data[3]]))
-    got = tier.restore(raw, keys(4), raw.expect(SHAPE, TOKENS), out.__getitem__, leading_only=True)
+    got = tier.restore(RAW, keys(4), RAW.expect(SHAPE, TOKENS), out.__getitem__, leading_only=True)
     assert got.decoded == [0] and got.failed == [1, 2, 3] and got.rejected == 0
 
 
@@ -126,9 +130,7 @@ def test_missing_blocks_are_reported_and_leading_only_stops_at_the_first() -> No
     ],
 )
 def test_a_corrupt_blob_is_rejected_counted_and_deleted(damage) -> None:  # type: ignore[no-untyped-def]
-    storage = MemoryStorage()
-    tier = ColdTier(storage, NumpyArrays())
-    store(tier, KV, keys(3), blocks(3))
+    storage, tier, _ = stored(3, KV)
     space = storage.blobs[("kv_cold", NS)]
     bad = keys(3)[1]
     space[bad] = damage(space[bad])
@@ -141,9 +143,7 @@ def test_a_corrupt_blob_is_rejected_counted_and_deleted(damage) -> None:  # type
 
 
 def test_a_blob_with_an_unexpected_header_is_corrupt() -> None:
-    storage = MemoryStorage()
-    tier = ColdTier(storage, NumpyArrays())
-    store(tier, KV, keys(2), blocks(2))
+    storage, tier, _ = stored(2, KV)
     out = np.zeros((2, *SHAPE), dtype=np.float32)
     wrong = [
         KV.expect(SHAPE, TOKENS + 1),

@@ -88,7 +88,7 @@ def test_kv_and_recurrent_state_are_restored_together(llm: Any, vaults: dict[str
 def test_no_state_in_the_vault_means_no_claim(llm: Any, vaults: dict[str, VaultProcess]) -> None:
     first, _ = generate_counted(llm, PROMPT)
     with VaultClient(vaults["ssm_cold"].address) as client:
-        client.flush()
+        client.flush(all_namespaces=True)
     assert llm.reset_prefix_cache()
     assert keys_in(vaults["kv_cold"]) >= 1
 
