@@ -110,8 +110,14 @@ def main(
     """tierkv keeps KV cache that a GPU would throw away, on vault daemons, and brings it back."""
 
 
-@app.command()
+# `tierkv vault` runs the daemon; its subcommands work on a vault's directory
+vault_app = typer.Typer(**{**_APP_STYLE, "no_args_is_help": False})  # type: ignore[arg-type]
+app.add_typer(vault_app, name="vault")
+
+
+@vault_app.callback(invoke_without_command=True)
 def vault(
+    ctx: typer.Context,
     config: ConfigOpt = None,
     host: Annotated[str | None, typer.Option(help=f"Bind address (default {_VAULT.host}).")] = None,
     port: Annotated[
@@ -135,6 +141,10 @@ def vault(
     metrics_port: Annotated[
         int | None, typer.Option(help="Prometheus /metrics port (default 0: off).")
     ] = None,
+    on_damage: Annotated[
+        str | None,
+        typer.Option(help="A damaged data.mdb: refuse to start (default) or move-aside and start empty."),
+    ] = None,
     ready_file: Annotated[str | None, typer.Option(help="Write the bound port here once serving.")] = None,
     verbose: Verbose = 0,
 ) -> None:
@@ -143,6 +153,8 @@ def vault(
     Flags override tierkv.toml's [vault] section. With a token ([auth] token_file, else $TIERKV_TOKEN)
     every data call must carry it.
     """
+    if ctx.invoked_subcommand is not None:
+        return
     cfg = _load(config)
     try:
         cfg = with_overrides(
@@ -155,6 +167,7 @@ def vault(
             sync=sync,
             policy=policy,
             metrics_port=metrics_port,
+            on_damage=on_damage,
         )
         if role is not None:
             cfg = with_overrides(cfg, "cluster", role=_vault_role(role))
@@ -164,11 +177,40 @@ def vault(
 
         server = VaultServer(cfg)
     except TierKVError as exc:
-        _fail(exc)
+        _fail(exc, code=getattr(exc, "exit_code", 2))
     try:
         server.serve_forever(ready_file=ready_file)
     except PortInUseError as exc:
         _fail(exc, code=3)
+
+
+VaultDir = Annotated[str, typer.Argument(help="The vault's LMDB directory (its --path).")]
+
+
+@vault_app.command("compact")
+def vault_compact(path: VaultDir) -> None:
+    """Rewrite the store without its free pages (stop the vault first; it refuses while one runs)."""
+    from tierkv.vault.compact import compact
+
+    try:
+        result = compact(path)
+    except TierKVError as exc:
+        _fail(exc, code=getattr(exc, "exit_code", 2))
+    out.print(f"compacted {result.target}: {format_size(result.before)} -> {format_size(result.after)}")
+
+
+@vault_app.command("backup")
+def vault_backup(
+    path: VaultDir, dest: Annotated[str, typer.Argument(help="A new directory for the copy.")]
+) -> None:
+    """Copy the store, compacted, into DEST (safe while the vault runs); DEST can serve as a --path."""
+    from tierkv.vault.compact import backup
+
+    try:
+        result = backup(path, dest)
+    except TierKVError as exc:
+        _fail(exc, code=getattr(exc, "exit_code", 2))
+    out.print(f"backed up {result.source} ({format_size(result.before)}) to {result.target}")
 
 
 def _vault_role(role: str) -> str:

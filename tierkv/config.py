@@ -169,6 +169,7 @@ class VaultConfig:
     max_bytes: ByteSize = setting(ByteSize(8 * 1024**3), minimum=1024**2)
     sync: SyncMode = "durable"
     policy: PolicyName = "lru"
+    on_damage: Literal["refuse", "move-aside"] = "refuse"
     sync_interval_s: float = setting(1.0, positive=True)
     metrics_host: str = ""
     metrics_port: int = _port(0)

@@ -126,18 +126,6 @@ def test_graceful_shutdown_exits_zero_and_keeps_data(vault_factory: VaultFactory
         assert c.get(b"ns", [b"k"]) == [b"kept"]
 
 
-def test_kill_minus_nine_loses_nothing_acknowledged(vault_factory: VaultFactory) -> None:
-    v = vault_factory(sync="durable")
-    blobs = {f"k{i}".encode(): os.urandom(50_000) for i in range(40)}
-    with VaultClient(v.address) as c:
-        assert c.put(b"ns", blobs) == 40
-    v.kill()
-    again = vault_factory(name=v.path.name)
-    with VaultClient(again.address) as c:
-        assert c.get(b"ns", list(blobs)) == list(blobs.values())
-        assert c.stats().keys == 40
-
-
 def test_flipped_byte_on_disk_is_reported_corrupt(vault_factory: VaultFactory) -> None:
     v = vault_factory()
     with VaultClient(v.address) as c:

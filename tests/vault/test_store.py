@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ def blob(n: int, seed: int) -> bytes:
 
 
 def live_entries(store: Store) -> dict[bytes, bytes]:
-    """Read every stored entry straight from LMDB (independent of the store's own counters)."""
+    """Every stored entry, read straight from LMDB (to compare with the model, never to build it)."""
     env = store._env
     with env.begin() as txn:
         return {bytes(k): bytes(v) for k, v in txn.cursor(db=store._data)}
@@ -30,26 +31,85 @@ def test_roundtrip_and_missing(tmp_path: Path) -> None:
         assert s.get_many(b"other", [b"a"]) == [None]
 
 
+class LRUModel:
+    """What an exact-LRU store of ``budget`` bytes must hold, fed the same operations as the store.
+
+    It knows nothing of LMDB: reads mark keys as touched, and the next Put applies the touches (in
+    touch order) before it writes, as the store documents; a write evicts least recently used entries
+    until it fits, and an entry larger than the budget is rejected.
+    """
+
+    def __init__(self, budget: int, namespace: bytes) -> None:
+        self.budget = budget
+        self.namespace = namespace
+        self.entries: OrderedDict[bytes, bytes] = OrderedDict()
+        self.touched: OrderedDict[bytes, None] = OrderedDict()
+
+    def charge(self, key: bytes, data: bytes) -> int:
+        return len(self.namespace) + len(key) + len(data)
+
+    @property
+    def used(self) -> int:
+        return sum(self.charge(k, v) for k, v in self.entries.items())
+
+    def apply_touches(self) -> None:
+        for key in self.touched:
+            if key in self.entries:
+                self.entries.move_to_end(key)
+        self.touched.clear()
+
+    def put(self, items: list[tuple[bytes, bytes]]) -> list[int]:
+        self.apply_touches()
+        rejected = []
+        for i, (key, data) in enumerate(items):
+            if self.charge(key, data) > self.budget:
+                rejected.append(i)
+                continue
+            self.entries.pop(key, None)
+            while self.used + self.charge(key, data) > self.budget:
+                self.entries.popitem(last=False)
+            self.entries[key] = data
+        return rejected
+
+    def get(self, keys: list[bytes]) -> list[bytes | None]:
+        for key in keys:
+            if key in self.entries:
+                self.touched[key] = None
+                self.touched.move_to_end(key)
+        return [self.entries.get(k) for k in keys]
+
+    def delete(self, keys: list[bytes]) -> int:
+        return sum(self.entries.pop(k, None) is not None for k in keys)
+
+
 def test_budget_holds_and_accounting_matches_a_model(tmp_path: Path) -> None:
-    budget = 200_000
+    budget, ns = 200_000, b"ns"
     rng = random.Random(7)
-    model: dict[bytes, int] = {}
-    with Store(tmp_path, budget) as s:
-        for step in range(400):
+    model = LRUModel(budget, ns)
+    s = Store(tmp_path, budget, maintenance_interval_s=3600)
+    try:
+        for step in range(500):
             op = rng.random()
-            key = f"k{rng.randrange(60)}".encode()
-            if op < 0.7:
-                data = blob(rng.randrange(0, 30_000), step)
-                s.put_many(b"ns", [(key, data, 0)])
-            elif op < 0.85:
-                s.delete(b"ns", [key])
+            keys = [f"k{rng.randrange(60)}".encode() for _ in range(rng.randrange(1, 4))]
+            if op < 0.6:
+                items = [(k, blob(rng.choice([0, 10, 5_000, 30_000, 70_000, 250_000]), step)) for k in keys]
+                outcome = s.put_many(ns, [(k, d, 0) for k, d in items])
+                assert outcome.rejected == model.put(items), f"step {step}"
+            elif op < 0.75:
+                assert s.delete(ns, keys) == model.delete(keys), f"step {step}"
+            elif op < 0.97:
+                assert s.get_many(ns, keys) == model.get(keys), f"step {step}"
             else:
-                s.get_many(b"ns", [key])
-            entries = live_entries(s)
-            model = {k: len(k) - 1 + len(v) for k, v in entries.items()}
+                s.close()
+                model.apply_touches()
+                s = Store(tmp_path, budget, maintenance_interval_s=3600)
             stats = s.stats()
-            assert stats.used_bytes == sum(model.values()) <= budget
-            assert stats.keys == len(model)
+            assert stats.used_bytes == model.used <= budget, f"step {step}"
+            assert stats.keys == len(model.entries), f"step {step}"
+            expected = {full_key(ns, k): v for k, v in model.entries.items()}
+            assert live_entries(s) == expected, f"step {step}: the stored entries are not the model's"
+    finally:
+        s.close()
 
 
 def test_putting_ten_times_the_budget_keeps_the_newest(tmp_path: Path) -> None:

@@ -72,6 +72,7 @@ class VaultServer:
             policy=make_policy(vc.policy),
             maintenance_interval_s=vc.sync_interval_s,
             tenants=self.tokens.tenants,
+            on_damage=vc.on_damage,
         )
         self.role = served_role(config)
         self.metrics = VaultMetrics(self.store.stats, role=self.role.value, version=__version__)

@@ -8,9 +8,10 @@ Four LMDB databases live in one environment:
 ``meta``   bookkeeping: used bytes, entry count, logical clock, policy name
 
 A full key is ``len(namespace) ‖ namespace ‖ key``. An entry is charged ``len(namespace) + len(key) +
-len(blob)`` bytes against ``max_bytes``. Every Put batch is one write transaction that makes its own room
-by evicting from the front of ``order`` before each write, and stores the new totals in ``meta`` in the same
-transaction: the budget holds at every commit and the accounting is exactly as durable as the data.
+len(blob)`` bytes against ``max_bytes``. A Put batch is written in write transactions of at most
+``max_bytes / 16`` bytes (one for most batches); each makes its own room by evicting from the front of
+``order`` before each write and stores the new totals in ``meta`` in the same transaction: the budget holds
+at every commit and the accounting is exactly as durable as the data.
 
 Reads never open a write transaction: a hit is recorded in memory and the new recency is written by the
 next Put or by the maintenance thread (so recency is approximate by at most one maintenance interval).
@@ -36,6 +37,7 @@ from typing import Any
 import lmdb
 import xxhash
 
+from tierkv.vault.files import OnDamage, VaultDirectory, disk_full_message
 from tierkv.vault.policy import EntryInfo, EvictionPolicy, LRUPolicy
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,10 @@ class Lookup(enum.IntEnum):
 
 class StoreFullError(Exception):
     """The store could not make room (map cannot grow and eviction freed too little, or disk full)."""
+
+
+class DiskFullError(StoreFullError):
+    """The filesystem under the store has no room for a write (LMDB reports it as an I/O error)."""
 
 
 class UnknownTenantError(KeyError):
@@ -309,11 +315,13 @@ class Store:
         map_size: int | None = None,
         max_map_size: int | None = None,
         tenants: Mapping[str, int] | None = None,
+        on_damage: OnDamage = "refuse",
     ) -> None:
         if sync_mode not in ("durable", "fast"):
             raise ValueError(f"sync_mode must be 'durable' or 'fast', not {sync_mode!r}")
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        # locked for this process and checked before LMDB maps the file (files.py says why)
+        self._directory = VaultDirectory(self.path, budget=int(max_bytes), on_damage=on_damage)
         self.max_bytes = int(max_bytes)
         self.sync_mode = sync_mode
         self.policy: EvictionPolicy = policy or LRUPolicy()
@@ -322,8 +330,7 @@ class Store:
         # The map starts at its cap: it is address space, not disk, and growing it later would have to
         # wait for every open read transaction while holding the write lock.
         initial = map_size or self._max_map_size
-        self._env = lmdb.open(
-            str(self.path),
+        self._env = self._directory.open_env(
             map_size=initial,
             max_dbs=1 + 3 * MAX_TENANTS,
             sync=sync_mode == "durable",
@@ -444,17 +451,46 @@ class Store:
         *,
         tenant: str = DEFAULT_TENANT,
     ) -> PutOutcome:
-        """Store ``(key, blob, priority)`` items in one transaction, evicting as needed to stay in budget."""
+        """Store ``(key, blob, priority)`` items, evicting as needed to stay in budget.
+
+        The items are written in transactions of at most ``max_bytes / 16``: LMDB reuses the pages a
+        transaction frees only two transactions later, so the size of the last few transactions is what
+        ``data.mdb`` grows beyond the budget (TROUBLESHOOTING.md, "data.mdb is larger than max_bytes").
+        """
         owner = self._tenant(tenant)
         prepared = [(full_key(namespace, key), data, prio) for key, data, prio in items]
+        stored = evicted = 0
+        rejected: list[int] = []
         with self._write_lock:
-            for _attempt in range(6):
-                try:
-                    with self._rw.shared():
-                        return self._put_txn(owner, prepared)
-                except lmdb.MapFullError:
-                    self._grow_map()
-            raise StoreFullError("LMDB map is full and cannot grow further")
+            for start, chunk in _chunks(prepared, max(1, self.max_bytes // 16)):
+                outcome = self._put_chunk(owner, chunk)
+                stored, evicted = stored + outcome.stored, evicted + outcome.evicted
+                rejected += [start + i for i in outcome.rejected]
+        return PutOutcome(stored=stored, rejected=rejected, evicted=evicted)
+
+    def _put_chunk(
+        self, owner: _Tenant, chunk: Sequence[tuple[bytes, bytes | bytearray | memoryview, int]]
+    ) -> PutOutcome:
+        """One write transaction; a full map grows, a full disk gets one retry once freed pages are free."""
+        retried_disk = False
+        for _attempt in range(6):
+            try:
+                with self._rw.shared():
+                    return self._put_txn(owner, chunk)
+            except lmdb.MapFullError:
+                self._grow_map()
+            except DiskFullError:
+                if retried_disk:
+                    raise
+                retried_disk = True
+                self._release_freed_pages()
+        raise StoreFullError("LMDB map is full and cannot grow further")
+
+    def _release_freed_pages(self) -> None:
+        """Commit one tiny transaction: pages that transaction N freed (deletes, evictions) are reusable
+        from transaction N+2 on, so on a full disk this lets the next write use them."""
+        with contextlib.suppress(lmdb.Error), self._rw.shared(), self._env.begin(write=True) as txn:
+            txn.put(b"clock", _U64.pack(self._clock), db=self._meta)
 
     def _put_txn(
         self, owner: _Tenant, items: Sequence[tuple[bytes, bytes | bytearray | memoryview, int]]
@@ -471,7 +507,8 @@ class Store:
         except lmdb.MapFullError:
             raise
         except lmdb.Error as exc:
-            raise StoreFullError(f"LMDB write failed: {exc}") from exc
+            full = disk_full_message(self.path, exc, sum(len(data) for _, data, _ in items))
+            raise (DiskFullError(full) if full else StoreFullError(f"LMDB write failed: {exc}")) from exc
         self._commit(ledger)
         evicted = sum(ledger.evicted.values())
         return PutOutcome(stored=len(items) - len(rejected), rejected=rejected, evicted=evicted)
@@ -765,6 +802,7 @@ class Store:
             self._env.sync(True)
         finally:
             self._env.close()
+            self._directory.release()
 
     def __enter__(self) -> Store:
         return self
@@ -776,6 +814,18 @@ class Store:
 def _get_u64(txn: lmdb.Transaction, db: Any, key: bytes) -> int:
     raw = txn.get(key, db=db)
     return 0 if raw is None else int(_U64.unpack(raw)[0])
+
+
+def _chunks(items: Sequence[Any], limit: int) -> Iterator[tuple[int, Sequence[Any]]]:
+    """``(start, run)`` of consecutive items whose blobs total at most ``limit`` bytes (at least one)."""
+    start, size = 0, 0
+    for i, (_, data, _) in enumerate(items):
+        if i > start and size + len(data) > limit:
+            yield start, items[start:i]
+            start, size = i, 0
+        size += len(data)
+    if start < len(items):
+        yield start, items[start:]
 
 
 def _round_up(value: int, step: int) -> int:
