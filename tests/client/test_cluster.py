@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +18,8 @@ from tierkv.client.breaker import BreakerState, CircuitBreaker
 from tierkv.client.cluster import Cluster
 from tierkv.client.sharding import Rendezvous
 from tierkv.config import config_from_dict
+from tierkv.roles import Role
+from tierkv.vault.launcher import VaultProcess
 
 
 def keys(n: int, tag: str = "k") -> list[bytes]:
@@ -175,3 +182,86 @@ def test_cluster_from_config_uses_roles_and_token(
         assert cluster.get(b"ns", [b"k"]) == [b"v"]
         [(role, address, stats)] = cluster.stats()
         assert role == "kv_cold" and address == v.address and not isinstance(stats, Exception)
+
+
+@contextmanager
+def stopped(*vaults: VaultProcess) -> Iterator[None]:
+    """SIGSTOP the vault processes started here (by PID): they accept connections but never answer.
+
+    Waits until every thread is stopped: a thread in uninterruptible sleep (an fsync) delays the stop of
+    the whole process, and meanwhile the others would still answer."""
+    pids = []
+    for v in vaults:
+        assert v.proc is not None
+        pids.append(v.proc.pid)
+        os.kill(v.proc.pid, signal.SIGSTOP)
+    try:
+        for pid in pids:
+            wait_until_stopped(pid)
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+def wait_until_stopped(pid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    tasks = Path(f"/proc/{pid}/task")
+    while time.monotonic() < deadline:
+        states = set()
+        for task in tasks.iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+                states.add((task / "stat").read_text().rsplit(") ", 1)[1][:1])
+        if states <= {"T", "t"}:
+            return
+        time.sleep(0.01)
+    pytest.fail(f"vault {pid} did not stop within {timeout} s")
+
+
+def timed_get(cluster: Cluster, ks: list[bytes]) -> tuple[float, list[bytes | None]]:
+    start = time.monotonic()
+    got = cluster.get(b"ns", ks)
+    return time.monotonic() - start, got
+
+
+def test_one_deadline_covers_a_read_when_every_replica_hangs(vault_factory: VaultFactory) -> None:
+    """Replica reads do not run one timeout after another: two hung replicas cost one timeout."""
+    vaults = [vault_factory(name=f"v{i}") for i in range(2)]
+    ks = keys(40)
+    timeout = 1.5
+    with Cluster({"kv_cold": [v.address for v in vaults]}, replication=2, timeout=timeout) as cluster:
+        cluster.put(b"ns", {k: b"x" for k in ks})
+        assert all(cluster.get(b"ns", ks)), "both vaults connected before they hang"
+        with stopped(*vaults):
+            elapsed, got = timed_get(cluster, ks)
+        assert got == [None] * len(ks)
+        assert elapsed < 1.6 * timeout, f"took {elapsed:.2f} s with a {timeout} s timeout"
+
+
+def test_a_hung_replica_is_hedged_to_the_other_one(vault_factory: VaultFactory) -> None:
+    vaults = [vault_factory(name=f"v{i}") for i in range(2)]
+    ks = keys(40)
+    blobs = {k: os.urandom(300) for k in ks}
+    timeout = 2.0
+    with Cluster({"kv_cold": [v.address for v in vaults]}, replication=2, timeout=timeout) as cluster:
+        cluster.put(b"ns", blobs)
+        assert cluster.get(b"ns", ks) == list(blobs.values())
+        with stopped(vaults[0]):
+            elapsed, got = timed_get(cluster, ks)
+        assert got == list(blobs.values()), "every key came from the replica that answers"
+        assert elapsed < 0.8 * timeout, f"took {elapsed:.2f} s: the hung replica was waited for"
+
+
+def test_roles_are_the_shared_role_type(vault_factory: VaultFactory) -> None:
+    from tierkv.client.cluster import KV_COLD, SSM_COLD
+
+    assert (KV_COLD, SSM_COLD) == (Role.KV_COLD, Role.SSM_COLD)
+    v = vault_factory()
+    with Cluster({Role.KV_COLD: [v.address]}) as cluster:
+        assert cluster.members("kv_cold") == [v.address] == cluster.members(Role.KV_COLD)
+        assert cluster.role_for("mamba") is Role.SSM_COLD and cluster.role_for("attention") is Role.KV_COLD
+        with pytest.raises(ValueError, match="unknown role"):
+            cluster.get(b"ns", [b"k"], role="hot")
+    for bad in ("inference", "warm"):
+        with pytest.raises(ValueError, match="unknown roles"):
+            Cluster({"kv_cold": [v.address], bad: [v.address]})

@@ -3,9 +3,19 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from tierkv import limits
 from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb
-from tierkv.wire.framing import MISSING, FrameLimitError, build_frame, parse_frame
+from tierkv.wire.framing import (
+    MAX_KEY_BYTES,
+    MAX_NAMESPACE_BYTES,
+    MISSING,
+    FrameLimitError,
+    build_frame,
+    parse_frame,
+)
 
 
 def roundtrip(blobs: list[Blob], frame_bytes: int) -> tuple[list[Blob], int]:
@@ -114,3 +124,80 @@ def test_interleaved_continuation_is_rejected() -> None:
     dec.feed(first)
     with pytest.raises(FrameError, match="interrupted"):
         dec.feed(other)
+
+
+# -- properties (hypothesis) ------------------------------------------------------------------------
+
+keys_st = st.binary(min_size=1, max_size=MAX_KEY_BYTES)
+blobs_st = st.lists(st.tuples(keys_st, st.binary(max_size=3000)), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(blobs=blobs_st, frame_bytes=st.integers(1, 5000), namespace=st.binary(max_size=MAX_NAMESPACE_BYTES))
+def test_any_blobs_survive_any_frame_size(
+    blobs: list[tuple[bytes, bytes]], frame_bytes: int, namespace: bytes
+) -> None:
+    sent = [Blob(key=k, data=d, index=i) for i, (k, d) in enumerate(blobs)]
+    frames = list(encode_frames(sent, frame_bytes=frame_bytes, namespace=namespace))
+    dec = FrameDecoder(max_item_bytes=1 << 20)
+    got = [b for f in frames for b in dec.feed(f)]
+    dec.close()
+    assert [(b.key, b.index, bytes(b.data or b"")) for b in got] == [
+        (k, i, d) for i, (k, d) in enumerate(blobs)
+    ]
+    assert all(len(parse_frame(f)[1]) <= frame_bytes for f in frames)
+
+
+@settings(max_examples=500, deadline=None)
+@given(frames=st.lists(st.binary(max_size=200), min_size=1, max_size=4))
+def test_arbitrary_bytes_raise_only_frame_error(frames: list[bytes]) -> None:
+    dec = FrameDecoder(max_item_bytes=1 << 20, max_total_bytes=1 << 20)
+    try:
+        for f in frames:
+            dec.feed(f)
+        dec.close()
+    except FrameError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(blobs=blobs_st, data=st.data())
+def test_damaged_frames_raise_only_frame_error(blobs: list[tuple[bytes, bytes]], data: st.DataObject) -> None:
+    sent = [Blob(key=k, data=d, index=i) for i, (k, d) in enumerate(blobs)]
+    frames = list(encode_frames(sent, frame_bytes=data.draw(st.integers(1, 4000)), namespace=b"ns"))
+    if not frames:
+        return
+    n = data.draw(st.integers(0, len(frames) - 1))
+    frame = bytearray(frames[n])
+    cut = data.draw(st.integers(0, len(frame)))
+    for pos in data.draw(st.lists(st.integers(0, len(frame) - 1), max_size=4)):
+        frame[pos] = data.draw(st.integers(0, 255))
+    frames[n] = bytes(frame[:cut] if data.draw(st.booleans()) else frame)
+    dec = FrameDecoder(max_item_bytes=1 << 20)
+    try:
+        for f in frames:
+            dec.feed(f)
+        dec.close()
+    except FrameError:
+        pass
+
+
+def test_a_header_longer_than_its_frame_is_a_frame_error() -> None:
+    """``0a 10`` claims a 16-byte header in a 2-byte frame (this raised IndexError)."""
+    with pytest.raises(FrameError, match="past the end"):
+        parse_frame(b"\x0a\x10")
+    with pytest.raises(FrameError):
+        FrameDecoder(max_item_bytes=10).feed(b"\x0a\x10")
+
+
+def test_a_continuation_must_keep_the_blob_size() -> None:
+    first = build_frame(pb.FrameHeader(segments=[pb.Segment(key=b"a", size=10, length=5)]), [b"12345"])
+    grown = build_frame(pb.FrameHeader(segments=[pb.Segment(key=b"a", size=8, length=3)]), [b"678"])
+    dec = FrameDecoder(max_item_bytes=100)
+    dec.feed(first)
+    with pytest.raises(FrameError):
+        dec.feed(grown)
+
+
+def test_namespace_and_key_limits_come_from_the_shared_module() -> None:
+    assert (MAX_KEY_BYTES, MAX_NAMESPACE_BYTES) == (limits.MAX_KEY_BYTES, limits.MAX_NAMESPACE_BYTES)

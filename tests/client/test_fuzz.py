@@ -1,0 +1,130 @@
+"""Bounded fuzz runs of the client's reply parsing: whatever a peer answers, the client raises VaultError.
+
+Seeded, and bounded both in inputs and in seconds so a loaded machine only shortens the run. The inputs
+are random bytes and valid replies with bytes flipped, cut or inserted (the usual way to reach the deep
+branches of a parser that random bytes alone rarely pass).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tierkv.client._rpc import GetAssembler, parse_reply
+from tierkv.client.bulk import _Wire, read_reply
+from tierkv.errors import VaultError
+from tierkv.wire import Blob, bulk, encode_frames, pb
+
+SEED = 20240610
+
+
+def valid_frames(rng: random.Random) -> list[bytes]:
+    n = rng.randint(0, 4)
+    blobs = [
+        Blob(key=rng.randbytes(rng.randint(1, 8)), data=rng.randbytes(rng.randint(0, 300)), index=i)
+        for i in range(n)
+    ]
+    status = [Blob(key=b"gone", data=None, index=n, status=pb.MISSING)]
+    return list(encode_frames(blobs + status, frame_bytes=rng.choice([16, 100, 4096]), namespace=b"ns"))
+
+
+def damage(rng: random.Random, data: bytes) -> bytes:
+    buf = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(3)
+        pos = rng.randint(0, len(buf))
+        if op == 0 and buf:
+            buf[min(pos, len(buf) - 1)] = rng.randrange(256)
+        elif op == 1:
+            del buf[pos:]
+        else:
+            buf[pos:pos] = rng.randbytes(rng.randint(1, 6))
+    return bytes(buf)
+
+
+def fuzzed_frames(rng: random.Random) -> list[bytes]:
+    if rng.random() < 0.3:
+        return [rng.randbytes(rng.randint(0, 40)) for _ in range(rng.randint(1, 3))]
+    frames = valid_frames(rng) or [b""]
+    i = rng.randrange(len(frames))
+    frames[i] = damage(rng, frames[i])
+    return frames
+
+
+def run_bounded(count: int, seconds: float, one: Callable[[random.Random], None]) -> int:
+    rng = random.Random(SEED)
+    stop = time.monotonic() + seconds
+    done = 0
+    while done < count and time.monotonic() < stop:
+        one(rng)
+        done += 1
+    return done
+
+
+def test_fuzzed_batch_get_replies_raise_only_vault_error() -> None:
+    outcomes = {"ok": 0, "VaultError": 0}
+
+    def one(rng: random.Random) -> None:
+        assembler = GetAssembler(rng.randint(0, 6), "fuzz:1")
+        try:
+            for frame in fuzzed_frames(rng):
+                assembler.feed(frame)
+            assembler.finish()
+            outcomes["ok"] += 1
+        except VaultError:
+            outcomes["VaultError"] += 1
+
+    done = run_bounded(20_000, 15.0, one)
+    assert done >= 500, f"only {done} inputs in the time given"
+    assert outcomes["VaultError"] > done / 10, outcomes
+
+
+@pytest.mark.parametrize("message", [pb.StatsReply, pb.PutReply, pb.PrefixLookupReply, pb.FlushReply])
+def test_fuzzed_control_replies_raise_only_vault_error(message: type[pb.StatsReply]) -> None:
+    def one(rng: random.Random) -> None:
+        raw = rng.randbytes(rng.randint(0, 30))
+        with contextlib.suppress(VaultError):
+            parse_reply(message, raw, "fuzz:1")
+
+    assert run_bounded(5_000, 5.0, one) >= 100
+
+
+def fuzzed_records(rng: random.Random) -> bytes:
+    """A bulk reply stream: valid records around one damaged frame, or random bytes."""
+    if rng.random() < 0.2:
+        return rng.randbytes(rng.randint(0, 24))
+    parts = []
+    for frame in fuzzed_frames(rng):
+        kind = rng.choice([bulk.FRAME] * 6 + [bulk.ERROR, bulk.END, 7])
+        parts.append(bulk.record(kind, len(frame)) + frame)
+    if rng.random() < 0.7:
+        parts.append(bulk.record(bulk.END, 0))
+    stream = b"".join(parts)
+    return damage(rng, stream) if rng.random() < 0.5 else stream
+
+
+def test_fuzzed_bulk_replies_raise_only_vault_error() -> None:
+    """The bulk reply reader over a real socket pair, fed what a broken or hostile port might send."""
+    errors: dict[str, int] = {}
+
+    def one(rng: random.Random) -> None:
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            stream = fuzzed_records(rng)
+            theirs.sendall(stream)
+            theirs.shutdown(socket.SHUT_WR)
+            assembler = GetAssembler(rng.randint(0, 6), "fuzz:1")
+            try:
+                read_reply(_Wire(ours, time.monotonic() + 5, "fuzz:1"), assembler.feed)
+                assembler.finish()
+            except VaultError as exc:
+                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+
+    done = run_bounded(3_000, 15.0, one)
+    assert done >= 200, f"only {done} inputs in the time given"
+    assert {"BulkRefused", "VaultError", "VaultUnavailable"} <= set(errors), errors

@@ -1,0 +1,175 @@
+"""The client's transports against real vault processes: bulk port discovery, refusal, fallback, flush."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import VaultFactory
+from tierkv import AsyncVaultClient, VaultClient
+from tierkv.client.bulk import BulkFirst
+from tierkv.client.transport import BATCH_GET, STATS, GrpcTransport, Request, Transport
+from tierkv.endpoints import HostPort
+from tierkv.vault.launcher import VaultProcess
+from tierkv.wire import bulk
+
+
+class Counting(Transport):
+    """The real gRPC transport, counting the methods that go through it."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def handle(self, request: Request) -> bytes:
+        self.calls[request.method] += 1
+        return self.inner.handle(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def counted_client(address: str) -> tuple[VaultClient, Counting]:
+    client = VaultClient(address)
+    client.transport.close()
+    grpc = Counting(GrpcTransport(address, client.options))
+    client.transport = BulkFirst(grpc, address, client.options)
+    return client, grpc
+
+
+def vault_with(vault_factory: VaultFactory, tmp_path: Path, config: str, name: str = "vault") -> VaultProcess:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(config)
+    return vault_factory(name=name, extra_args=["--config", str(path)])
+
+
+@contextmanager
+def busy_bulk_connections(port: int, n: int) -> Iterator[None]:
+    """``n`` connections that sent a request head and hold the vault waiting for the token."""
+    with ExitStack() as stack:
+        for _ in range(n):
+            sock = stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=5))
+            sock.sendall(bulk.REQUEST_HEAD.pack(bulk.MAGIC, bulk.VERSION, bulk.OP_BATCH_GET, 64))
+        time.sleep(0.2)  # let the vault accept them and read their heads
+        yield
+
+
+def test_the_bulk_port_is_asked_for_once_not_per_get(vault_factory: VaultFactory) -> None:
+    v = vault_factory()
+    client, grpc = counted_client(v.address)
+    with client:
+        client.put(b"ns", {b"k": b"v"})
+        for _ in range(20):
+            assert client.get(b"ns", [b"k"]) == [b"v"]
+        assert grpc.calls[STATS] == 1 and grpc.calls[BATCH_GET] == 0, grpc.calls
+        assert client.bulk_port == client.stats().bulk_port
+
+
+def test_a_busy_bulk_port_falls_back_to_grpc_then_is_used_again(
+    vault_factory: VaultFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    v = vault_with(vault_factory, tmp_path, "[vault]\nbulk_max_connections = 2\n")
+    client, grpc = counted_client(v.address)
+    with client:
+        client.put(b"ns", {b"k": b"v" * 1000})
+        port = client.stats().bulk_port
+        with busy_bulk_connections(port, 2), caplog.at_level(logging.INFO, "tierkv.client.bulk"):
+            for _ in range(3):
+                assert client.get(b"ns", [b"k"]) == [b"v" * 1000]
+        assert grpc.calls[BATCH_GET] == 3, "every get while the port was full went over gRPC"
+        assert "refused" in caplog.text and client.bulk_port is None
+        time.sleep(1.2)  # the port is asked for again a second after it refused
+        assert client.get(b"ns", [b"k"]) == [b"v" * 1000]
+        assert client.bulk_port == port and grpc.calls[BATCH_GET] == 3
+
+
+def test_more_clients_than_bulk_connections_all_get(vault_factory: VaultFactory, tmp_path: Path) -> None:
+    """Each new client pushes an idle pooled connection out; its owner's next get retries on a fresh one."""
+    v = vault_with(vault_factory, tmp_path, "[vault]\nbulk_max_connections = 4\n")
+    with VaultClient(v.address) as c:
+        c.put(b"ns", {b"k": b"blob"})
+    clients = [VaultClient(v.address) for _ in range(12)]
+    try:
+        for _ in range(2):
+            for c in clients:
+                assert c.get(b"ns", [b"k"]) == [b"blob"]
+        assert all(c.bulk_port is not None for c in clients), "a dropped pooled connection is retried"
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_a_bulk_port_that_drops_every_connection_is_retried_once_then_grpc(
+    vault_factory: VaultFactory,
+) -> None:
+    """A real vault's gRPC, and a bulk endpoint that accepts and closes at once (a restart, a full port)."""
+    v = vault_factory()
+    accepted = []
+    with socket.create_server(("127.0.0.1", 0)) as dropper:
+        dropper.settimeout(5)
+        client, grpc = counted_client(v.address)
+        with client:
+            client.put(b"ns", {b"k": b"v"})
+            assert client.get(b"ns", [b"k"]) == [b"v"] and isinstance(client.transport, BulkFirst)
+            channel = client.transport.bulk
+            assert channel is not None
+            channel.close()
+            channel.endpoint = HostPort("127.0.0.1", dropper.getsockname()[1])
+
+            def drop() -> None:
+                for _ in range(2):
+                    conn, _ = dropper.accept()
+                    accepted.append(conn)
+                    conn.close()
+
+            t = threading.Thread(target=drop)
+            t.start()
+            assert client.get(b"ns", [b"k"]) == [b"v"]
+            t.join(5)
+            assert len(accepted) == 2 and grpc.calls[BATCH_GET] == 1
+
+
+def test_flush_needs_a_namespace_or_all_namespaces(vault_factory: VaultFactory) -> None:
+    v = vault_factory()
+    with VaultClient(v.address) as c:
+        c.put(b"a", {b"k": b"v"})
+        c.put(b"b", {b"k": b"v", b"l": b"w"})
+        with pytest.raises(ValueError, match="all_namespaces"):
+            c.flush(b"")
+        with pytest.raises(ValueError):
+            c.flush()
+        with pytest.raises(ValueError):
+            c.flush(b"a", all_namespaces=True)
+        assert c.stats().keys == 3
+        assert c.flush(b"a") == 1
+        assert c.flush(all_namespaces=True) == 2
+        assert c.stats().keys == 0
+
+    async def run() -> None:
+        async with AsyncVaultClient(v.address) as ac:
+            with pytest.raises(ValueError):
+                await ac.flush(b"")
+            await ac.put(b"c", {b"k": b"v"})
+            assert await ac.flush(all_namespaces=True) == 1
+
+    asyncio.run(run())
+
+
+def test_health_and_timeouts_per_call(vault_factory: VaultFactory) -> None:
+    v = vault_factory()
+    with VaultClient(v.address, timeout=5.0) as c:
+        assert c.health()
+        c.put(b"ns", {b"k": b"v"})
+        assert c.get(b"ns", [b"k"], timeout=1.0) == [b"v"]
+        assert c.prefix_lookup(b"ns", [b"k", b"x"], timeout=1.0) == 1
+    with VaultClient("127.0.0.1:1", timeout=0.3) as dead:
+        assert not dead.health()

@@ -1,0 +1,64 @@
+"""tierkv-bulk/1 parsing (sans-IO): anything a peer sends is a FrameError or a well-formed value."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierkv.wire import FrameError, bulk
+
+
+@settings(max_examples=1000, deadline=None)
+@given(head=st.binary(max_size=12))
+def test_any_record_head_parses_or_is_a_frame_error(head: bytes) -> None:
+    try:
+        kind, length = bulk.parse_record(head)
+    except FrameError:
+        return
+    assert len(head) == bulk.RECORD.size
+    assert kind in (bulk.FRAME, bulk.END, bulk.ERROR)
+    assert length <= bulk._RECORD_LIMITS[kind]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(head=st.binary(max_size=16))
+def test_any_request_head_parses_or_is_a_frame_error(head: bytes) -> None:
+    try:
+        token_len = bulk.parse_request_head(head)
+    except FrameError:
+        return
+    assert head[:4] == bulk.MAGIC and 0 <= token_len <= bulk.MAX_TOKEN_BYTES
+
+
+@given(payload=st.binary(max_size=64))
+def test_any_error_payload_names_a_status(payload: bytes) -> None:
+    code, details = bulk.parse_error(payload)
+    assert code.replace("_", "").isalpha() and code.isupper() and isinstance(details, str)
+
+
+@pytest.mark.parametrize(
+    ("head", "why"),
+    [
+        (bulk.record(9, 0), "unknown kind"),
+        (bulk.record(bulk.END, 1), "declares"),
+        (bulk.record(bulk.FRAME, 0xFFFFFFFF), "declares"),
+        (b"\x01\x00", "record head is"),
+    ],
+)
+def test_record_heads_the_vault_never_sends_are_refused(head: bytes, why: str) -> None:
+    with pytest.raises(FrameError, match=why):
+        bulk.parse_record(head)
+
+
+def test_a_short_request_head_is_a_protocol_error_not_struct_error() -> None:
+    with pytest.raises(bulk.BulkProtocolError):
+        bulk.parse_request_head(b"TKVB")
+    assert bulk.parse_request_head(bulk.encode_request("tok", b"")[: bulk.REQUEST_HEAD.size]) == 3
+
+
+def test_an_error_record_round_trips() -> None:
+    assert bulk.parse_error(bulk.error_payload("RESOURCE_EXHAUSTED", "busy now")) == (
+        "RESOURCE_EXHAUSTED",
+        "busy now",
+    )
