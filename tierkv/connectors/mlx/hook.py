@@ -176,7 +176,7 @@ class MlxTier:
         self.block_size = block_size
         self.snapshot_every = snapshot_every
         self.layout = probe(model, make_prompt_cache(model))
-        dtype = self.layout.kv_dtype or self._snapshot_dtype()
+        dtype = self.layout.kv_dtype or self.layout.state_dtype
         self.namespace = Namespace.from_config(
             _config(model),
             model=model_id or f"mlx-weights:{weights_fingerprint(model)}",
@@ -191,11 +191,6 @@ class MlxTier:
         self.snap_spec = StreamSpec(ns, LayerGroup.SSM, kv_codec=codec)
         self.blocks = ColdTier(storage, NumpyBlobs())
         self.manifests = ColdTier(storage, ManifestBlobs(self.layout))
-
-    def _snapshot_dtype(self) -> str:
-        probe_cache = make_prompt_cache(self.model)
-        self.model(mx.array([[0]]), cache=probe_cache)
-        return blob_dtype(read_state(probe_cache[self.layout.snapshots[0].index]).arrays[0])
 
     # ----------------------------------------------------------------------------------------- keys
 

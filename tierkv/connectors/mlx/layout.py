@@ -82,6 +82,8 @@ class MlxLayout:
     k_dim: int = 0
     v_dim: int = 0
     kv_dtype: str = ""
+    state_dtype: str = ""
+    """dtype of the first snapshot array (the namespace dtype of models without full attention)."""
 
     @property
     def has_kv(self) -> bool:
@@ -103,7 +105,7 @@ class MlxLayout:
         """The layout part of the namespace: anything that changes what a blob means is in it."""
         kv = f"kv{len(self.kv_layers)}x{self.kv_heads}x{self.k_dim}+{self.v_dim}:{self.kv_dtype}"
         snaps = ",".join(f"{s.index}{s.kind[0]}{s.arrays}w{s.max_size}k{s.keep}" for s in self.snapshots)
-        return f"{LAYOUT_VERSION}/{kv}/snap[{snaps}]"
+        return f"{LAYOUT_VERSION}/{kv}/snap[{snaps}]:{self.state_dtype}"
 
 
 def probe(model: Any, cache: Sequence[Any]) -> MlxLayout:
@@ -113,10 +115,11 @@ def probe(model: Any, cache: Sequence[Any]) -> MlxLayout:
     states = [read_state(c) for c in cache]
     kv_layers = tuple(i for i, k in enumerate(kinds) if k == KV)
     snapshots = tuple(_snapshot_layer(i, c, states[i]) for i, c in enumerate(cache) if kinds[i] != KV)
+    state_dtype = blob_dtype(states[snapshots[0].index].arrays[0]) if snapshots else ""
     if not kv_layers:
-        return MlxLayout(kinds, (), snapshots)
+        return MlxLayout(kinds, (), snapshots, state_dtype=state_dtype)
     heads, k_dim, v_dim, dtype = _kv_geometry([states[i] for i in kv_layers])
-    return MlxLayout(kinds, kv_layers, snapshots, heads, k_dim, v_dim, dtype)
+    return MlxLayout(kinds, kv_layers, snapshots, heads, k_dim, v_dim, dtype, state_dtype)
 
 
 def _snapshot_layer(index: int, cache: Any, state: LayerState) -> SnapshotLayer:
