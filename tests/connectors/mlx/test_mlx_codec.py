@@ -24,7 +24,7 @@ from tests.connectors.mlx import legacy_api
 from tests.connectors.mlx.models import FAMILIES, prompt, run, tiny_model
 from tierkv.codec import LayerGroup, read_header
 from tierkv.connectors.mlx import LayoutError, MlxTier, probe
-from tierkv.connectors.mlx.layout import manifest, parse_manifest
+from tierkv.connectors.mlx.layout import MlxLayout, kv_blocks, kv_states, manifest, parse_manifest
 from tierkv.connectors.mlx.states import is_legacy, read_state, rebuild
 from tierkv.tiering.storage import MemoryStorage
 
@@ -213,3 +213,35 @@ def test_store_sends_only_the_blocks_the_vaults_lack() -> None:
     run(model, prepared.remaining.tolist(), prepared.cache, new=2)
     tally = tier.store(prepared)
     assert tally.sent == tally.stored == (70 + 8 + 20 + 1) // 16 - 4
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    layers=st.integers(1, 3),
+    heads=st.integers(1, 3),
+    k_dim=st.integers(1, 8),
+    v_dim=st.integers(1, 8),
+    block_size=st.integers(2, 5),
+    blocks=st.integers(1, 4),
+    extra=st.integers(0, 4),
+)
+def test_kv_blocks_split_and_join_back_exactly(
+    layers: int, heads: int, k_dim: int, v_dim: int, block_size: int, blocks: int, extra: int
+) -> None:
+    tokens = blocks * block_size + extra
+    rng = np.random.default_rng(tokens)
+    keys = [rng.standard_normal((1, heads, tokens, k_dim), np.float32) for _ in range(layers)]
+    values = [rng.standard_normal((1, heads, tokens, v_dim), np.float32) for _ in range(layers)]
+    cache = [
+        mlx_cache.KVCache.from_state((mx.array(k), mx.array(v), tokens))
+        for k, v in zip(keys, values, strict=True)
+    ]
+    layout = MlxLayout(("KVCache",) * layers, tuple(range(layers)), (), heads, k_dim, v_dim, "float32")
+    stacked = np.stack(list(kv_blocks(layout, cache, 0, blocks, block_size)))
+    assert stacked.shape == (blocks, *layout.kv_block_shape(block_size))
+    for state, k, v in zip(kv_states(layout, stacked), keys, values, strict=True):
+        assert state.ints == (blocks * block_size,)
+        assert np.array_equal(state.arrays[0], k[:, :, : blocks * block_size])
+        assert np.array_equal(state.arrays[1], v[:, :, : blocks * block_size])
+    tail = list(kv_blocks(layout, cache, blocks - 1, blocks, block_size))
+    assert len(tail) == 1 and np.array_equal(tail[0], stacked[-1])
