@@ -13,7 +13,8 @@ the reply (or has the transport's :class:`~tierkv.errors.VaultError` thrown in) 
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
+from functools import partial
 from typing import Generic, TypeVar
 
 from grpc_health.v1 import health_pb2
@@ -123,17 +124,17 @@ class Exchange(Generic[T]):
         self._op = op
         self.request: Request | None = None
         self.result: T
-        self._step(None)
+        self._step(partial(next, op))
 
     def answer(self, outcome: bytes | VaultError) -> None:
-        self._step(outcome)
+        if isinstance(outcome, VaultError):
+            self._step(partial(self._op.throw, outcome))
+        else:
+            self._step(partial(self._op.send, outcome))
 
-    def _step(self, outcome: bytes | VaultError | None) -> None:
+    def _step(self, advance: Callable[[], Request]) -> None:
         try:
-            if isinstance(outcome, VaultError):
-                self.request = self._op.throw(outcome)
-            else:
-                self.request = self._op.send(outcome)  # type: ignore[arg-type]  # None starts it
+            self.request = advance()
         except StopIteration as done:
             self.request = None
             self.result = done.value

@@ -45,7 +45,7 @@ T = TypeVar("T")
 KV_COLD = Role.KV_COLD
 """Kept importable from here for older callers; the role lives in :mod:`tierkv.roles`."""
 SSM_COLD = Role.SSM_COLD
-Work = Callable[[VaultClient, "float | None"], T]
+Work = Callable[[VaultClient, float | None], T]
 """One vault's share of a call: given its client and the seconds left (None: the client's own deadline)."""
 
 
