@@ -19,7 +19,7 @@ from tierkv import VaultClient
 from tierkv.errors import ResourceExhausted
 from tierkv.vault.files import DATA_FILE, DataFileDamaged, DirectoryInUse, VaultDirectory, data_file_problem
 from tierkv.vault.launcher import VaultProcess
-from tierkv.vault.store import Store
+from tierkv.vault.store import DiskFullError, Store
 
 PAGE = 4096
 
@@ -184,6 +184,18 @@ def test_full_disk_says_so_and_deletes_make_room(vault_factory: VaultFactory, sm
             assert None not in c.get(b"ns", stored[-2:]), "reads keep working"
     finally:
         v.stop()
+
+
+def test_on_a_full_disk_the_pages_a_delete_frees_serve_the_next_put(small_disk: Path) -> None:
+    with Store(small_disk / "v", 256 << 20) as s:
+        stored: list[bytes] = []
+        with pytest.raises(DiskFullError, match="disk full"):
+            for i in range(40):
+                s.put_many(b"ns", [(f"k{i}".encode(), os.urandom(1 << 20), 0)])
+                stored.append(f"k{i}".encode())
+        assert s.delete(b"ns", stored[:2]) == 2
+        assert s.put_many(b"ns", [(b"after-delete", b"a" * (1 << 20), 0)]).stored == 1
+        assert s.get_many(b"ns", [b"after-delete"]) == [b"a" * (1 << 20)]
 
 
 def test_budget_larger_than_the_disk_is_warned_at_start(
