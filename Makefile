@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint typecheck proto proto-check test-fast test-vllm bench bench-vllm bench-redis clean
+.PHONY: demo test lint typecheck proto proto-check test-fast test-vllm test-mlx bench bench-vllm bench-redis clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,13 +21,18 @@ demo: $(STAMP)
 test: $(STAMP) lint typecheck proto-check
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(MAKE) test-vllm
+	$(MAKE) test-mlx
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not vllm"
+	$(PY) -m pytest -q -m "not slow and not vllm and not mlx"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tierkv tests benchmarks scripts
 	$(VENV)/bin/ruff format --check tierkv tests benchmarks scripts
+	@# no runtime function above radon rank C (generated protobuf code excluded)
+	@out=$$($(VENV)/bin/radon cc -n D -s -e 'tierkv/wire/_proto/*' tierkv) && \
+	  if [ -n "$$out" ]; then echo "functions above rank C:"; echo "$$out"; exit 1; fi && \
+	  echo "complexity: every function rank C or better"
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy tierkv
@@ -47,6 +52,11 @@ test-vllm: $(STAMP)
 	  scripts/setup-vllm-env.sh && .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/connectors/vllm tests/bench/test_engine_vllm.py; \
 	else echo "vLLM tier not present"; fi
 
+test-mlx: $(STAMP)
+	@if [ -x scripts/setup-mlx-env.sh ]; then \
+	  scripts/setup-mlx-env.sh && .venv-mlx/bin/python -m pytest -q -p no:cacheprovider -m mlx tests/connectors/mlx; \
+	else echo "MLX tier not present"; fi
+
 bench: $(STAMP)
 	$(VENV)/bin/tierkv bench
 
@@ -58,4 +68,4 @@ bench-redis: $(STAMP)
 	$(PY) benchmarks/vault_vs_redis.py
 
 clean:
-	rm -rf $(VENV) .venv-vllm .state build *.egg-info
+	rm -rf $(VENV) .venv-vllm .venv-mlx .state build *.egg-info
