@@ -170,8 +170,8 @@ class VaultDirectory:
         data_file = self.path / DATA_FILE
         if self.on_damage != "move-aside":
             raise DataFileDamaged(
-                f"{data_file}: {problem}. Refusing to start: restore it from a backup, or set "
-                '[vault] on_damage = "move-aside" (or --on-damage move-aside) to set it aside and start empty'
+                f"{data_file}: {problem}; refusing to start (restore a backup, or set it aside and start "
+                'empty with on_damage = "move-aside")'
             )
         aside = data_file.with_name(f"{DATA_FILE}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
         data_file.rename(aside)
