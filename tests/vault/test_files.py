@@ -17,7 +17,14 @@ from hypothesis import strategies as st
 from tests.conftest import VaultFactory
 from tierkv import VaultClient
 from tierkv.errors import ResourceExhausted
-from tierkv.vault.files import DATA_FILE, DataFileDamaged, DirectoryInUse, VaultDirectory, data_file_problem
+from tierkv.vault.files import (
+    DATA_FILE,
+    DataFileDamaged,
+    DirectoryInUse,
+    VaultDirectory,
+    VaultDirectoryError,
+    data_file_problem,
+)
 from tierkv.vault.launcher import VaultProcess
 from tierkv.vault.store import DiskFullError, Store
 
@@ -68,6 +75,18 @@ def test_damaged_meta_page_is_found(tmp_path: Path) -> None:
     whole[PAGE + 16] ^= 0xFF
     (tmp_path / "v" / DATA_FILE).write_bytes(whole)
     assert "second meta page" in str(data_file_problem(tmp_path / "v" / DATA_FILE))
+
+
+def test_a_file_lmdb_itself_refuses_is_a_clear_error(tmp_path: Path) -> None:
+    whole = bytearray(filled_store(tmp_path / "v"))
+    for meta in (0, PAGE):
+        whole[meta + 20] = 99  # the format version LMDB checks
+    (tmp_path / "v" / DATA_FILE).write_bytes(whole)
+    with pytest.raises(VaultDirectoryError, match="cannot open the LMDB store"):
+        Store(tmp_path / "v", 1 << 20)
+    with pytest.raises(VaultDirectoryError, match="not supported"):
+        Store(tmp_path / "v", 1 << 20, on_damage="move-aside")
+    assert (tmp_path / "v" / DATA_FILE).read_bytes() == whole, "another version's file is not damage"
 
 
 @pytest.mark.parametrize("cut", ["half", "empty"])

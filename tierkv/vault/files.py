@@ -180,11 +180,14 @@ class VaultDirectory:
 
     def open_env(self, **options: Any) -> lmdb.Environment:
         """``lmdb.open`` with 0600 files; a file LMDB itself rejects is damage too (moved aside if asked)."""
-        try:
-            return lmdb.open(str(self.path), mode=FILE_MODE, **options)
-        except (lmdb.InvalidError, lmdb.CorruptedError) as exc:
-            self._check(f"LMDB rejects it ({exc})")
-        return lmdb.open(str(self.path), mode=FILE_MODE, **options)
+        for _attempt in range(2):
+            try:
+                return lmdb.open(str(self.path), mode=FILE_MODE, **options)
+            except (lmdb.InvalidError, lmdb.CorruptedError) as exc:
+                self._check(f"LMDB rejects it ({exc})")
+            except lmdb.Error as exc:
+                raise VaultDirectoryError(f"cannot open the LMDB store in {self.path}: {exc}") from exc
+        raise DataFileDamaged(f"{self.path / DATA_FILE}: LMDB rejects it even after it was set aside")
 
     def release(self) -> None:
         """Give the directory up (the lock also goes with the process, or with this object). Idempotent."""
