@@ -188,7 +188,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
-def test_full_disk_says_so_and_deletes_make_room(vault_factory: VaultFactory, small_disk: Path) -> None:
+def test_full_disk_says_so_and_deletes_make_room(small_disk: Path) -> None:
     v = VaultProcess(small_disk / "v", max_bytes="256MiB", log_file=small_disk.parent / "v.log").start()
     try:
         with VaultClient(v.address) as c:
@@ -217,9 +217,7 @@ def test_on_a_full_disk_the_pages_a_delete_frees_serve_the_next_put(small_disk: 
         assert s.get_many(b"ns", [b"after-delete"]) == [b"a" * (1 << 20)]
 
 
-def test_budget_larger_than_the_disk_is_warned_at_start(
-    vault_factory: VaultFactory, small_disk: Path
-) -> None:
+def test_budget_larger_than_the_disk_is_warned_at_start(small_disk: Path) -> None:
     v = VaultProcess(small_disk / "v", max_bytes="1GiB", log_file=small_disk.parent / "v.log").start()
     try:
         assert "Puts will fail with 'disk full' before the budget is reached" in v.log_tail()
