@@ -19,6 +19,7 @@ demo: $(STAMP)
 	$(VENV)/bin/tierkv demo
 
 test: $(STAMP) lint typecheck proto-check
+	scripts/setup-test-tools.sh
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(MAKE) test-vllm
 	$(MAKE) test-mlx

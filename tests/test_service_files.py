@@ -22,6 +22,7 @@ def test_systemd_unit() -> None:
     service = unit["Service"]
     assert service["Type"] == "notify"
     assert service["Restart"] == "on-failure"
+    assert set(service["RestartPreventExitStatus"].split()) == {"2", "3", "4", "5"}
     assert service["StateDirectory"] == "tierkv"
     for key, value in {"NoNewPrivileges": "yes", "ProtectSystem": "strict", "PrivateTmp": "yes"}.items():
         assert service[key] == value

@@ -75,7 +75,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.
 
 def _fail(exc: Exception, label: str = "error", code: int = 2) -> NoReturn:
     """One red line on stderr and the exit code; never a traceback."""
-    err.print(f"[red]{label}:[/red] {escape(str(exc))}")
+    err.print(f"[red]{label}:[/red] {escape(str(exc))}", soft_wrap=True)
     raise typer.Exit(code) from exc
 
 

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import VaultFactory
+from tests.processes import stopped
 from tierkv import VaultClient
 from tierkv.client.breaker import BreakerState, CircuitBreaker
 from tierkv.client.cluster import Cluster
 from tierkv.client.sharding import Rendezvous
 from tierkv.config import config_from_dict
 from tierkv.roles import Role
-from tierkv.vault.launcher import VaultProcess
 
 
 def keys(n: int, tag: str = "k") -> list[bytes]:
@@ -182,40 +177,6 @@ def test_cluster_from_config_uses_roles_and_token(
         assert cluster.get(b"ns", [b"k"]) == [b"v"]
         [(role, address, stats)] = cluster.stats()
         assert role == "kv_cold" and address == v.address and not isinstance(stats, Exception)
-
-
-@contextmanager
-def stopped(*vaults: VaultProcess) -> Iterator[None]:
-    """SIGSTOP the vault processes started here (by PID): they accept connections but never answer.
-
-    Waits until every thread is stopped: a thread in uninterruptible sleep (an fsync) delays the stop of
-    the whole process, and meanwhile the others would still answer."""
-    pids = []
-    for v in vaults:
-        assert v.proc is not None
-        pids.append(v.proc.pid)
-        os.kill(v.proc.pid, signal.SIGSTOP)
-    try:
-        for pid in pids:
-            wait_until_stopped(pid)
-        yield
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
-
-
-def wait_until_stopped(pid: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    tasks = Path(f"/proc/{pid}/task")
-    while time.monotonic() < deadline:
-        states = set()
-        for task in tasks.iterdir():
-            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
-                states.add((task / "stat").read_text().rsplit(") ", 1)[1][:1])
-        if states <= {"T", "t"}:
-            return
-        time.sleep(0.01)
-    pytest.fail(f"vault {pid} did not stop within {timeout} s")
 
 
 def timed_get(cluster: Cluster, ks: list[bytes]) -> tuple[float, list[bytes | None]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import time
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import VaultFactory
+from tests.processes import stopped
 from tierkv import VaultClient
 from tierkv.errors import AuthError, VaultUnavailable
 from tierkv.wire import FrameDecoder, bulk, pb
@@ -110,15 +110,11 @@ def test_stalled_vault_is_unavailable_on_the_bulk_path_too(vault_factory: VaultF
     with VaultClient(v.address, timeout=0.5) as c:
         c.put(b"ns", {b"k": b"v"})
         assert c.get(b"ns", [b"k"]) == [b"v"]
-        assert v.proc is not None
-        os.kill(v.proc.pid, signal.SIGSTOP)
-        try:
+        with stopped(v):
             start = time.monotonic()
             with pytest.raises(VaultUnavailable):
                 c.get(b"ns", [b"k"])
             assert time.monotonic() - start < 5
-        finally:
-            os.kill(v.proc.pid, signal.SIGCONT)
 
 
 def test_restarted_vault_is_read_again_through_a_fallback(vault_factory: VaultFactory) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import lmdb
 import pytest
 
 from tests.conftest import VaultFactory
+from tests.processes import stopped
 from tierkv import VaultClient
 from tierkv.errors import AuthError, ResourceExhausted, VaultUnavailable
 from tierkv.vault.store import full_key
@@ -157,16 +157,11 @@ def test_unreachable_vault_raises_unavailable_within_the_deadline() -> None:
 
 def test_stalled_vault_raises_unavailable_not_a_hang(vault_factory: VaultFactory) -> None:
     v = vault_factory()
-    assert v.proc is not None
-    os.kill(v.proc.pid, signal.SIGSTOP)
-    try:
-        with VaultClient(v.address, timeout=0.5) as c:
-            start = time.monotonic()
-            with pytest.raises(VaultUnavailable):
-                c.prefix_lookup(b"ns", [b"k"])
-            assert time.monotonic() - start < 5
-    finally:
-        os.kill(v.proc.pid, signal.SIGCONT)
+    with stopped(v), VaultClient(v.address, timeout=0.5) as c:
+        start = time.monotonic()
+        with pytest.raises(VaultUnavailable):
+            c.prefix_lookup(b"ns", [b"k"])
+        assert time.monotonic() - start < 5
 
 
 def test_systemd_readiness_is_sent_once_serving(vault_factory: VaultFactory, tmp_path: Path) -> None:
