@@ -1,0 +1,33 @@
+"""What a block is to the application: its source class, importance, durability and place in the prefix tree.
+
+Sans-IO vocabulary shared by every layer that carries retention metadata: the engine hooks tag what they
+store (:func:`tag_blocks` maps a prompt layout of ordered chunks to per-block :class:`BlockMeta`), the
+client sends the metadata with each blob, and the vault's ``context`` policy evicts by it. A store without
+a layout carries no metadata (:data:`UNTAGGED`) and is treated exactly as before.
+"""
+
+from tierkv.retention.classes import (
+    DEFAULT_CLASSES,
+    DEFAULT_TTL_S,
+    UNTAGGED,
+    BlockMeta,
+    Durability,
+    Retention,
+    RetentionClass,
+)
+from tierkv.retention.layout import Chunk, LayoutError, parse_layout, tag_blocks, with_parents
+
+__all__ = [
+    "DEFAULT_CLASSES",
+    "DEFAULT_TTL_S",
+    "UNTAGGED",
+    "BlockMeta",
+    "Chunk",
+    "Durability",
+    "LayoutError",
+    "Retention",
+    "RetentionClass",
+    "parse_layout",
+    "tag_blocks",
+    "with_parents",
+]
