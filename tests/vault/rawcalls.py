@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Mapping
 
@@ -74,9 +75,13 @@ def bulk_records(
     ``half_close`` ends the sending side, so a request cut short is not waited for."""
     records = []
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        sock.sendall(request)
+        # The vault may answer a bad request with ERROR and close before all of it is sent or before the
+        # half-close: what it sent is still there to read.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(request)
         if half_close:
-            sock.shutdown(socket.SHUT_WR)
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
         stream = sock.makefile("rb")
         while True:
             head = stream.read(bulk.RECORD.size)
