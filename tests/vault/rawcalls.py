@@ -84,7 +84,10 @@ def bulk_records(
                 sock.shutdown(socket.SHUT_WR)
         stream = sock.makefile("rb")
         while True:
-            head = stream.read(bulk.RECORD.size)
+            try:
+                head = stream.read(bulk.RECORD.size)
+            except ConnectionResetError:  # closed on a request it would not read further
+                return records
             if len(head) < bulk.RECORD.size:
                 return records
             kind, length = bulk.RECORD.unpack(head)
