@@ -41,7 +41,7 @@ else:  # pragma: no cover - exercised only on Python 3.10
 log = logging.getLogger(__name__)
 
 SyncMode = Literal["durable", "fast"]
-PolicyName = Literal["lru", "priority-lru"]
+PolicyName = Literal["lru", "priority-lru", "context"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 DEFAULT_PORT = 50051
@@ -220,6 +220,33 @@ class ClusterConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ContextWeights:
+    """``[retention.weights]``: how the ``context`` eviction policy scores an entry (lowest goes first).
+
+    score = importance·I + hits·log2(1 + decayed hits) + sharing·log2(1 + stored children)
+    − size·log2(bytes / 1 KiB) − age·(age in turnovers); a turnover is as many store events (writes,
+    reads) as the vault holds entries, and hits halve every ``hit_half_life`` turnovers without a read.
+    """
+
+    importance: float = setting(2.0, minimum=0, what="a weight")
+    hits: float = setting(0.5, minimum=0, what="a weight")
+    sharing: float = setting(0.5, minimum=0, what="a weight")
+    size: float = setting(0.1, minimum=0, what="a weight")
+    age: float = setting(1.0, positive=True)
+    hit_half_life: float = setting(1.0, positive=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class RetentionConfig:
+    """``[retention]``: what a vault does with the metadata blocks carry (README, "Retention")."""
+
+    max_protected_fraction: float = setting(0.5, minimum=0, maximum=1, what="a fraction")
+    """Protected bytes per tenant stay under this fraction of its quota (or of the vault's budget for a
+    tenant without one), and all tenants' together under this fraction of the budget."""
+    weights: ContextWeights = ContextWeights()
+
+
+@dataclasses.dataclass(frozen=True)
 class LogConfig:
     level: LogLevel = "warning"
     json: bool = False
@@ -235,6 +262,7 @@ class Config:
     auth: AuthConfig = AuthConfig()
     tls: TLSConfig = TLSConfig()
     log: LogConfig = LogConfig()
+    retention: RetentionConfig = RetentionConfig()
     source: str = _internal(BUILTIN)
     flags: frozenset[str] = _internal(frozenset())
     """Dotted keys set on the command line (their errors say so instead of naming the file)."""

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from tierkv.client.types import VaultStats
+from tierkv.client.types import ClassStats, VaultStats
 from tierkv.config import TLSConfig
 from tierkv.errors import (
     AuthError,
@@ -23,6 +23,7 @@ from tierkv.errors import (
     VaultUnavailable,
 )
 from tierkv.limits import CLIENT_BATCH_BYTES, FRAME_BYTES, MAX_MESSAGE_BYTES
+from tierkv.retention.classes import BlockMeta
 from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb
 from tierkv.wire.framing import FOUND, Buffer
 
@@ -42,6 +43,8 @@ _MAPPED: dict[grpc.StatusCode, type[VaultError]] = {
 }
 
 Items = Mapping[bytes, Buffer] | Iterable[tuple[bytes, Buffer]]
+Metas = Mapping[bytes, BlockMeta]
+"""Retention metadata by key; a key it does not name is stored untagged (and costs nothing extra)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +117,9 @@ def error_for(name: str, details: str, address: str) -> VaultError:
     return cls(f"{name}: {details}", address=address, code=name)
 
 
-def put_batches(items: Items, options: ClientOptions, priority: int) -> Iterator[list[Blob]]:
+def put_batches(
+    items: Items, options: ClientOptions, priority: int, meta: Metas | None = None
+) -> Iterator[list[Blob]]:
     """Split a put into RPC-sized batches (each one write transaction on the vault)."""
     pairs = items.items() if isinstance(items, Mapping) else items
     batch: list[Blob] = []
@@ -124,7 +129,9 @@ def put_batches(items: Items, options: ClientOptions, priority: int) -> Iterator
         if batch and size + n > options.max_batch_bytes:
             yield batch
             batch, size = [], 0
-        batch.append(Blob(key=key, data=data, index=i, priority=priority))
+        batch.append(
+            Blob(key=key, data=data, index=i, priority=priority, meta=meta.get(key) if meta else None)
+        )
         size += n
     if batch:
         yield batch
@@ -204,4 +211,22 @@ def stats_from_reply(r: pb.StatsReply) -> VaultStats:
         sync_mode=r.sync_mode,
         policy=r.policy,
         path=r.path,
+        expired=r.expired,
+        protected_bytes=r.protected_bytes,
+        protected_overflow=r.protected_overflow,
+        classes=tuple(
+            ClassStats(
+                tenant=c.tenant,
+                source=c.source,
+                keys=c.keys,
+                bytes=c.bytes,
+                hits=c.hits,
+                misses=c.misses,
+                expired=c.expired,
+                hits_5m=c.hits_5m,
+                lookups_5m=c.lookups_5m,
+                protected_bytes=c.protected_bytes,
+            )
+            for c in r.classes
+        ),
     )

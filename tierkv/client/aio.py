@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from tierkv.client._rpc import Items, as_bytes
+from tierkv.client._rpc import Items, Metas, as_bytes
 from tierkv.client.base import ClientBase, open_async_transport
 from tierkv.client.calls import Exchange, Op
 from tierkv.client.transport import Request
@@ -27,8 +27,10 @@ class AsyncVaultClient(ClientBase):
         super().__init__(address, **options)
         self.transport = open_async_transport(address, self.options)
 
-    async def put(self, namespace: bytes, items: Items, *, priority: int = 0) -> int:
-        return await self._run(self.calls.put(namespace, items, priority))
+    async def put(
+        self, namespace: bytes, items: Items, *, priority: int = 0, meta: Metas | None = None
+    ) -> int:
+        return await self._run(self.calls.put(namespace, items, priority, meta))
 
     async def get_buffers(
         self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None

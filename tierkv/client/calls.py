@@ -23,6 +23,7 @@ from tierkv.client._rpc import (
     ClientOptions,
     GetAssembler,
     Items,
+    Metas,
     batch_bytes,
     keys_request,
     parse_reply,
@@ -59,10 +60,10 @@ class Calls:
         self.address = address
         self.options = options
 
-    def put(self, namespace: bytes, items: Items, priority: int) -> Op[int]:
+    def put(self, namespace: bytes, items: Items, priority: int, meta: Metas | None = None) -> Op[int]:
         """Store blobs in batches (one write transaction each); returns how many were acknowledged."""
         stored = 0
-        for batch in put_batches(items, self.options, priority):
+        for batch in put_batches(items, self.options, priority, meta):
             deadline = self.options.put_deadline(batch_bytes(batch))
             raw = yield Request(PUT, put_frames(namespace, batch, self.options), deadline)
             reply = parse_reply(pb.PutReply, raw, self.address)

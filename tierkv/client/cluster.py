@@ -28,7 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import partial
 from typing import Any, TypeVar
 
-from tierkv.client._rpc import Items, as_bytes
+from tierkv.client._rpc import Items, Metas, as_bytes
 from tierkv.client.breaker import CircuitBreaker
 from tierkv.client.metrics import ClusterMetrics
 from tierkv.client.sharding import Rendezvous
@@ -194,10 +194,20 @@ class Cluster:
 
     # -- operations --------------------------------------------------------------------------------
 
-    def put(self, namespace: bytes, items: Items, role: str = KV_COLD, *, priority: int = 0) -> int:
+    def put(
+        self,
+        namespace: bytes,
+        items: Items,
+        role: str = KV_COLD,
+        *,
+        priority: int = 0,
+        meta: Metas | None = None,
+    ) -> int:
         """Store blobs on each key's owners; returns how many keys at least one vault acknowledged.
 
-        A put's deadline grows with its size (see ``min_bytes_per_s`` of the clients)."""
+        ``meta`` maps keys to their :class:`~tierkv.retention.BlockMeta` (source class, importance, time to
+        live, protected, parent key); keys it does not name are stored untagged, as before. A put's
+        deadline grows with its size (see ``min_bytes_per_s`` of the clients)."""
         resolved = self._resolve(role)
         pairs = list(items.items() if isinstance(items, Mapping) else items)
         per_vault: dict[int, list[tuple[bytes, Buffer]]] = defaultdict(list)
@@ -207,7 +217,10 @@ class Cluster:
         results = self._fan_out(
             resolved,
             "put",
-            {v: partial(_put, namespace=namespace, items=b, priority=priority) for v, b in per_vault.items()},
+            {
+                v: partial(_put, namespace=namespace, items=b, priority=priority, meta=meta)
+                for v, b in per_vault.items()
+            },
             None,
         )
         acked: set[bytes] = set()
@@ -390,8 +403,16 @@ def _stats_or_error(client: VaultClient) -> VaultStats | VaultError:
         return exc
 
 
-def _put(client: VaultClient, timeout: float | None, *, namespace: bytes, items: Items, priority: int) -> int:
-    return client.put(namespace, items, priority=priority)
+def _put(
+    client: VaultClient,
+    timeout: float | None,
+    *,
+    namespace: bytes,
+    items: Items,
+    priority: int,
+    meta: Metas | None,
+) -> int:
+    return client.put(namespace, items, priority=priority, meta=meta)
 
 
 def _get_buffers(

@@ -6,6 +6,28 @@ import dataclasses
 
 
 @dataclasses.dataclass(frozen=True)
+class ClassStats:
+    """One source class of one tenant on one vault (``source`` "" = untagged blocks and misses of unknown
+    class). Counters run since the vault started; ``*_5m`` cover the last five minutes."""
+
+    tenant: str
+    source: str
+    keys: int
+    bytes: int
+    hits: int
+    misses: int
+    expired: int
+    hits_5m: int
+    lookups_5m: int
+    protected_bytes: int = 0
+
+    @property
+    def hit_rate_5m(self) -> float | None:
+        """Hits over lookups in the last five minutes; None without lookups."""
+        return self.hits_5m / self.lookups_5m if self.lookups_5m else None
+
+
+@dataclasses.dataclass(frozen=True)
 class VaultStats:
     """What a vault says about itself (``Stats`` RPC). Counters run since the vault process started."""
 
@@ -25,6 +47,11 @@ class VaultStats:
     policy: str
     path: str
     bulk_port: int = 0
+    expired: int = 0
+    protected_bytes: int = 0
+    protected_overflow: int = 0
+    classes: tuple[ClassStats, ...] = ()
+    """Per tenant and source class (the caller's tenant; an admin sees every tenant's)."""
 
     @property
     def hit_rate(self) -> float | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from tierkv.client._rpc import Items, as_bytes
+from tierkv.client._rpc import Items, Metas, as_bytes
 from tierkv.client.base import ClientBase, open_transport
 from tierkv.client.bulk import BulkFirst
 from tierkv.client.calls import Exchange, Op
@@ -37,9 +37,10 @@ class VaultClient(ClientBase):
 
     # -- data --------------------------------------------------------------------------------------
 
-    def put(self, namespace: bytes, items: Items, *, priority: int = 0) -> int:
-        """Store blobs; returns how many the vault acknowledged (one write transaction per batch)."""
-        return self._run(self.calls.put(namespace, items, priority))
+    def put(self, namespace: bytes, items: Items, *, priority: int = 0, meta: Metas | None = None) -> int:
+        """Store blobs; returns how many the vault acknowledged (one write transaction per batch).
+        ``meta`` gives keys their retention metadata (README, "Retention"); keys it lacks are untagged."""
+        return self._run(self.calls.put(namespace, items, priority, meta))
 
     def get_buffers(
         self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None

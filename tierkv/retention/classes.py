@@ -47,6 +47,10 @@ DEFAULT_TTL_S: Final[Mapping[Durability, float | None]] = MappingProxyType(
 """Time to live per durability (seconds; None = no expiry); ``[retention.ttl_s]`` overrides them."""
 
 NEUTRAL_IMPORTANCE: Final = 0.5
+MAX_SOURCE_BYTES: Final = 64
+"""A source class name is at most this many bytes of UTF-8 (it becomes a metrics label on the vault)."""
+MAX_TTL_S: Final = 100 * 365 * 86400.0
+"""The longest time to live a block may carry (longer is what ``None``, no expiry, is for)."""
 
 
 def check_importance(value: float) -> float:
@@ -54,6 +58,13 @@ def check_importance(value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
         raise ValueError(f"importance must be in [0, 1], got {value!r}")
     return float(value)
+
+
+def check_source(name: str) -> str:
+    """``name`` if it can name a source class (printable, at most MAX_SOURCE_BYTES); ValueError otherwise."""
+    if len(name.encode()) > MAX_SOURCE_BYTES or not name.isprintable():
+        raise ValueError(f"source class must be printable and at most {MAX_SOURCE_BYTES} bytes, got {name!r}")
+    return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +115,9 @@ class BlockMeta:
 
     def __post_init__(self) -> None:
         check_importance(self.importance)
-        if self.ttl_s is not None and not (math.isfinite(self.ttl_s) and self.ttl_s > 0):
+        if self.ttl_s is not None and not (math.isfinite(self.ttl_s) and 0 < self.ttl_s <= MAX_TTL_S):
             raise ValueError(f"ttl_s must be a positive number of seconds or None, got {self.ttl_s!r}")
+        check_source(self.source)
 
     @property
     def tagged(self) -> bool:
@@ -157,6 +169,8 @@ def importance_of_priority(priority: int) -> float:
 __all__ = [
     "DEFAULT_CLASSES",
     "DEFAULT_TTL_S",
+    "MAX_SOURCE_BYTES",
+    "MAX_TTL_S",
     "NEUTRAL_IMPORTANCE",
     "UNTAGGED",
     "BlockMeta",
@@ -164,5 +178,6 @@ __all__ = [
     "Retention",
     "RetentionClass",
     "check_importance",
+    "check_source",
     "importance_of_priority",
 ]

@@ -69,13 +69,20 @@ class VaultServer:
             vc.resolved_path(),
             vc.max_bytes,
             sync_mode=vc.sync,
-            policy=make_policy(vc.policy),
+            policy=make_policy(vc.policy, config.retention.weights),
             maintenance_interval_s=vc.sync_interval_s,
             tenants=self.tokens.tenants,
             on_damage=vc.on_damage,
+            max_protected_fraction=config.retention.max_protected_fraction,
         )
         self.role = served_role(config)
-        self.metrics = VaultMetrics(self.store.stats, role=self.role.value, version=__version__)
+        self.metrics = VaultMetrics(
+            self.store.stats,
+            role=self.role.value,
+            version=__version__,
+            tenants=self.store.tenant_usage,
+            classes=self.store.class_usage,
+        )
         self.calls = Calls(self.metrics, self.tokens)
         try:
             self._bulk_listener = self._bind_bulk()

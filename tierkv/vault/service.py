@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError, Message
 
 from tierkv import __version__
 from tierkv.limits import MAX_BATCH_BYTES, MAX_ITEM_BYTES, MAX_KEYS_PER_CALL, MiB, check_key, check_namespace
+from tierkv.retention.classes import BlockMeta
 from tierkv.vault.auth import Principal
 from tierkv.vault.calls import Calls
 from tierkv.vault.reply import BatchGetReply
@@ -61,12 +62,14 @@ class VaultService:
             max_item_bytes=self.limits.max_item_bytes, max_total_bytes=self.limits.max_batch_bytes
         )
         items: list[tuple[bytes, bytes | bytearray | memoryview, int]] = []
+        metas: list[BlockMeta | None] = []
         try:
             for frame in frames:
                 for blob in decoder.feed(frame):
                     if blob.data is None:
                         raise FrameError("a Put segment must carry a blob")
                     items.append((blob.key, blob.data, blob.priority))
+                    metas.append(blob.meta)
             decoder.close()
         except (
             IndexError,
@@ -77,7 +80,10 @@ class VaultService:
         if not items:
             return pb.PutReply()
         try:
-            outcome = self.store.put_many(decoder.namespace or b"", items, tenant=who.tenant)
+            tagged = any(m is not None for m in metas)
+            outcome = self.store.put_many(
+                decoder.namespace or b"", items, tenant=who.tenant, metas=metas if tagged else None
+            )
         except StoreFullError as exc:
             raise Abort(Status.RESOURCE_EXHAUSTED, str(exc)) from exc
         nbytes = decoder.total_bytes
@@ -148,7 +154,12 @@ class VaultService:
             bulk_port=self.bulk_port,
             tenant=who.tenant,
             access=who.access.value,
+            expired=s.expired,
+            protected_bytes=s.protected_bytes,
+            protected_overflow=s.protected_overflow,
         )
+        for c in self.store.class_usage(None if who.admin else who.tenant):
+            reply.classes.add(**dataclasses.asdict(c))
         if who.admin:
             with self._io_lock:
                 reply.bytes_in, reply.bytes_out = self._bytes_in, self._bytes_out
@@ -160,6 +171,9 @@ class VaultService:
                     used_bytes=u.used_bytes,
                     quota_bytes=u.quota_bytes,
                     evictions=u.evictions,
+                    protected_bytes=u.protected_bytes,
+                    protected_overflow=u.protected_overflow,
+                    expired=u.expired,
                 )
         return reply
 

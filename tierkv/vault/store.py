@@ -3,8 +3,11 @@
 Four LMDB databases live in one environment:
 
 ``data``   full key → the blob, exactly as the client sent it (no framing, no copy on the way in)
-``index``  full key → charge (u64), clock (u64), priority (u16), xxh3-64 checksum (u64)
-``order``  policy rank + full key → empty; the eviction order, lowest first
+``index``  full key → charge (u64), clock (u64), priority (u16), xxh3-64 checksum (u64), and for an entry
+           stored with retention metadata a tail (:class:`~tierkv.vault.entrymeta.EntryMeta`)
+``order``  policy rank + full key → empty; the eviction order, lowest first (protected entries are not
+           in it: eviction never sees them)
+``expiry`` expiry time (ms) + full key → empty; entries with a time to live, soonest first
 ``meta``   bookkeeping: used bytes, entry count, logical clock, policy name
 
 A full key is ``len(namespace) ‖ namespace ‖ key``. An entry is charged ``len(namespace) + len(key) +
@@ -17,6 +20,12 @@ Reads never open a write transaction: a hit is recorded in memory and the new re
 next Put or by the maintenance thread (so recency is approximate by at most one maintenance interval).
 Every read verifies the checksum (seeded with the full key, so a blob can't be served under another key);
 a mismatch is reported as CORRUPT, counted and the entry dropped.
+
+Retention (README, "Retention"): an entry past its time to live reads as a miss (counted as expired) and is
+the first to go when room is needed (the maintenance thread also clears them); a protected entry is kept
+out of the eviction order while the tenant's protected bytes fit under ``max_protected_fraction`` of its
+quota (or of the budget) and all tenants' under that fraction of the budget — past it, the store is kept
+unprotected, counted and logged. A stored child with a parent key counts once in its parent's sharing.
 """
 
 from __future__ import annotations
@@ -37,13 +46,16 @@ from typing import Any
 import lmdb
 import xxhash
 
+from tierkv.retention.classes import BlockMeta
+from tierkv.vault.entrymeta import ClassBook, ClassUsage, EntryMeta, Ghosts, expiry_of
 from tierkv.vault.files import OnDamage, VaultDirectory, disk_full_message
-from tierkv.vault.policy import EntryInfo, EvictionPolicy, LRUPolicy
+from tierkv.vault.policy import ContextPolicy, EntryInfo, EvictionPolicy, LRUPolicy
 
 log = logging.getLogger(__name__)
 
 _INDEX = struct.Struct("<QQHQ")
 _U64 = struct.Struct("<Q")
+_BE64 = struct.Struct(">Q")
 _MIB = 1024 * 1024
 _MAX_TOUCHES = 200_000
 _TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -51,6 +63,11 @@ DEFAULT_TENANT = "default"
 MAX_TENANTS = 64
 READ_TXN_MAX_S = 0.5
 """A reader in the middle of a reply ends its read transaction after this long (and reopens one)."""
+PURGE_BATCH = 10_000
+"""The maintenance thread drops at most this many expired entries per tenant per interval."""
+OVERFLOW_LOG_INTERVAL_S = 60.0
+Item = tuple[bytes, bytes | bytearray | memoryview, int]
+_Prepared = tuple[bytes, bytes | bytearray | memoryview, int, BlockMeta | None]
 
 
 class Lookup(enum.IntEnum):
@@ -88,6 +105,9 @@ class StoreStats:
     evictions: int
     corrupt: int
     map_size: int
+    expired: int = 0
+    protected_bytes: int = 0
+    protected_overflow: int = 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -96,13 +116,29 @@ class _Index:
     clock: int
     priority: int
     checksum: int
+    ext: EntryMeta | None = None
 
     @classmethod
     def unpack(cls, raw: bytes | memoryview) -> _Index:
-        return cls(*_INDEX.unpack(raw))
+        """ValueError (struct.error is one) when ``raw`` is no index record."""
+        if len(raw) == _INDEX.size:
+            return cls(*_INDEX.unpack(raw))
+        if len(raw) < _INDEX.size:
+            raise ValueError("index record too short")
+        charge, clock, priority, check = _INDEX.unpack_from(raw)
+        return cls(charge, clock, priority, check, EntryMeta.unpack(raw[_INDEX.size :]))
 
     def pack(self) -> bytes:
-        return _INDEX.pack(self.charge, self.clock, self.priority, self.checksum)
+        base = _INDEX.pack(self.charge, self.clock, self.priority, self.checksum)
+        return base if self.ext is None else base + self.ext.pack()
+
+    @property
+    def protected(self) -> bool:
+        return self.ext is not None and self.ext.protected
+
+    @property
+    def source(self) -> str:
+        return "" if self.ext is None else self.ext.source
 
 
 def full_key(namespace: bytes, key: bytes) -> bytes:
@@ -182,6 +218,7 @@ class _Tenant:
     data: Any
     index: Any
     order: Any
+    expiry: Any
     quota: int = 0
     used: int = 0
     count: int = 0
@@ -189,6 +226,13 @@ class _Tenant:
     misses: int = 0
     evictions: int = 0
     corrupt: int = 0
+    expired: int = 0
+    overflow: int = 0
+    protected: int = 0
+    classes: Counter[str] = dataclasses.field(default_factory=Counter)
+    """Committed bytes per tagged source class (untagged bytes are ``used`` minus their sum)."""
+    class_keys: Counter[str] = dataclasses.field(default_factory=Counter)
+    class_protected: Counter[str] = dataclasses.field(default_factory=Counter)
 
     @property
     def meta_suffix(self) -> bytes:
@@ -202,31 +246,62 @@ class TenantUsage:
     used_bytes: int
     quota_bytes: int
     evictions: int
+    protected_bytes: int = 0
+    protected_overflow: int = 0
+    expired: int = 0
 
 
 class _Ledger:
     """Usage figures inside one write transaction; the store takes them only once it has committed."""
 
     def __init__(self, tenants: Iterable[_Tenant], clock: int) -> None:
+        tenants = list(tenants)
         self.clock = clock
+        self.now = time.time()
         self.used = {t.name: t.used for t in tenants}
         self.count = {t.name: t.count for t in tenants}
+        self.protected = {t.name: t.protected for t in tenants}
+        self.classes = {t.name: Counter(t.classes) for t in tenants}
+        self.class_keys = {t.name: Counter(t.class_keys) for t in tenants}
+        self.class_protected = {t.name: Counter(t.class_protected) for t in tenants}
         self.total = sum(self.used.values())
+        self.population = sum(self.count.values())
         self.evicted: Counter[str] = Counter()
+        self.overflow: Counter[str] = Counter()
+        self.ghosts: list[tuple[str, bytes, str]] = []
 
-    def add(self, tenant: str, charge: int) -> None:
+    @property
+    def protected_total(self) -> int:
+        return sum(self.protected.values())
+
+    def add(self, tenant: str, entry: _Index) -> None:
+        self._apply(tenant, entry, 1)
+
+    def remove(self, tenant: str, entry: _Index) -> None:
+        self._apply(tenant, entry, -1)
+
+    def _apply(self, tenant: str, entry: _Index, sign: int) -> None:
+        charge = sign * entry.charge
         self.used[tenant] += charge
-        self.count[tenant] += 1
+        self.count[tenant] += sign
+        self.population += sign
         self.total += charge
-
-    def remove(self, tenant: str, charge: int) -> None:
-        self.used[tenant] -= charge
-        self.count[tenant] -= 1
-        self.total -= charge
+        if entry.ext is None:
+            return
+        if entry.ext.source:
+            self.classes[tenant][entry.ext.source] += charge
+            self.class_keys[tenant][entry.ext.source] += sign
+        if entry.ext.protected:
+            self.protected[tenant] += charge
+            self.class_protected[tenant][entry.ext.source] += charge
 
     def clear(self, tenant: str) -> int:
         self.total -= self.used[tenant]
+        self.population -= self.count[tenant]
         dropped, self.used[tenant], self.count[tenant] = self.count[tenant], 0, 0
+        self.protected[tenant] = 0
+        for book in (self.classes, self.class_keys, self.class_protected):
+            book[tenant] = Counter()
         return dropped
 
 
@@ -244,9 +319,8 @@ class Reader:
         self._tenant = tenant
         self._txn: lmdb.Transaction | None = None
         self._opened = 0.0
-        self._found: list[bytes] = []
-        self._corrupt: list[bytes] = []
-        self._lookups = 0
+        self._now = time.time()
+        self.tally = ReadTally()
 
     @property
     def stale(self) -> bool:
@@ -258,15 +332,25 @@ class Reader:
     def get(self, namespace: bytes, key: bytes) -> tuple[Lookup, memoryview | None]:
         fkey = full_key(namespace, key)
         txn = self._begin()
-        self._lookups += 1
+        tally = self.tally
+        tally.lookups += 1
         raw = txn.get(fkey, db=self._tenant.index)
         if raw is None:
+            tally.missing.append(fkey)
             return Lookup.MISSING, None
         data = txn.get(fkey, db=self._tenant.data)
-        if data is None or len(raw) != _INDEX.size or checksum(fkey, data) != _Index.unpack(raw).checksum:
-            self._corrupt.append(fkey)
+        try:
+            entry = _Index.unpack(raw)
+        except ValueError:
+            entry = None
+        if data is None or entry is None or checksum(fkey, data) != entry.checksum:
+            tally.corrupt.append(fkey)
             return Lookup.CORRUPT, None
-        self._found.append(fkey)
+        if entry.ext is not None and entry.ext.expired(self._now):
+            tally.expired[entry.ext.source] += 1
+            return Lookup.MISSING, None
+        tally.found.append(fkey)
+        tally.hits[entry.source] += 1
         return Lookup.FOUND, memoryview(data)
 
     def _begin(self) -> lmdb.Transaction:
@@ -290,8 +374,20 @@ class Reader:
     def close(self) -> None:
         """Release, then count hits and misses, note recency and drop corrupt entries."""
         self.release()
-        self._store._after_reads(self._tenant, self._lookups, self._found, self._corrupt)
-        self._lookups, self._found, self._corrupt = 0, [], []
+        tally, self.tally = self.tally, ReadTally()
+        self._store._after_reads(self._tenant, tally)
+
+
+@dataclasses.dataclass
+class ReadTally:
+    """What one reader saw: found, missing, corrupt keys and, per source class, hits and expired reads."""
+
+    lookups: int = 0
+    found: list[bytes] = dataclasses.field(default_factory=list)
+    missing: list[bytes] = dataclasses.field(default_factory=list)
+    corrupt: list[bytes] = dataclasses.field(default_factory=list)
+    hits: Counter[str] = dataclasses.field(default_factory=Counter)
+    expired: Counter[str] = dataclasses.field(default_factory=Counter)
 
 
 class Store:
@@ -316,6 +412,7 @@ class Store:
         max_map_size: int | None = None,
         tenants: Mapping[str, int] | None = None,
         on_damage: OnDamage = "refuse",
+        max_protected_fraction: float = 0.5,
     ) -> None:
         if sync_mode not in ("durable", "fast"):
             raise ValueError(f"sync_mode must be 'durable' or 'fast', not {sync_mode!r}")
@@ -326,13 +423,16 @@ class Store:
         self.sync_mode = sync_mode
         self.policy: EvictionPolicy = policy or LRUPolicy()
         self._rank_len = len(self.policy.rank(EntryInfo(clock=0, size=0, priority=0)))
+        if not 0.0 <= max_protected_fraction <= 1.0:
+            raise ValueError(f"max_protected_fraction must be in [0, 1], got {max_protected_fraction!r}")
+        self.max_protected_fraction = max_protected_fraction
         self._max_map_size = max_map_size or _round_up(4 * self.max_bytes + 1024 * _MIB, _MIB)
         # The map starts at its cap: it is address space, not disk, and growing it later would have to
         # wait for every open read transaction while holding the write lock.
         initial = map_size or self._max_map_size
         self._env = self._directory.open_env(
             map_size=initial,
-            max_dbs=1 + 3 * MAX_TENANTS,
+            max_dbs=1 + 4 * MAX_TENANTS,
             sync=sync_mode == "durable",
             metasync=sync_mode == "durable",
             max_readers=256,
@@ -345,10 +445,14 @@ class Store:
         self._write_lock = threading.Lock()
         self._rw = _SharedExclusive()
         self._touch_lock = threading.Lock()
-        self._touches: OrderedDict[tuple[str, bytes], None] = OrderedDict()
-        self.hits = self.misses = self.evictions = self.corrupt = 0
+        self._touches: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+        self.hits = self.misses = self.evictions = self.corrupt = self.expired = 0
         self._counter_lock = threading.Lock()
+        self.classes = ClassBook()
+        self._ghosts = Ghosts()
+        self._overflow_logged = 0.0
         self._clock = self._load_meta()
+        self._load_retention()
         self._closed = threading.Event()
         self._maintainer = threading.Thread(
             target=self._maintain, args=(maintenance_interval_s,), name="tierkv-store-maint", daemon=True
@@ -372,8 +476,11 @@ class Store:
         for name in names:
             check_tenant(name)
             prefix = b"" if name == DEFAULT_TENANT else name.encode() + b"/"
-            data, index, order = (self._env.open_db(prefix + part) for part in (b"data", b"index", b"order"))
-            tenants[name] = _Tenant(name, data, index, order, quota=max(0, int(quotas.get(name, 0))))
+            data, index, order, expiry = (
+                self._env.open_db(prefix + part) for part in (b"data", b"index", b"order", b"expiry")
+            )
+            quota = max(0, int(quotas.get(name, 0)))
+            tenants[name] = _Tenant(name, data, index, order, expiry, quota=quota)
         return tenants
 
     def _tenant(self, name: str) -> _Tenant:
@@ -416,10 +523,46 @@ class Store:
         with txn.cursor(db=tenant.index) as cur:
             for fkey, raw in cur:
                 entry = _Index.unpack(raw)
-                txn.put(self._rank(entry) + bytes(fkey), b"", db=tenant.order)
+                if not entry.protected:
+                    txn.put(self._rank(entry) + bytes(fkey), b"", db=tenant.order)
+
+    def _load_retention(self) -> None:
+        """Protected and per-class bytes of every tenant, from the index (what an entry's tail says)."""
+        with self._env.begin(buffers=True) as txn:
+            for t in self._tenants.values():
+                with txn.cursor(db=t.index) as cur:
+                    for raw in cur.iternext(keys=False, values=True):
+                        if len(raw) <= _INDEX.size:
+                            continue
+                        with contextlib.suppress(ValueError):
+                            self._count_loaded(t, _Index.unpack(raw))
+
+    @staticmethod
+    def _count_loaded(t: _Tenant, entry: _Index) -> None:
+        ext = entry.ext
+        if ext is None:
+            return
+        if ext.source:
+            t.classes[ext.source] += entry.charge
+            t.class_keys[ext.source] += 1
+        if ext.protected:
+            t.protected += entry.charge
+            t.class_protected[ext.source] += entry.charge
 
     def _rank(self, entry: _Index) -> bytes:
-        return self.policy.rank(EntryInfo(clock=entry.clock, size=entry.charge, priority=entry.priority))
+        ext = entry.ext
+        if ext is None:
+            return self.policy.rank(EntryInfo(clock=entry.clock, size=entry.charge, priority=entry.priority))
+        info = EntryInfo(
+            clock=entry.clock,
+            size=entry.charge,
+            priority=entry.priority,
+            importance=ext.importance,
+            hits=ext.hits,
+            sharing=ext.sharing,
+            population=ext.population,
+        )
+        return self.policy.rank(info)
 
     def _ledger(self) -> _Ledger:
         return _Ledger(self._tenants.values(), self._clock)
@@ -440,25 +583,54 @@ class Store:
             for t in self._tenants.values():
                 t.used, t.count = ledger.used[t.name], ledger.count[t.name]
                 t.evictions += ledger.evicted[t.name]
+                t.overflow += ledger.overflow[t.name]
+                t.protected = ledger.protected[t.name]
+                t.classes = +ledger.classes[t.name]
+                t.class_keys = +ledger.class_keys[t.name]
+                t.class_protected = +ledger.class_protected[t.name]
             self.evictions += sum(ledger.evicted.values())
+        if ledger.ghosts:
+            self._ghosts.add(ledger.ghosts)
+        if ledger.overflow:
+            self._log_overflow(ledger.overflow)
+
+    def _log_overflow(self, overflow: Counter[str]) -> None:
+        now = time.monotonic()
+        if now - self._overflow_logged >= OVERFLOW_LOG_INTERVAL_S:
+            self._overflow_logged = now
+            shown = ", ".join(f"{n} for tenant {t}" for t, n in overflow.items())
+            log.warning(
+                "protected bytes at the cap (max_protected_fraction = %s): stored unprotected: %s "
+                "(further ones are only counted for %.0f s)",
+                self.max_protected_fraction,
+                shown,
+                OVERFLOW_LOG_INTERVAL_S,
+            )
 
     # -- writes ------------------------------------------------------------------------------------
 
     def put_many(
         self,
         namespace: bytes,
-        items: Sequence[tuple[bytes, bytes | bytearray | memoryview, int]],
+        items: Sequence[Item],
         *,
         tenant: str = DEFAULT_TENANT,
+        metas: Sequence[BlockMeta | None] | None = None,
     ) -> PutOutcome:
-        """Store ``(key, blob, priority)`` items, evicting as needed to stay in budget.
+        """Store ``(key, blob, priority)`` items, evicting as needed to stay in budget. ``metas`` (aligned
+        with ``items``, None for an untagged one) is each blob's retention metadata.
 
         The items are written in transactions of at most ``max_bytes / 16``: LMDB reuses the pages a
         transaction frees only two transactions later, so the size of the last few transactions is what
         ``data.mdb`` grows beyond the budget (TROUBLESHOOTING.md, "data.mdb is larger than max_bytes").
         """
         owner = self._tenant(tenant)
-        prepared = [(full_key(namespace, key), data, prio) for key, data, prio in items]
+        if metas is not None and len(metas) != len(items):
+            raise ValueError("metas must be aligned with items")
+        prepared: list[_Prepared] = [
+            (full_key(namespace, key), data, prio, None if metas is None else metas[i])
+            for i, (key, data, prio) in enumerate(items)
+        ]
         stored = evicted = 0
         rejected: list[int] = []
         with self._write_lock:
@@ -468,9 +640,7 @@ class Store:
                 rejected += [start + i for i in outcome.rejected]
         return PutOutcome(stored=stored, rejected=rejected, evicted=evicted)
 
-    def _put_chunk(
-        self, owner: _Tenant, chunk: Sequence[tuple[bytes, bytes | bytearray | memoryview, int]]
-    ) -> PutOutcome:
+    def _put_chunk(self, owner: _Tenant, chunk: Sequence[_Prepared]) -> PutOutcome:
         """One write transaction; a full map grows, a full disk gets one retry once freed pages are free."""
         retried_disk = False
         for _attempt in range(6):
@@ -492,70 +662,130 @@ class Store:
         with contextlib.suppress(lmdb.Error), self._rw.shared(), self._env.begin(write=True) as txn:
             txn.put(b"clock", _U64.pack(self._clock), db=self._meta)
 
-    def _put_txn(
-        self, owner: _Tenant, items: Sequence[tuple[bytes, bytes | bytearray | memoryview, int]]
-    ) -> PutOutcome:
+    def _put_txn(self, owner: _Tenant, items: Sequence[_Prepared]) -> PutOutcome:
         ledger = self._ledger()
         rejected: list[int] = []
         try:
             with self._env.begin(write=True) as txn:
-                ledger.clock = self._apply_touches(txn, ledger.clock)
-                for i, (fkey, data, priority) in enumerate(items):
-                    if not self._put_one(txn, ledger, owner, (fkey, data, priority)):
+                self._apply_touches(txn, ledger)
+                for i, item in enumerate(items):
+                    if not self._put_one(txn, ledger, owner, item):
                         rejected.append(i)
                 self._save_meta(txn, ledger)
         except lmdb.MapFullError:
             raise
         except lmdb.Error as exc:
-            full = disk_full_message(self.path, exc, sum(len(data) for _, data, _ in items))
+            full = disk_full_message(self.path, exc, sum(len(item[1]) for item in items))
             raise (DiskFullError(full) if full else StoreFullError(f"LMDB write failed: {exc}")) from exc
         self._commit(ledger)
         evicted = sum(ledger.evicted.values())
         return PutOutcome(stored=len(items) - len(rejected), rejected=rejected, evicted=evicted)
 
-    def _put_one(
-        self,
-        txn: lmdb.Transaction,
-        ledger: _Ledger,
-        owner: _Tenant,
-        item: tuple[bytes, bytes | bytearray | memoryview, int],
-    ) -> bool:
+    def _put_one(self, txn: lmdb.Transaction, ledger: _Ledger, owner: _Tenant, item: _Prepared) -> bool:
         """Write one entry after making room for it; False when it cannot fit (the item is rejected)."""
-        fkey, data, priority = item
+        fkey, data, priority, meta = item
         charge = len(fkey) - 1 + len(data)
         if charge > min(self.max_bytes, owner.quota or self.max_bytes):
             return False
-        old = self._drop(txn, owner, fkey)
-        if old is not None:
-            ledger.remove(owner.name, old)
+        old = self._drop(txn, ledger, owner, fkey)
         if not self._make_room(txn, ledger, owner, charge):
             return False
         ledger.clock += 1
         entry = _Index(charge, ledger.clock, priority, checksum(fkey, data))
+        entry.ext = self._entry_meta(ledger, owner, charge, meta, old)
         txn.put(fkey, data, db=owner.data)
-        txn.put(fkey, entry.pack(), db=owner.index)
-        txn.put(self._rank(entry) + fkey, b"", db=owner.order)
-        ledger.add(owner.name, charge)
+        self._write_index(txn, ledger, owner, fkey, entry)
+        if entry.ext is not None and entry.ext.expiry:
+            txn.put(_expiry_key(entry.ext.expiry, fkey), b"", db=owner.expiry)
+        if entry.ext is not None and entry.ext.parent:
+            self._adjust_sharing(txn, ledger, owner, _parent_key(fkey, entry.ext.parent), 1)
+        ledger.add(owner.name, entry)
         return True
+
+    def _entry_meta(
+        self, ledger: _Ledger, owner: _Tenant, charge: int, meta: BlockMeta | None, old: _Index | None
+    ) -> EntryMeta | None:
+        """The tail of a new entry: its metadata (protected only within the caps), hits and children it
+        had under the same key, or None for an untagged entry with nothing to carry."""
+        kept = old.ext if old is not None else None
+        if meta is None:
+            if kept is None or not (kept.hits or kept.sharing):
+                return None
+            return EntryMeta(hits=kept.hits, sharing=kept.sharing)
+        ext = EntryMeta(
+            expiry=ledger.now + meta.ttl_s if meta.ttl_s else 0.0,
+            importance=meta.importance,
+            hits=kept.hits if kept else 0.0,
+            sharing=kept.sharing if kept else 0,
+            source=meta.source,
+            parent=meta.parent,
+        )
+        if meta.protected:
+            ext.protected = self._protected_fits(ledger, owner, charge)
+            if not ext.protected:
+                ledger.overflow[owner.name] += 1
+        return ext
+
+    def _protected_fits(self, ledger: _Ledger, owner: _Tenant, charge: int) -> bool:
+        """``charge`` more protected bytes stay under the tenant's cap and the vault's."""
+        fraction = self.max_protected_fraction
+        tenant_cap = fraction * min(self.max_bytes, owner.quota or self.max_bytes)
+        return (
+            ledger.protected[owner.name] + charge <= tenant_cap
+            and ledger.protected_total + charge <= fraction * self.max_bytes
+        )
+
+    def _write_index(
+        self, txn: lmdb.Transaction, ledger: _Ledger, owner: _Tenant, fkey: bytes, entry: _Index
+    ) -> None:
+        """Write the index record and (unless protected) its order key, ranked at today's population;
+        the caller has deleted the entry's previous order key."""
+        if entry.ext is None and self.policy.uses_meta:
+            entry.ext = EntryMeta()
+        if entry.ext is not None:
+            entry.ext.population = max(1, ledger.population)
+        txn.put(fkey, entry.pack(), db=owner.index)
+        if not entry.protected:
+            txn.put(self._rank(entry) + fkey, b"", db=owner.order)
+
+    def _adjust_sharing(
+        self, txn: lmdb.Transaction, ledger: _Ledger, owner: _Tenant, parent: bytes, delta: int
+    ) -> None:
+        """A stored child of ``parent`` came or went: count it in the parent (if stored) and re-rank it."""
+        raw = txn.get(parent, db=owner.index)
+        if raw is None:
+            return
+        try:
+            entry = _Index.unpack(raw)
+        except ValueError:
+            return
+        if not entry.protected:
+            txn.delete(self._rank(entry) + parent, db=owner.order)
+        entry.ext = entry.ext or EntryMeta()
+        entry.ext.sharing = max(0, entry.ext.sharing + delta)
+        self._write_index(txn, ledger, owner, parent, entry)
 
     def _make_room(self, txn: lmdb.Transaction, ledger: _Ledger, owner: _Tenant, charge: int) -> bool:
         """Evict until ``charge`` more bytes fit the owner's quota and the vault budget."""
         while owner.quota and ledger.used[owner.name] + charge > owner.quota:
-            if not self._evict_lowest(txn, ledger, owner):
+            if not self._evict_one(txn, ledger, owner):
                 return False
         while ledger.total + charge > self.max_bytes:
-            victim = self._victim(txn, owner)
-            if victim is None or not self._evict_lowest(txn, ledger, victim):
+            victim = self._victim(txn, ledger, owner)
+            if victim is None or not self._evict_one(txn, ledger, victim):
                 return False
         return True
 
-    def _victim(self, txn: lmdb.Transaction, owner: _Tenant) -> _Tenant | None:
-        """Whose lowest-ranked entry goes: the owner's or a quota-less tenant's, whichever ranks lower."""
+    def _victim(self, txn: lmdb.Transaction, ledger: _Ledger, owner: _Tenant) -> _Tenant | None:
+        """Whose entry goes: the owner's or a quota-less tenant's — one with an expired entry first, else
+        whichever's lowest-ranked entry ranks lower."""
         candidates = [owner, *(t for t in self._tenants.values() if t is not owner and not t.quota)]
         if len(candidates) == 1:
             return owner
         best: tuple[bytes, _Tenant] | None = None
         for t in candidates:
+            if self._first_expired(txn, t, ledger.now) is not None:
+                return t
             with txn.cursor(db=t.order) as cur:
                 if cur.first():
                     rank = bytes(cur.key()[: self._rank_len])
@@ -563,20 +793,33 @@ class Store:
                         best = (rank, t)
         return None if best is None else best[1]
 
-    def _evict_lowest(self, txn: lmdb.Transaction, ledger: _Ledger, tenant: _Tenant) -> bool:
-        """Drop the tenant's lowest-ranked entry; False when it has none."""
-        with txn.cursor(db=tenant.order) as order:
-            if not order.first():
-                return False
-            victim_fkey = bytes(order.key()[self._rank_len :])
-            order.delete()
-        victim_raw = txn.get(victim_fkey, db=tenant.index)
-        if victim_raw is not None:
-            victim = _Index.unpack(victim_raw)
-            txn.delete(victim_fkey, db=tenant.index)
-            txn.delete(victim_fkey, db=tenant.data)
-            ledger.remove(tenant.name, victim.charge)
-            ledger.evicted[tenant.name] += 1
+    def _first_expired(self, txn: lmdb.Transaction, tenant: _Tenant, now: float) -> bytes | None:
+        """The full key of the tenant's soonest-expiring entry if it has expired by ``now``."""
+        with txn.cursor(db=tenant.expiry) as cur:
+            if not cur.first():
+                return None
+            key = bytes(cur.key())
+        return key[8:] if _BE64.unpack_from(key)[0] <= int(now * 1000) else None
+
+    def _evict_one(self, txn: lmdb.Transaction, ledger: _Ledger, tenant: _Tenant) -> bool:
+        """Drop the tenant's first expired entry, else its lowest-ranked one; False when it has neither."""
+        victim_fkey = self._first_expired(txn, tenant, ledger.now)
+        expired = victim_fkey is not None
+        if victim_fkey is None:
+            with txn.cursor(db=tenant.order) as order:
+                if not order.first():
+                    return False
+                victim_fkey = bytes(order.key()[self._rank_len :])
+                order.delete()
+        victim = self._drop(txn, ledger, tenant, victim_fkey)
+        if victim is None:  # an order or expiry key without its entry: drop the stray key
+            with txn.cursor(db=tenant.expiry) as cur:
+                if expired and cur.first():
+                    cur.delete()
+            return True
+        ledger.evicted[tenant.name] += 1
+        if victim.source:
+            ledger.ghosts.append((tenant.name, victim_fkey, victim.source))
         return True
 
     def _grow_map(self) -> None:
@@ -615,7 +858,7 @@ class Store:
             deleted = 0
             with self._env.begin(write=True) as txn:
                 for t in targets:
-                    for db in (t.data, t.index, t.order):
+                    for db in (t.data, t.index, t.order, t.expiry):
                         txn.drop(db, delete=False)
                     deleted += ledger.clear(t.name)
                 self._save_meta(txn, ledger)
@@ -639,23 +882,31 @@ class Store:
             deleted = 0
             with self._env.begin(write=True) as txn:
                 for fkey in select(txn):
-                    charge = self._drop(txn, owner, fkey)
-                    if charge is not None:
-                        ledger.remove(owner.name, charge)
-                        deleted += 1
+                    deleted += self._drop(txn, ledger, owner, fkey) is not None
                 self._save_meta(txn, ledger)
             self._commit(ledger)
         return deleted
 
-    def _drop(self, txn: lmdb.Transaction, owner: _Tenant, fkey: bytes) -> int | None:
+    def _drop(self, txn: lmdb.Transaction, ledger: _Ledger, owner: _Tenant, fkey: bytes) -> _Index | None:
+        """Remove an entry (and its order, expiry and parent's sharing), booked in ``ledger``."""
         raw = txn.get(fkey, db=owner.index)
         if raw is None:
             return None
-        entry = _Index.unpack(raw)
-        txn.delete(self._rank(entry) + fkey, db=owner.order)
+        try:
+            entry = _Index.unpack(raw)
+        except ValueError:  # a damaged index record: charge what its fixed part says, if anything
+            entry = _Index(*_INDEX.unpack_from(raw)) if len(raw) >= _INDEX.size else _Index(0, 0, 0, 0)
+        if not entry.protected:
+            txn.delete(self._rank(entry) + fkey, db=owner.order)
         txn.delete(fkey, db=owner.index)
         txn.delete(fkey, db=owner.data)
-        return entry.charge
+        ext = entry.ext
+        if ext is not None and ext.expiry:
+            txn.delete(_expiry_key(ext.expiry, fkey), db=owner.expiry)
+        if ext is not None and ext.parent:
+            self._adjust_sharing(txn, ledger, owner, _parent_key(fkey, ext.parent), -1)
+        ledger.remove(owner.name, entry)
+        return entry
 
     # -- reads -------------------------------------------------------------------------------------
 
@@ -677,14 +928,22 @@ class Store:
         finally:
             reader.close()
 
-    def _after_reads(self, owner: _Tenant, lookups: int, found: list[bytes], corrupt: list[bytes]) -> None:
+    def _after_reads(self, owner: _Tenant, tally: ReadTally) -> None:
+        found = len(tally.found)
+        expired = sum(tally.expired.values())
         with self._counter_lock:
             for who in (self, owner):
-                who.hits += len(found)
-                who.misses += lookups - len(found)
-                who.corrupt += len(corrupt)
-        self._touch(owner, found)
-        if corrupt:
+                who.hits += found
+                who.misses += tally.lookups - found
+                who.corrupt += len(tally.corrupt)
+                who.expired += expired
+        misses = Counter(self._ghosts.classes(owner.name, tally.missing))
+        misses.update(tally.expired)
+        misses[""] += len(tally.corrupt)
+        self.classes.note(owner.name, tally.hits, +misses, tally.expired)
+        self._touch(owner, tally.found, hit=True)
+        if tally.corrupt:
+            corrupt = tally.corrupt
             log.warning("dropping %d corrupt entries", len(corrupt))
             self._delete_entries(owner, lambda _txn: corrupt)
 
@@ -696,45 +955,67 @@ class Store:
             return [bytes(v) if v is not None else None for _, v in views]
 
     def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], *, tenant: str = DEFAULT_TENANT) -> int:
-        """How many leading keys are present (not verified: the BatchGet that follows verifies)."""
+        """How many leading keys are present and unexpired (not verified: the BatchGet that follows
+        verifies)."""
         owner = self._tenant(tenant)
         present: list[bytes] = []
+        now = time.time()
         with self._rw.shared(), self._env.begin(buffers=True) as txn:
             for key in keys:
                 fkey = full_key(namespace, key)
-                if txn.get(fkey, db=owner.index) is None:
+                raw = txn.get(fkey, db=owner.index)
+                if raw is None:
+                    break
+                expiry = expiry_of(raw[_INDEX.size :]) if len(raw) > _INDEX.size else 0.0
+                if 0.0 < expiry <= now:
                     break
                 present.append(fkey)
-        self._touch(owner, present)
+        self._touch(owner, present, hit=False)
         return len(present)
 
     # -- recency -----------------------------------------------------------------------------------
 
-    def _touch(self, owner: _Tenant, fkeys: Sequence[bytes]) -> None:
+    def _touch(self, owner: _Tenant, fkeys: Sequence[bytes], *, hit: bool) -> None:
+        """Note reads for the next write transaction: recency always, a hit for a BatchGet that found it."""
         if not fkeys:
             return
         with self._touch_lock:
+            touches = self._touches
             for fkey in fkeys:
-                self._touches[(owner.name, fkey)] = None
-                self._touches.move_to_end((owner.name, fkey))
-            while len(self._touches) > _MAX_TOUCHES:
-                self._touches.popitem(last=False)
+                key = (owner.name, fkey)
+                touches[key] = touches.pop(key, 0) + hit
+            while len(touches) > _MAX_TOUCHES:
+                touches.popitem(last=False)
 
-    def _apply_touches(self, txn: lmdb.Transaction, clock: int) -> int:
+    def _apply_touches(self, txn: lmdb.Transaction, ledger: _Ledger) -> None:
         with self._touch_lock:
             touched, self._touches = self._touches, OrderedDict()
-        for name, fkey in touched:
+        for (name, fkey), hits in touched.items():
             owner = self._tenants[name]
             raw = txn.get(fkey, db=owner.index)
             if raw is None:
                 continue
-            entry = _Index.unpack(raw)
-            txn.delete(self._rank(entry) + fkey, db=owner.order)
-            clock += 1
-            entry.clock = clock
-            txn.put(fkey, entry.pack(), db=owner.index)
-            txn.put(self._rank(entry) + fkey, b"", db=owner.order)
-        return clock
+            try:
+                entry = _Index.unpack(raw)
+            except ValueError:
+                continue
+            if not entry.protected:
+                txn.delete(self._rank(entry) + fkey, db=owner.order)
+            ledger.clock += 1
+            if hits and (entry.ext is not None or self.policy.uses_meta):
+                entry.ext = entry.ext or EntryMeta()
+                entry.ext.hits = self._decayed(entry, ledger.clock) + hits
+            entry.clock = ledger.clock
+            self._write_index(txn, ledger, owner, fkey, entry)
+
+    def _decayed(self, entry: _Index, clock: int) -> float:
+        """The entry's hit count now: halved per ``hit_half_life`` turnovers under ``context``, else kept."""
+        ext = entry.ext
+        if ext is None:
+            return 0.0
+        if not isinstance(self.policy, ContextPolicy):
+            return ext.hits
+        return self.policy.decayed_hits(ext.hits, clock - entry.clock, ext.population)
 
     def apply_touches(self) -> None:
         """Write pending recency updates now (the maintenance thread does this every interval)."""
@@ -744,14 +1025,36 @@ class Store:
         with self._write_lock, self._rw.shared():
             ledger = self._ledger()
             with self._env.begin(write=True) as txn:
-                ledger.clock = self._apply_touches(txn, ledger.clock)
+                self._apply_touches(txn, ledger)
                 self._save_meta(txn, ledger)
             self._commit(ledger)
+
+    def purge_expired(self, limit: int = PURGE_BATCH) -> int:
+        """Drop up to ``limit`` expired entries per tenant (the maintenance thread calls this each
+        interval); returns how many went. A read transaction first, so a store without any opens no
+        write transaction."""
+        now = time.time()
+        with self._rw.shared(), self._env.begin(buffers=True) as txn:
+            due = [t for t in self._tenants.values() if self._first_expired(txn, t, now) is not None]
+        if not due:
+            return 0
+        with self._write_lock, self._rw.shared():
+            ledger = self._ledger()
+            with self._env.begin(write=True) as txn:
+                for t in due:
+                    for _ in range(limit):
+                        if self._first_expired(txn, t, ledger.now) is None:
+                            break
+                        self._evict_one(txn, ledger, t)
+                self._save_meta(txn, ledger)
+            self._commit(ledger)
+        return sum(ledger.evicted.values())
 
     def _maintain(self, interval: float) -> None:
         while not self._closed.wait(interval):
             try:
                 self.apply_touches()
+                self.purge_expired()
                 if self.sync_mode == "fast":
                     self._env.sync(True)
             except Exception:
@@ -768,9 +1071,12 @@ class Store:
                 used = sum(t.used for t in self._tenants.values())
                 who: Store | _Tenant = self
                 limit = self.max_bytes
+                protected = sum(t.protected for t in self._tenants.values())
+                overflow = sum(t.overflow for t in self._tenants.values())
             else:
                 who = self._tenant(tenant)
                 keys, used, limit = who.count, who.used, min(self.max_bytes, who.quota or self.max_bytes)
+                protected, overflow = who.protected, who.overflow
             return StoreStats(
                 keys=keys,
                 used_bytes=used,
@@ -780,13 +1086,42 @@ class Store:
                 evictions=who.evictions,
                 corrupt=who.corrupt,
                 map_size=map_size,
+                expired=who.expired,
+                protected_bytes=protected,
+                protected_overflow=overflow,
             )
 
     def tenant_usage(self) -> list[TenantUsage]:
         with self._counter_lock:
             return [
-                TenantUsage(t.name, t.count, t.used, t.quota, t.evictions) for t in self._tenants.values()
+                TenantUsage(t.name, t.count, t.used, t.quota, t.evictions, t.protected, t.overflow, t.expired)
+                for t in self._tenants.values()
             ]
+
+    def class_usage(self, tenant: str | None = None) -> list[ClassUsage]:
+        """Per tenant (all, or one) and source class: stored keys and bytes, lookups, 5-minute window.
+        Class ``""`` holds untagged entries and misses of unknown class."""
+        stored: dict[tuple[str, str], tuple[int, int, int]] = {}
+        with self._counter_lock:
+            for t in self._tenants.values():
+                if tenant is not None and t.name != tenant:
+                    continue
+                for source in set(t.classes) | set(t.class_keys):
+                    label = self.classes.label(t.name, source)
+                    k, b, p = stored.get((t.name, label), (0, 0, 0))
+                    stored[(t.name, label)] = (
+                        k + t.class_keys[source],
+                        b + t.classes[source],
+                        p + t.class_protected[source],
+                    )
+                untagged = (
+                    t.count - sum(t.class_keys.values()),
+                    t.used - sum(t.classes.values()),
+                    t.class_protected[""],
+                )
+                if untagged[0] or untagged[1]:
+                    stored[(t.name, "")] = untagged
+        return self.classes.usage(tenant, stored)
 
     def sync(self) -> None:
         self._env.sync(True)
@@ -819,13 +1154,23 @@ def _get_u64(txn: lmdb.Transaction, db: Any, key: bytes) -> int:
 def _chunks(items: Sequence[Any], limit: int) -> Iterator[tuple[int, Sequence[Any]]]:
     """``(start, run)`` of consecutive items whose blobs total at most ``limit`` bytes (at least one)."""
     start, size = 0, 0
-    for i, (_, data, _) in enumerate(items):
+    for i, item in enumerate(items):
+        data = item[1]
         if i > start and size + len(data) > limit:
             yield start, items[start:i]
             start, size = i, 0
         size += len(data)
     if start < len(items):
         yield start, items[start:]
+
+
+def _expiry_key(expiry: float, fkey: bytes) -> bytes:
+    return _BE64.pack(int(expiry * 1000)) + fkey
+
+
+def _parent_key(fkey: bytes, parent: bytes) -> bytes:
+    """The full key of ``parent`` in the namespace of ``fkey``."""
+    return fkey[: 1 + fkey[0]] + parent
 
 
 def _round_up(value: int, step: int) -> int:

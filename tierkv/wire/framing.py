@@ -6,6 +6,10 @@ with ``b"".join`` (one copy of each blob) and reads them back as memoryview slic
 on the wire stay valid protobuf, so any other client can speak to a vault with the ``.proto`` alone, and
 the decoder falls back to the full protobuf parser for encodings it does not recognise.
 
+Retention metadata (:class:`~tierkv.retention.BlockMeta`) rides in the optional ``meta`` field of a blob's
+first segment; an untagged blob sends none, so it costs not one byte more than before, and a vault or
+client that predates the field ignores it. Every value is checked on the way in (:func:`meta_from_pb`).
+
 This module does no I/O: it turns blobs into frame bytes and frame bytes back into blobs.
 """
 
@@ -17,6 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from google.protobuf.message import DecodeError
 
 from tierkv.limits import MAX_KEY_BYTES, MAX_NAMESPACE_BYTES
+from tierkv.retention.classes import BlockMeta
 from tierkv.wire._proto import vault_pb2 as pb
 
 Buffer = bytes | bytearray | memoryview
@@ -49,6 +54,34 @@ class Blob:
     index: int = 0
     status: int = FOUND
     priority: int = 0
+    meta: BlockMeta | None = None
+
+
+def meta_to_pb(meta: BlockMeta) -> pb.BlockMeta:
+    """The wire form of a block's metadata (durability travels as its time to live)."""
+    return pb.BlockMeta(
+        source=meta.source,
+        importance=meta.importance,
+        ttl_s=meta.ttl_s or 0.0,
+        protected=meta.protected,
+        parent=meta.parent,
+    )
+
+
+def meta_from_pb(m: pb.BlockMeta) -> BlockMeta:
+    """Checked metadata from the wire; any value out of range is a :class:`FrameError`."""
+    if len(m.parent) > MAX_KEY_BYTES:
+        raise FrameError(f"parent key longer than {MAX_KEY_BYTES} bytes")
+    try:
+        return BlockMeta(
+            source=m.source,
+            importance=m.importance,
+            ttl_s=m.ttl_s or None,
+            protected=m.protected,
+            parent=m.parent,
+        )
+    except ValueError as exc:
+        raise FrameError(f"bad block metadata: {exc}") from None
 
 
 def _varint(value: int) -> bytes:
@@ -159,7 +192,7 @@ def encode_frame_parts(
             if len(header.segments) >= MAX_SEGMENTS_PER_FRAME or (used >= frame_bytes and offset < size):
                 yield flush()
             take = min(size - offset, frame_bytes - used)
-            header.segments.add(
+            seg = header.segments.add(
                 key=blob.key,
                 index=blob.index,
                 status=blob.status,
@@ -167,6 +200,8 @@ def encode_frame_parts(
                 length=take,
                 priority=blob.priority,
             )
+            if blob.meta is not None and offset == 0:
+                seg.meta.CopyFrom(meta_to_pb(blob.meta))
             if take:
                 parts.append(data[offset : offset + take])
             used += take
@@ -193,6 +228,7 @@ class FrameDecoder:
         self._partial: Blob | None = None
         self._partial_size = 0
         self._partial_buf = bytearray()
+        self._partial_meta: pb.BlockMeta | None = None
 
     def feed(self, frame: Buffer) -> list[Blob]:
         header, body = parse_frame(frame)
@@ -228,6 +264,8 @@ class FrameDecoder:
         if self._partial is not None:
             return self._continue(self._partial, seg, piece)
         blob = Blob(key=seg.key, data=None, index=seg.index, status=seg.status, priority=seg.priority)
+        if seg.HasField("meta"):
+            blob.meta = meta_from_pb(seg.meta)
         if seg.status in (MISSING, CORRUPT, REJECTED):
             if seg.size or seg.length:
                 raise FrameError("a missing blob cannot carry bytes")
@@ -236,6 +274,7 @@ class FrameDecoder:
             blob.data = piece
             return blob
         self._partial, self._partial_size, self._partial_buf = blob, seg.size, bytearray(piece)
+        self._partial_meta = seg.meta if seg.HasField("meta") else None
         return None
 
     def _continue(self, partial: Blob, seg: pb.Segment, piece: memoryview) -> Blob | None:
@@ -247,6 +286,8 @@ class FrameDecoder:
             self._partial_size,
         ):
             raise FrameError("a blob that spans frames was interrupted by another key")
+        if seg.HasField("meta") and seg.meta != self._partial_meta:
+            raise FrameError("a blob that spans frames changed its metadata")
         self._partial_buf += piece
         if len(self._partial_buf) > seg.size:
             raise FrameError("the pieces of a blob add up to more than its size")
@@ -279,5 +320,7 @@ __all__ = [
     "encode_frame_parts",
     "encode_frames",
     "frame_parts",
+    "meta_from_pb",
+    "meta_to_pb",
     "parse_frame",
 ]

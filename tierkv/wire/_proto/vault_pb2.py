@@ -24,43 +24,47 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15tierkv/v1/vault.proto\x12\ttierkv.v1\"|\n\x07Segment\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05index\x18\x02 \x01(\r\x12%\n\x06status\x18\x03 \x01(\x0e\x32\x15.tierkv.v1.ItemStatus\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\r\x12\x10\n\x08priority\x18\x06 \x01(\r\"F\n\x0b\x46rameHeader\x12\x11\n\tnamespace\x18\x01 \x01(\x0c\x12$\n\x08segments\x18\x02 \x03(\x0b\x32\x12.tierkv.v1.Segment\"=\n\x05\x46rame\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x16.tierkv.v1.FrameHeader\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\"U\n\x08PutReply\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x10\n\x08rejected\x18\x02 \x01(\r\x12\x0f\n\x07\x65victed\x18\x03 \x01(\x04\x12\x16\n\x0erejected_index\x18\x04 \x03(\r\"2\n\x0f\x42\x61tchGetRequest\x12\x11\n\tnamespace\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"6\n\x13PrefixLookupRequest\x12\x11\n\tnamespace\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"\"\n\x11PrefixLookupReply\x12\r\n\x05\x63ount\x18\x01 \x01(\r\"@\n\rDeleteRequest\x12\x11\n\tnamespace\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x0e\n\x06tenant\x18\x03 \x01(\t\"\x1e\n\x0b\x44\x65leteReply\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\"I\n\x0c\x46lushRequest\x12\x11\n\tnamespace\x18\x01 \x01(\x0c\x12\x16\n\x0e\x61ll_namespaces\x18\x02 \x01(\x08\x12\x0e\n\x06tenant\x18\x03 \x01(\t\"\x1d\n\nFlushReply\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x04\"\x0e\n\x0cStatsRequest\"\xe6\x02\n\nStatsReply\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x01(\x04\x12\x12\n\nused_bytes\x18\x04 \x01(\x04\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04hits\x18\x06 \x01(\x04\x12\x0e\n\x06misses\x18\x07 \x01(\x04\x12\x11\n\tevictions\x18\x08 \x01(\x04\x12\x0f\n\x07\x63orrupt\x18\t \x01(\x04\x12\x10\n\x08\x62ytes_in\x18\n \x01(\x04\x12\x11\n\tbytes_out\x18\x0b \x01(\x04\x12\x10\n\x08uptime_s\x18\x0c \x01(\x01\x12\x11\n\tsync_mode\x18\r \x01(\t\x12\x0e\n\x06policy\x18\x0e \x01(\t\x12\x0c\n\x04path\x18\x0f \x01(\t\x12\x11\n\tbulk_port\x18\x10 \x01(\r\x12\x0e\n\x06tenant\x18\x11 \x01(\t\x12\x0e\n\x06\x61\x63\x63\x65ss\x18\x12 \x01(\t\x12\'\n\x07tenants\x18\x13 \x03(\x0b\x32\x16.tierkv.v1.TenantStats\"g\n\x0bTenantStats\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x13\n\x0bquota_bytes\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04*h\n\nItemStatus\x12\x1b\n\x17ITEM_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x46OUND\x10\x01\x12\x0b\n\x07MISSING\x10\x02\x12\x0b\n\x07\x43ORRUPT\x10\x03\x12\n\n\x06STORED\x10\x04\x12\x0c\n\x08REJECTED\x10\x05\x32\xef\x02\n\x05Vault\x12.\n\x03Put\x12\x10.tierkv.v1.Frame\x1a\x13.tierkv.v1.PutReply(\x01\x12:\n\x08\x42\x61tchGet\x12\x1a.tierkv.v1.BatchGetRequest\x1a\x10.tierkv.v1.Frame0\x01\x12L\n\x0cPrefixLookup\x12\x1e.tierkv.v1.PrefixLookupRequest\x1a\x1c.tierkv.v1.PrefixLookupReply\x12:\n\x06\x44\x65lete\x12\x18.tierkv.v1.DeleteRequest\x1a\x16.tierkv.v1.DeleteReply\x12\x37\n\x05Stats\x12\x17.tierkv.v1.StatsRequest\x1a\x15.tierkv.v1.StatsReply\x12\x37\n\x05\x46lush\x12\x17.tierkv.v1.FlushRequest\x1a\x15.tierkv.v1.FlushReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15tierkv/v1/vault.proto\x12\ttierkv.v1\"\xa0\x01\n\x07Segment\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05index\x18\x02 \x01(\r\x12%\n\x06status\x18\x03 \x01(\x0e\x32\x15.tierkv.v1.ItemStatus\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\r\x12\x10\n\x08priority\x18\x06 \x01(\r\x12\"\n\x04meta\x18\x07 \x01(\x0b\x32\x14.tierkv.v1.BlockMeta\"a\n\tBlockMeta\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x12\n\nimportance\x18\x02 \x01(\x01\x12\r\n\x05ttl_s\x18\x03 \x01(\x01\x12\x11\n\tprotected\x18\x04 \x01(\x08\x12\x0e\n\x06parent\x18\x05 \x01(\x0c\"F\n\x0b\x46rameHeader\x12\x11\n\tnamespace\x18\x01 \x01(\x0c\x12$\n\x08segments\x18\x02 \x03(\x0b\x32\x12.tierkv.v1.Segment\"=\n\x05\x46rame\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x16.tierkv.v1.FrameHeader\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\"U\n\x08PutReply\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x10\n\x08rejected\x18\x02 \x01(\r\x12\x0f\n\x07\x65victed\x18\x03 \x01(\x04\x12\x16\n\x0erejected_index\x18\x04 \x03(\r\"2\n\x0f\x42\x61tchGetRequest\x12\x11\n\tnamespace\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"6\n\x13PrefixLookupRequest\x12\x11\n\tnamespace\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"\"\n\x11PrefixLookupReply\x12\r\n\x05\x63ount\x18\x01 \x01(\r\"@\n\rDeleteRequest\x12\x11\n\tnamespace\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x0e\n\x06tenant\x18\x03 \x01(\t\"\x1e\n\x0b\x44\x65leteReply\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\"I\n\x0c\x46lushRequest\x12\x11\n\tnamespace\x18\x01 \x01(\x0c\x12\x16\n\x0e\x61ll_namespaces\x18\x02 \x01(\x08\x12\x0e\n\x06tenant\x18\x03 \x01(\t\"\x1d\n\nFlushReply\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x04\"\x0e\n\x0cStatsRequest\"\xd4\x03\n\nStatsReply\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x01(\x04\x12\x12\n\nused_bytes\x18\x04 \x01(\x04\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04hits\x18\x06 \x01(\x04\x12\x0e\n\x06misses\x18\x07 \x01(\x04\x12\x11\n\tevictions\x18\x08 \x01(\x04\x12\x0f\n\x07\x63orrupt\x18\t \x01(\x04\x12\x10\n\x08\x62ytes_in\x18\n \x01(\x04\x12\x11\n\tbytes_out\x18\x0b \x01(\x04\x12\x10\n\x08uptime_s\x18\x0c \x01(\x01\x12\x11\n\tsync_mode\x18\r \x01(\t\x12\x0e\n\x06policy\x18\x0e \x01(\t\x12\x0c\n\x04path\x18\x0f \x01(\t\x12\x11\n\tbulk_port\x18\x10 \x01(\r\x12\x0e\n\x06tenant\x18\x11 \x01(\t\x12\x0e\n\x06\x61\x63\x63\x65ss\x18\x12 \x01(\t\x12\'\n\x07tenants\x18\x13 \x03(\x0b\x32\x16.tierkv.v1.TenantStats\x12\x0f\n\x07\x65xpired\x18\x14 \x01(\x04\x12\x17\n\x0fprotected_bytes\x18\x15 \x01(\x04\x12\x1a\n\x12protected_overflow\x18\x16 \x01(\x04\x12&\n\x07\x63lasses\x18\x17 \x03(\x0b\x32\x15.tierkv.v1.ClassStats\"\xb6\x01\n\nClassStats\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x0c\n\x04hits\x18\x05 \x01(\x04\x12\x0e\n\x06misses\x18\x06 \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x07 \x01(\x04\x12\x0f\n\x07hits_5m\x18\x08 \x01(\x04\x12\x12\n\nlookups_5m\x18\t \x01(\x04\x12\x17\n\x0fprotected_bytes\x18\n \x01(\x04\"\xad\x01\n\x0bTenantStats\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x13\n\x0bquota_bytes\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x17\n\x0fprotected_bytes\x18\x06 \x01(\x04\x12\x1a\n\x12protected_overflow\x18\x07 \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x08 \x01(\x04*h\n\nItemStatus\x12\x1b\n\x17ITEM_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x46OUND\x10\x01\x12\x0b\n\x07MISSING\x10\x02\x12\x0b\n\x07\x43ORRUPT\x10\x03\x12\n\n\x06STORED\x10\x04\x12\x0c\n\x08REJECTED\x10\x05\x32\xef\x02\n\x05Vault\x12.\n\x03Put\x12\x10.tierkv.v1.Frame\x1a\x13.tierkv.v1.PutReply(\x01\x12:\n\x08\x42\x61tchGet\x12\x1a.tierkv.v1.BatchGetRequest\x1a\x10.tierkv.v1.Frame0\x01\x12L\n\x0cPrefixLookup\x12\x1e.tierkv.v1.PrefixLookupRequest\x1a\x1c.tierkv.v1.PrefixLookupReply\x12:\n\x06\x44\x65lete\x12\x18.tierkv.v1.DeleteRequest\x1a\x16.tierkv.v1.DeleteReply\x12\x37\n\x05Stats\x12\x17.tierkv.v1.StatsRequest\x1a\x15.tierkv.v1.StatsReply\x12\x37\n\x05\x46lush\x12\x17.tierkv.v1.FlushRequest\x1a\x15.tierkv.v1.FlushReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tierkv.v1.vault_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ITEMSTATUS']._serialized_start=1214
-  _globals['_ITEMSTATUS']._serialized_end=1318
-  _globals['_SEGMENT']._serialized_start=36
-  _globals['_SEGMENT']._serialized_end=160
-  _globals['_FRAMEHEADER']._serialized_start=162
-  _globals['_FRAMEHEADER']._serialized_end=232
-  _globals['_FRAME']._serialized_start=234
-  _globals['_FRAME']._serialized_end=295
-  _globals['_PUTREPLY']._serialized_start=297
-  _globals['_PUTREPLY']._serialized_end=382
-  _globals['_BATCHGETREQUEST']._serialized_start=384
-  _globals['_BATCHGETREQUEST']._serialized_end=434
-  _globals['_PREFIXLOOKUPREQUEST']._serialized_start=436
-  _globals['_PREFIXLOOKUPREQUEST']._serialized_end=490
-  _globals['_PREFIXLOOKUPREPLY']._serialized_start=492
-  _globals['_PREFIXLOOKUPREPLY']._serialized_end=526
-  _globals['_DELETEREQUEST']._serialized_start=528
-  _globals['_DELETEREQUEST']._serialized_end=592
-  _globals['_DELETEREPLY']._serialized_start=594
-  _globals['_DELETEREPLY']._serialized_end=624
-  _globals['_FLUSHREQUEST']._serialized_start=626
-  _globals['_FLUSHREQUEST']._serialized_end=699
-  _globals['_FLUSHREPLY']._serialized_start=701
-  _globals['_FLUSHREPLY']._serialized_end=730
-  _globals['_STATSREQUEST']._serialized_start=732
-  _globals['_STATSREQUEST']._serialized_end=746
-  _globals['_STATSREPLY']._serialized_start=749
-  _globals['_STATSREPLY']._serialized_end=1107
-  _globals['_TENANTSTATS']._serialized_start=1109
-  _globals['_TENANTSTATS']._serialized_end=1212
-  _globals['_VAULT']._serialized_start=1321
-  _globals['_VAULT']._serialized_end=1688
+  _globals['_ITEMSTATUS']._serialized_start=1716
+  _globals['_ITEMSTATUS']._serialized_end=1820
+  _globals['_SEGMENT']._serialized_start=37
+  _globals['_SEGMENT']._serialized_end=197
+  _globals['_BLOCKMETA']._serialized_start=199
+  _globals['_BLOCKMETA']._serialized_end=296
+  _globals['_FRAMEHEADER']._serialized_start=298
+  _globals['_FRAMEHEADER']._serialized_end=368
+  _globals['_FRAME']._serialized_start=370
+  _globals['_FRAME']._serialized_end=431
+  _globals['_PUTREPLY']._serialized_start=433
+  _globals['_PUTREPLY']._serialized_end=518
+  _globals['_BATCHGETREQUEST']._serialized_start=520
+  _globals['_BATCHGETREQUEST']._serialized_end=570
+  _globals['_PREFIXLOOKUPREQUEST']._serialized_start=572
+  _globals['_PREFIXLOOKUPREQUEST']._serialized_end=626
+  _globals['_PREFIXLOOKUPREPLY']._serialized_start=628
+  _globals['_PREFIXLOOKUPREPLY']._serialized_end=662
+  _globals['_DELETEREQUEST']._serialized_start=664
+  _globals['_DELETEREQUEST']._serialized_end=728
+  _globals['_DELETEREPLY']._serialized_start=730
+  _globals['_DELETEREPLY']._serialized_end=760
+  _globals['_FLUSHREQUEST']._serialized_start=762
+  _globals['_FLUSHREQUEST']._serialized_end=835
+  _globals['_FLUSHREPLY']._serialized_start=837
+  _globals['_FLUSHREPLY']._serialized_end=866
+  _globals['_STATSREQUEST']._serialized_start=868
+  _globals['_STATSREQUEST']._serialized_end=882
+  _globals['_STATSREPLY']._serialized_start=885
+  _globals['_STATSREPLY']._serialized_end=1353
+  _globals['_CLASSSTATS']._serialized_start=1356
+  _globals['_CLASSSTATS']._serialized_end=1538
+  _globals['_TENANTSTATS']._serialized_start=1541
+  _globals['_TENANTSTATS']._serialized_end=1714
+  _globals['_VAULT']._serialized_start=1823
+  _globals['_VAULT']._serialized_end=2190
 # @@protoc_insertion_point(module_scope)

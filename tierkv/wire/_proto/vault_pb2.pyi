@@ -73,6 +73,7 @@ class Segment(_message.Message):
     SIZE_FIELD_NUMBER: _builtins.int
     LENGTH_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
+    META_FIELD_NUMBER: _builtins.int
     key: _builtins.bytes
     index: _builtins.int
     """position of the key in the request"""
@@ -81,6 +82,10 @@ class Segment(_message.Message):
     length: _builtins.int
     priority: _builtins.int
     """Put: higher survives eviction longer under priority-aware policies"""
+    @_builtins.property
+    def meta(self) -> Global___BlockMeta:
+        """Put, optional: what the block is to the application (absent: untagged, as"""
+
     def __init__(
         self,
         *,
@@ -90,14 +95,55 @@ class Segment(_message.Message):
         size: _builtins.int = ...,
         length: _builtins.int = ...,
         priority: _builtins.int = ...,
+        meta: Global___BlockMeta | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "key", b"key", "length", b"length", "priority", b"priority", "size", b"size", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "key", b"key", "length", b"length", "meta", b"meta", "priority", b"priority", "size", b"size", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Segment: _TypeAlias = Segment  # noqa: Y015
+
+@_typing.final
+class BlockMeta(_message.Message):
+    """Retention metadata of one stored block (see tierkv/retention). Every field is validated by the vault:
+    a value out of range makes the whole Put INVALID_ARGUMENT.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    IMPORTANCE_FIELD_NUMBER: _builtins.int
+    TTL_S_FIELD_NUMBER: _builtins.int
+    PROTECTED_FIELD_NUMBER: _builtins.int
+    PARENT_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    """source class name (e.g. "axioms", "tools", "generation"); at most 64 bytes"""
+    importance: _builtins.float
+    """in [0, 1]"""
+    ttl_s: _builtins.float
+    """time to live from the store, in seconds; 0 = no expiry"""
+    protected: _builtins.bool
+    """never evicted while the tenant's protected bytes fit under its cap"""
+    parent: _builtins.bytes
+    """key of the block before it in its chain (empty for a chain's first block)"""
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        importance: _builtins.float = ...,
+        ttl_s: _builtins.float = ...,
+        protected: _builtins.bool = ...,
+        parent: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["importance", b"importance", "parent", b"parent", "protected", b"protected", "source", b"source", "ttl_s", b"ttl_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BlockMeta: _TypeAlias = BlockMeta  # noqa: Y015
 
 @_typing.final
 class FrameHeader(_message.Message):
@@ -378,6 +424,10 @@ class StatsReply(_message.Message):
     TENANT_FIELD_NUMBER: _builtins.int
     ACCESS_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
+    EXPIRED_FIELD_NUMBER: _builtins.int
+    PROTECTED_BYTES_FIELD_NUMBER: _builtins.int
+    PROTECTED_OVERFLOW_FIELD_NUMBER: _builtins.int
+    CLASSES_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     role: _builtins.str
     keys: _builtins.int
@@ -401,9 +451,19 @@ class StatsReply(_message.Message):
     """unless the caller is an admin)
     the caller's access role: "admin" or "user"
     """
+    expired: _builtins.int
+    """lookups of entries past their time to live (read as misses)"""
+    protected_bytes: _builtins.int
+    """bytes stored as protected"""
+    protected_overflow: _builtins.int
+    """protected stores past the cap, kept unprotected"""
     @_builtins.property
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantStats]:
         """every tenant's figures (admin callers only)"""
+
+    @_builtins.property
+    def classes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClassStats]:
+        """per tenant and source class (the caller's tenant; admins: all)"""
 
     def __init__(
         self,
@@ -427,14 +487,69 @@ class StatsReply(_message.Message):
         tenant: _builtins.str = ...,
         access: _builtins.str = ...,
         tenants: _abc.Iterable[Global___TenantStats] | None = ...,
+        expired: _builtins.int = ...,
+        protected_bytes: _builtins.int = ...,
+        protected_overflow: _builtins.int = ...,
+        classes: _abc.Iterable[Global___ClassStats] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["access", b"access", "bulk_port", b"bulk_port", "bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "corrupt", b"corrupt", "evictions", b"evictions", "hits", b"hits", "keys", b"keys", "max_bytes", b"max_bytes", "misses", b"misses", "path", b"path", "policy", b"policy", "role", b"role", "sync_mode", b"sync_mode", "tenant", b"tenant", "tenants", b"tenants", "uptime_s", b"uptime_s", "used_bytes", b"used_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access", b"access", "bulk_port", b"bulk_port", "bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "classes", b"classes", "corrupt", b"corrupt", "evictions", b"evictions", "expired", b"expired", "hits", b"hits", "keys", b"keys", "max_bytes", b"max_bytes", "misses", b"misses", "path", b"path", "policy", b"policy", "protected_bytes", b"protected_bytes", "protected_overflow", b"protected_overflow", "role", b"role", "sync_mode", b"sync_mode", "tenant", b"tenant", "tenants", b"tenants", "uptime_s", b"uptime_s", "used_bytes", b"used_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatsReply: _TypeAlias = StatsReply  # noqa: Y015
+
+@_typing.final
+class ClassStats(_message.Message):
+    """Figures of one source class of one tenant ("" = untagged blocks, and misses whose class is unknown)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    HITS_FIELD_NUMBER: _builtins.int
+    MISSES_FIELD_NUMBER: _builtins.int
+    EXPIRED_FIELD_NUMBER: _builtins.int
+    HITS_5M_FIELD_NUMBER: _builtins.int
+    LOOKUPS_5M_FIELD_NUMBER: _builtins.int
+    PROTECTED_BYTES_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    source: _builtins.str
+    keys: _builtins.int
+    bytes: _builtins.int
+    hits: _builtins.int
+    misses: _builtins.int
+    """lookups that missed an entry of this class (evicted, expired)"""
+    expired: _builtins.int
+    hits_5m: _builtins.int
+    """hits in the last 5 minutes"""
+    lookups_5m: _builtins.int
+    """hits + misses in the last 5 minutes"""
+    protected_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        source: _builtins.str = ...,
+        keys: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+        hits: _builtins.int = ...,
+        misses: _builtins.int = ...,
+        expired: _builtins.int = ...,
+        hits_5m: _builtins.int = ...,
+        lookups_5m: _builtins.int = ...,
+        protected_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "expired", b"expired", "hits", b"hits", "hits_5m", b"hits_5m", "keys", b"keys", "lookups_5m", b"lookups_5m", "misses", b"misses", "protected_bytes", b"protected_bytes", "source", b"source", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClassStats: _TypeAlias = ClassStats  # noqa: Y015
 
 @_typing.final
 class TenantStats(_message.Message):
@@ -445,12 +560,18 @@ class TenantStats(_message.Message):
     USED_BYTES_FIELD_NUMBER: _builtins.int
     QUOTA_BYTES_FIELD_NUMBER: _builtins.int
     EVICTIONS_FIELD_NUMBER: _builtins.int
+    PROTECTED_BYTES_FIELD_NUMBER: _builtins.int
+    PROTECTED_OVERFLOW_FIELD_NUMBER: _builtins.int
+    EXPIRED_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     keys: _builtins.int
     used_bytes: _builtins.int
     quota_bytes: _builtins.int
     """0: no quota of its own (bounded by the vault's budget)"""
     evictions: _builtins.int
+    protected_bytes: _builtins.int
+    protected_overflow: _builtins.int
+    expired: _builtins.int
     def __init__(
         self,
         *,
@@ -459,10 +580,13 @@ class TenantStats(_message.Message):
         used_bytes: _builtins.int = ...,
         quota_bytes: _builtins.int = ...,
         evictions: _builtins.int = ...,
+        protected_bytes: _builtins.int = ...,
+        protected_overflow: _builtins.int = ...,
+        expired: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["evictions", b"evictions", "keys", b"keys", "quota_bytes", b"quota_bytes", "tenant", b"tenant", "used_bytes", b"used_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evictions", b"evictions", "expired", b"expired", "keys", b"keys", "protected_bytes", b"protected_bytes", "protected_overflow", b"protected_overflow", "quota_bytes", b"quota_bytes", "tenant", b"tenant", "used_bytes", b"used_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
