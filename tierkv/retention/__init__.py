@@ -15,19 +15,37 @@ from tierkv.retention.classes import (
     Retention,
     RetentionClass,
 )
-from tierkv.retention.layout import Chunk, LayoutError, parse_layout, tag_blocks, with_parents
+from tierkv.retention.layout import (
+    GENERATION,
+    Chunk,
+    Layout,
+    LayoutError,
+    as_chunks,
+    block_meta,
+    keyed,
+    parse_layout,
+    tag_blocks,
+    with_generation,
+    with_parents,
+)
 
 __all__ = [
     "DEFAULT_CLASSES",
     "DEFAULT_TTL_S",
+    "GENERATION",
     "UNTAGGED",
     "BlockMeta",
     "Chunk",
     "Durability",
+    "Layout",
     "LayoutError",
     "Retention",
     "RetentionClass",
+    "as_chunks",
+    "block_meta",
+    "keyed",
     "parse_layout",
     "tag_blocks",
+    "with_generation",
     "with_parents",
 ]

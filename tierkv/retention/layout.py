@@ -5,6 +5,9 @@ An application describes a prompt as ordered chunks — token spans (``{"tokens"
 2048], …}``) — and tierkv tags each stored block from the chunks it overlaps. A block spanning two chunks
 takes the more protective one (pinned, then longer durability, then higher importance), so a boundary that
 does not fall on a block edge never weakens an important chunk. Tokens no chunk covers stay untagged.
+
+:func:`block_meta` is the whole path for anyone driving the vaults directly: layout in, metadata keyed by
+block key out, ready for ``Cluster.put(..., meta=...)`` or ``ColdTier.store(..., meta=...)``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from tierkv.retention.classes import (
     importance_of_priority,
 )
 
+GENERATION = "generation"
+"""The source class of tokens a model generated past its prompt (when the prompt came with a layout)."""
 _KEYS = frozenset({"tokens", "chars", "source", "importance", "priority", "durability", "protected"})
 MAX_CHUNKS = 4096
 
@@ -161,4 +166,66 @@ def with_parents(
     return [dataclasses.replace(m, parent=p) for m, p in zip(metas, parents, strict=True)]
 
 
-__all__ = ["MAX_CHUNKS", "Chunk", "LayoutError", "parse_layout", "tag_blocks", "token_span", "with_parents"]
+Layout = Sequence[Chunk] | Sequence[Mapping[str, Any]]
+"""Chunks, or their JSON-like form (what :func:`parse_layout` reads)."""
+
+
+def as_chunks(layout: Layout | object, offsets: Sequence[tuple[int, int]] | None = None) -> list[Chunk]:
+    """``layout`` as chunks: parsed (:class:`LayoutError` on a bad entry) unless it already is."""
+    if isinstance(layout, Sequence) and all(isinstance(c, Chunk) for c in layout):
+        return list(layout)
+    return parse_layout(layout, offsets=offsets)
+
+
+def with_generation(chunks: Sequence[Chunk], prompt_tokens: int, total_tokens: int) -> list[Chunk]:
+    """``chunks`` and one more for the tokens after the prompt, of class :data:`GENERATION`."""
+    if total_tokens <= prompt_tokens:
+        return list(chunks)
+    return [*chunks, Chunk(prompt_tokens, total_tokens, GENERATION)]
+
+
+def keyed(
+    metas: Sequence[BlockMeta], keys: Sequence[bytes], first_parent: bytes = b""
+) -> dict[bytes, BlockMeta]:
+    """Per-block metadata keyed by block key, each with the key before it in the chain as its parent."""
+    return dict(zip(keys, with_parents(metas, keys, first_parent), strict=True))
+
+
+def block_meta(
+    keys: Sequence[bytes],
+    layout: Layout,
+    block_size: int,
+    retention: Retention | None = None,
+    *,
+    offsets: Sequence[tuple[int, int]] | None = None,
+    prompt_tokens: int | None = None,
+    first_parent: bytes = b"",
+) -> dict[bytes, BlockMeta]:
+    """The metadata of the blocks ``keys`` (one chain, block ``i`` holding tokens ``[i*block_size,
+    (i+1)*block_size)``) under ``layout``: tag_blocks + with_parents, keyed by block key.
+
+    Every block gets an entry, so the vault learns the whole chain; blocks no chunk covers stay untagged
+    but keep their parent. With ``prompt_tokens`` the tokens from there on are tagged ``generation``.
+    ``first_parent`` is the key before ``keys[0]`` when the chain is a continuation.
+    """
+    chunks = as_chunks(layout, offsets)
+    if prompt_tokens is not None:
+        chunks = with_generation(chunks, prompt_tokens, len(keys) * block_size)
+    return keyed(tag_blocks(chunks, len(keys), block_size, retention), keys, first_parent)
+
+
+__all__ = [
+    "GENERATION",
+    "MAX_CHUNKS",
+    "Chunk",
+    "Layout",
+    "LayoutError",
+    "as_chunks",
+    "block_meta",
+    "keyed",
+    "parse_layout",
+    "tag_blocks",
+    "token_span",
+    "with_generation",
+    "with_parents",
+]

@@ -1,26 +1,28 @@
 """The store and restore steps every engine hook runs, written once.
 
 Store: encode each block (codec per stream, :func:`~tierkv.tiering.spec.codec_for`) → byte-bounded
-batches → put → count what was acknowledged. Restore: get → verify each blob against the expected header
-→ decode into the slots the hook provides → count rejects → delete corrupt blobs from the vaults →
-report which blocks arrived. Both run on whatever thread the hook calls them from and never raise for a
-vault failure (the storage turns those into misses); a hook's own bookkeeping stays with the hook.
+batches → put, each batch with the retention metadata of its blocks → count what was acknowledged.
+Restore: get → verify each blob against the expected header → decode into the slots the hook provides →
+count rejects → delete corrupt blobs from the vaults → report which blocks arrived. Both run on whatever
+thread the hook calls them from and never raise for a vault failure (the storage turns those into
+misses); a hook's own bookkeeping stays with the hook.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic
 
 from tierkv.codec import Buffer
 from tierkv.errors import TierKVError
+from tierkv.retention import BlockMeta
 from tierkv.tiering.arrays import A, Arrays
 from tierkv.tiering.batches import byte_batches
 from tierkv.tiering.spec import Expect, StreamSpec
-from tierkv.tiering.storage import Storage
+from tierkv.tiering.storage import Storage, put_tagged
 
 logger = logging.getLogger(__name__)
 
@@ -97,16 +99,24 @@ class ColdTier(Generic[A]):
             return 0
         return self.storage.prefix_lookup(spec.namespace, keys, role=spec.role)
 
-    def store(self, spec: StreamSpec, blocks: Iterable[Block[A]]) -> StoreTally:
+    def store(
+        self,
+        spec: StreamSpec,
+        blocks: Iterable[Block[A]],
+        meta: Mapping[bytes, BlockMeta] | None = None,
+    ) -> StoreTally:
         """Encode and put ``blocks`` in batches of at most ``max_put_bytes``.
 
         ``blocks`` is consumed lazily: a hook that copies blocks out of its cache on the fly holds at
-        most one batch of blobs (and whatever its iterator holds) at a time.
+        most one batch of blobs (and whatever its iterator holds) at a time. ``meta`` gives blocks their
+        retention metadata by key (:func:`tierkv.retention.block_meta`); each put carries that of its
+        own blocks, and a block without an entry is stored untagged.
         """
         tally = StoreTally()
         for batch in byte_batches(self._encoded(spec, blocks), self.max_put_bytes):
             size = sum(map(len, batch.values()))
-            acked = self.storage.put(spec.namespace, batch, role=spec.role)
+            tags = {k: meta[k] for k in batch if k in meta} if meta else None
+            acked = put_tagged(self.storage, spec.namespace, batch, spec.role, tags)
             tally.sent += len(batch)
             tally.stored += acked
             tally.stored_bytes += size * acked // len(batch)

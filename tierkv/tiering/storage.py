@@ -8,6 +8,10 @@ Every engine hook reaches the cold tier through :class:`Storage` only. Three thi
 - :class:`LazyStorage`, which opens another storage on first use (a hook that must not open sockets
   before its engine forks, or whose threads may all ask for it at once).
 
+``meta`` on a put is each block's retention metadata (:class:`~tierkv.retention.BlockMeta`), keyed like
+``items``; a key without an entry (or ``meta=None``) is stored untagged, exactly as a store without a
+layout always was. It travels with the blobs so every hook tags its blocks through this one path.
+
 ``role`` is a cold role name (``"kv_cold"`` / ``"ssm_cold"``; :class:`tierkv.roles.Role` members are
 accepted as they are strings). Which role a blob goes to is decided once, by :func:`tierkv.roles.role_for`.
 """
@@ -21,14 +25,22 @@ from typing import Any, Protocol
 
 from tierkv.codec import Buffer
 from tierkv.config import Config
+from tierkv.retention import BlockMeta
 from tierkv.roles import Role
 
 
 class Storage(Protocol):
     """What the pipeline needs from the vaults. Failures are misses (``None``, 0), never exceptions."""
 
-    def put(self, namespace: bytes, items: Mapping[bytes, bytes], role: str = ...) -> int:
-        """Store blobs; returns how many keys were acknowledged."""
+    def put(
+        self,
+        namespace: bytes,
+        items: Mapping[bytes, bytes],
+        role: str = ...,
+        *,
+        meta: Mapping[bytes, BlockMeta] | None = None,
+    ) -> int:
+        """Store blobs (with the metadata ``meta`` gives for some of them); how many were acknowledged."""
         ...
 
     def get_buffers(
@@ -50,6 +62,20 @@ class Storage(Protocol):
         ...
 
 
+def put_tagged(
+    storage: Storage,
+    namespace: bytes,
+    items: Mapping[bytes, bytes],
+    role: str,
+    meta: Mapping[bytes, BlockMeta] | None,
+) -> int:
+    """``storage.put`` with ``meta`` passed only when some block carries metadata: an untagged store is
+    exactly the call it always was (and reaches a storage that does not know the keyword)."""
+    if meta:
+        return storage.put(namespace, items, role=role, meta=meta)
+    return storage.put(namespace, items, role=role)
+
+
 def open_cluster(
     config: Config, roles: Mapping[str, Sequence[str]] | None = None, **overrides: Any
 ) -> Storage:
@@ -67,12 +93,15 @@ def open_cluster(
 class MemoryStorage:
     """An in-process :class:`Storage`: blobs in a dict per (role, namespace).
 
-    ``blobs`` is public so a test can corrupt or drop a stored blob; ``calls`` counts operations by
-    name (``"put"``, ``"get"``, ``"lookup"``, ``"delete"``) so a test can check how often a hook asks.
+    ``blobs`` is public so a test can corrupt or drop a stored blob; ``meta`` holds the metadata the
+    last put of each key carried (a put without any drops it, as the vault does); ``calls`` counts
+    operations by name (``"put"``, ``"get"``, ``"lookup"``, ``"delete"``) so a test can check how often a
+    hook asks.
     """
 
     def __init__(self) -> None:
         self.blobs: dict[tuple[str, bytes], dict[bytes, bytes]] = defaultdict(dict)
+        self.meta: dict[tuple[str, bytes], dict[bytes, BlockMeta]] = defaultdict(dict)
         self.calls: dict[str, int] = defaultdict(int)
         self.closed = False
         self._lock = threading.Lock()
@@ -80,10 +109,27 @@ class MemoryStorage:
     def _space(self, namespace: bytes, role: str) -> dict[bytes, bytes]:
         return self.blobs[(str(Role.parse(role)), namespace)]
 
-    def put(self, namespace: bytes, items: Mapping[bytes, bytes], role: str = Role.KV_COLD) -> int:
+    def _meta(self, namespace: bytes, role: str) -> dict[bytes, BlockMeta]:
+        return self.meta[(str(Role.parse(role)), namespace)]
+
+    def put(
+        self,
+        namespace: bytes,
+        items: Mapping[bytes, bytes],
+        role: str = Role.KV_COLD,
+        *,
+        meta: Mapping[bytes, BlockMeta] | None = None,
+    ) -> int:
         with self._lock:
             self.calls["put"] += 1
             self._space(namespace, role).update((k, bytes(v)) for k, v in items.items())
+            tags = self._meta(namespace, role)
+            for k in items:
+                m = meta.get(k) if meta else None
+                if m is None:
+                    tags.pop(k, None)
+                else:
+                    tags[k] = m
             return len(items)
 
     def get_buffers(
@@ -103,7 +149,9 @@ class MemoryStorage:
     def delete(self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD) -> int:
         with self._lock:
             self.calls["delete"] += 1
-            space = self._space(namespace, role)
+            space, tags = self._space(namespace, role), self._meta(namespace, role)
+            for k in keys:
+                tags.pop(k, None)
             return sum(space.pop(k, None) is not None for k in keys)
 
     def close(self) -> None:
@@ -130,8 +178,15 @@ class LazyStorage:
                 self._storage = self._factory()
             return self._storage
 
-    def put(self, namespace: bytes, items: Mapping[bytes, bytes], role: str = Role.KV_COLD) -> int:
-        return self.get().put(namespace, items, role=role)
+    def put(
+        self,
+        namespace: bytes,
+        items: Mapping[bytes, bytes],
+        role: str = Role.KV_COLD,
+        *,
+        meta: Mapping[bytes, BlockMeta] | None = None,
+    ) -> int:
+        return put_tagged(self.get(), namespace, items, role, meta)
 
     def get_buffers(
         self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD
@@ -151,4 +206,4 @@ class LazyStorage:
                 self._storage = None
 
 
-__all__ = ["LazyStorage", "MemoryStorage", "Storage", "open_cluster"]
+__all__ = ["LazyStorage", "MemoryStorage", "Storage", "open_cluster", "put_tagged"]
