@@ -697,9 +697,9 @@ class Store:
         self._write_index(txn, ledger, owner, fkey, entry)
         if entry.ext is not None and entry.ext.expiry:
             txn.put(_expiry_key(entry.ext.expiry, fkey), b"", db=owner.expiry)
+        ledger.add(owner.name, entry)
         if entry.ext is not None and entry.ext.parent:
             self._adjust_sharing(txn, ledger, owner, _parent_key(fkey, entry.ext.parent), 1)
-        ledger.add(owner.name, entry)
         return True
 
     def _entry_meta(
@@ -900,12 +900,12 @@ class Store:
             txn.delete(self._rank(entry) + fkey, db=owner.order)
         txn.delete(fkey, db=owner.index)
         txn.delete(fkey, db=owner.data)
+        ledger.remove(owner.name, entry)
         ext = entry.ext
         if ext is not None and ext.expiry:
             txn.delete(_expiry_key(ext.expiry, fkey), db=owner.expiry)
         if ext is not None and ext.parent:
             self._adjust_sharing(txn, ledger, owner, _parent_key(fkey, ext.parent), -1)
-        ledger.remove(owner.name, entry)
         return entry
 
     # -- reads -------------------------------------------------------------------------------------
@@ -972,6 +972,16 @@ class Store:
                 present.append(fkey)
         self._touch(owner, present, hit=False)
         return len(present)
+
+    def entry(self, namespace: bytes, key: bytes, *, tenant: str = DEFAULT_TENANT) -> EntryMeta | None:
+        """One entry's retention figures (class, importance, expiry, hits as last written, stored
+        children, protected), for inspection; an untagged entry reads as the defaults; None if absent."""
+        owner = self._tenant(tenant)
+        with self._rw.shared(), self._env.begin() as txn:
+            raw = txn.get(full_key(namespace, key), db=owner.index)
+        if raw is None:
+            return None
+        return _Index.unpack(raw).ext or EntryMeta()
 
     # -- recency -----------------------------------------------------------------------------------
 
