@@ -43,6 +43,11 @@ class NodeStatus:
     corrupt: int = 0
     uptime_s: float = 0.0
     sync_mode: str = ""
+    expired: int = 0
+    protected_bytes: int = 0
+    protected_overflow: int = 0
+    classes: tuple[dict[str, Any], ...] = ()
+    """Per tenant and source class: keys, bytes, hits, misses, expired and the 5-minute hit rate."""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -77,6 +82,10 @@ def probe(role: Role, address: str, config: Config, timeout: float, token: str |
         uptime_s=round(s.uptime_s, 1),
         sync_mode=s.sync_mode,
         state="ok" if s.role == role else f"serves {s.role}",
+        expired=s.expired,
+        protected_bytes=s.protected_bytes,
+        protected_overflow=s.protected_overflow,
+        classes=tuple({**dataclasses.asdict(c), "hit_rate_5m": c.hit_rate_5m} for c in s.classes),
     )
 
 
@@ -113,7 +122,33 @@ def status_table(nodes: list[NodeStatus], title: str) -> Table:
             f"{n.evictions:,}",
             f"[red]{n.corrupt}[/red]" if n.corrupt else "0",
         )
+        _class_rows(table, n)
     return table
+
+
+def _class_rows(table: Table, n: NodeStatus) -> None:
+    """One indented row per source class under its vault: keys, bytes, 5-minute hit rate; the
+    evictions column shows expired lookups."""
+    if len(n.classes) == 1 and not n.classes[0]["source"]:
+        return  # only untagged blocks: nothing the vault's own row does not say
+    for c in n.classes:
+        rate = "—" if c["hit_rate_5m"] is None else f"{c['hit_rate_5m']:.1%} (5m)"
+        pinned = (
+            f" [cyan]{human_bytes(c['protected_bytes'])} protected[/cyan]" if c["protected_bytes"] else ""
+        )
+        name = c["source"] or "(untagged)"
+        table.add_row(
+            "",
+            f"  {c['tenant']}/{name}",
+            "",
+            "",
+            "",
+            f"{c['keys']:,}",
+            human_bytes(c["bytes"]) + pinned,
+            rate,
+            f"{c['expired']:,} expired" if c["expired"] else "",
+            "",
+        )
 
 
 def human_bytes(n: float) -> str:
