@@ -1,4 +1,4 @@
-"""``tierkv bench synthetic | hf | engine``: one subcommand per way of measuring, each with its own options.
+"""``tierkv bench synthetic | hf | engine | mlx | trace``: one subcommand, with its own options, per mode.
 
 Bare ``tierkv bench`` is ``tierkv bench synthetic``. Before the subcommands the mode was a flag of one
 command (``tierkv bench --hf ...``, ``tierkv bench --engine-api URL ...``, 26 options whatever the mode);
@@ -384,6 +384,71 @@ def mlx(
         return result
 
     _run(config, verbose, json_out, measure)
+
+
+@bench_app.command()
+def trace(
+    trace_file: Annotated[
+        str | None, typer.Option("--trace", help="Replay this JSONL trace instead of generating one.")
+    ] = None,
+    write_trace: Annotated[str | None, typer.Option(help="Save the trace replayed as JSONL.")] = None,
+    tenants: Annotated[int, typer.Option(help="Generated: tenants (each its own namespace).")] = 2,
+    agents: Annotated[int, typer.Option(help="Generated: agents per tenant.")] = 2,
+    sessions: Annotated[int, typer.Option(help="Generated: sessions per agent.")] = 3,
+    turns: Annotated[int, typer.Option(help="Generated: most requests per session.")] = 5,
+    policies: Annotated[str, typer.Option(help="Eviction policies to compare.")] = "lru,priority-lru,context",
+    capacities: Annotated[
+        str, typer.Option(help="Vault budgets as fractions of the trace's working set.")
+    ] = "10%,30%,60%",
+    block_tokens: BlockTokens = 16,
+    shape: Shape = "qwen2.5-0.5b",
+    blob_bytes: Annotated[
+        str | None, typer.Option(help="Bytes per stored block (default: the shape's KV bytes per block).")
+    ] = None,
+    prefill_tps: Annotated[
+        float,
+        typer.Option("--prefill-tokens-per-s", help="Prefill rate that turns saved tokens into seconds."),
+    ] = 5000.0,
+    protected_cap: Annotated[
+        float, typer.Option(help="Share of the capacity protected classes may pin (the vault's cap).")
+    ] = 0.5,
+    chart: Annotated[
+        str | None, typer.Option(help="Chart PNG or SVG (default: next to --json FILE, as .png).")
+    ] = None,
+    max_seconds: MaxSeconds = 1800.0,
+    state_dir: StateDir = None,
+    vault_sync: VaultSync = "fast",
+    seed: Seed = 0,
+    json_out: JsonOut = None,
+    verbose: Verbose = 0,
+) -> None:
+    """Replay a multi-tenant agent trace through vaults per eviction policy and capacity: hits per class."""
+
+    def measure(cfg: Config, console: Console) -> BenchResult:
+        from tierkv.bench.trace import TraceSpec
+        from tierkv.bench.trace.cli_args import trace_settings
+        from tierkv.bench.trace.run import run_trace
+
+        settings = trace_settings(
+            spec=TraceSpec(seed=seed, tenants=tenants, agents=agents, sessions=sessions, turns=turns),
+            trace_file=trace_file,
+            write_trace=write_trace,
+            policies=policies,
+            capacities=capacities,
+            block_tokens=block_tokens,
+            shape=shape,
+            blob_bytes=blob_bytes,
+            prefill_tps=prefill_tps,
+            protected_cap=protected_cap,
+            chart=chart,
+            json_out=json_out,
+            max_seconds=max_seconds,
+            state_dir=state_dir,
+            vault_sync=vault_sync,
+        )
+        return run_trace(settings, console)
+
+    _run(None, verbose, json_out, measure)
 
 
 __all__ = ["BenchGroup", "bench_app", "deprecation_note", "legacy_args"]

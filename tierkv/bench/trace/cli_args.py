@@ -1,0 +1,93 @@
+"""Flag text of ``tierkv bench trace`` → :class:`~tierkv.bench.trace.run.TraceSettings`.
+
+Every parser raises :class:`BenchError` naming the flag, so the command exits 2 with one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tierkv.bench.runner import model_shape
+from tierkv.bench.trace.generate import TraceSpec
+from tierkv.bench.trace.replay import ReplaySettings
+from tierkv.bench.trace.run import TraceSettings
+from tierkv.config import parse_size
+from tierkv.errors import BenchError
+
+
+def parse_fractions(text: str) -> tuple[float, ...]:
+    """``--capacities``: ``10%,30%`` or ``0.1,0.3``."""
+    values: list[float] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            values.append(float(part[:-1]) / 100 if part.endswith("%") else float(part))
+        except ValueError:
+            raise BenchError(f"--capacities: expected fractions like 10% or 0.1, got {part!r}") from None
+    return tuple(values)
+
+
+def _blob_bytes(text: str | None, default: int) -> int:
+    if text is None:
+        return default
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise BenchError(f"--blob-bytes: {exc}") from None
+
+
+def _path(text: str | None) -> Path | None:
+    return Path(text).expanduser() if text else None
+
+
+def chart_path(chart: str | None, json_out: str | None) -> Path | None:
+    """``--chart``, else the ``--json`` file with a .png suffix (none when the JSON goes to stdout)."""
+    if chart:
+        return Path(chart).expanduser()
+    if json_out and json_out != "-":
+        return Path(json_out).expanduser().with_suffix(".png")
+    return None
+
+
+def trace_settings(
+    *,
+    spec: TraceSpec,
+    trace_file: str | None,
+    write_trace: str | None,
+    policies: str,
+    capacities: str,
+    block_tokens: int,
+    shape: str,
+    blob_bytes: str | None,
+    prefill_tps: float,
+    protected_cap: float,
+    chart: str | None,
+    json_out: str | None,
+    max_seconds: float,
+    state_dir: str | None,
+    vault_sync: str,
+) -> TraceSettings:
+    model = model_shape(shape)
+    if block_tokens < 1:
+        raise BenchError("--block-tokens must be positive")
+    replay = ReplaySettings(
+        policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
+        capacities=parse_fractions(capacities),
+        block_tokens=block_tokens,
+        blob_bytes=_blob_bytes(blob_bytes, model.kv_bytes_per_token * block_tokens),
+        prefill_tps=prefill_tps,
+        sync=vault_sync,
+        state_dir=_path(state_dir),
+        max_seconds=max_seconds,
+        model=model.name,
+        protected_cap=protected_cap,
+    )
+    return TraceSettings(
+        spec=spec,
+        replay=replay,
+        trace_file=_path(trace_file),
+        write_trace=_path(write_trace),
+        chart=chart_path(chart, json_out),
+    )
+
+
+__all__ = ["chart_path", "parse_fractions", "trace_settings"]

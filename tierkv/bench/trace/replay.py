@@ -1,0 +1,433 @@
+"""Replay a trace through real vaults, once per eviction policy and capacity, and count what hits.
+
+Per request, as an engine hook with tierkv does it: the chained block keys of the prompt's full blocks
+(fixed block size, the tenant's namespace), ``prefix_lookup`` of the blocks before the prompt's last token
+(an engine always computes at least that token, so a prompt seen whole before hits every full block but
+the last; the hits are the prefill saved), then a put of every full block from the first miss on (the
+engine just computed them). Each policy gets
+what it can use: ``lru`` nothing, ``priority-lru`` an integer priority (importance × 100, what an
+application can send today), ``context`` the blocks' :class:`~tierkv.retention.BlockMeta` from the
+layout (:func:`~tierkv.retention.tag_blocks` + :func:`~tierkv.retention.with_parents`).
+
+Every (capacity, policy) pair gets a fresh vault on loopback whose budget is that fraction of the trace's
+working set (its distinct blocks, charged as the vault charges them: blob + namespace + key). Blobs are
+synthetic: one random buffer of the model's KV bytes per block with the key written over its first bytes,
+so every stored blob is distinct and nothing is spent generating data. All blobs have one size, so the
+hit rates depend on the capacity fraction only, and ``--blob-bytes`` can shrink a quick run.
+
+Hits are also counted against the *ceiling*: the blocks an unbounded vault would have (those seen earlier
+in the trace; with chained keys they always form a prefix). A first-seen block can never hit, whatever the
+policy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from tierkv.bench.common import Deadline
+from tierkv.bench.trace.model import Trace
+from tierkv.client.cluster import Cluster
+from tierkv.errors import BenchError, VaultError
+from tierkv.keys import Namespace, block_keys
+from tierkv.retention import BlockMeta, tag_blocks, with_parents
+from tierkv.roles import Role
+from tierkv.vault.launcher import VaultProcess
+
+log = logging.getLogger(__name__)
+
+POLICIES: Final = ("lru", "priority-lru", "context")
+MIN_VAULT_BYTES: Final = 1 << 20
+"""The smallest budget a vault accepts (``[vault] max_bytes``)."""
+IMPORTANT: Final = 0.7
+"""Blocks of at least this importance are the ones the context policy must keep better than LRU."""
+ALL, IMPORTANT_GROUP, PROTECTED = "all", "importance>=0.7", "protected"
+UNTAGGED_CLASS = "untagged"
+KV_COLD = Role.KV_COLD.value
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplaySettings:
+    policies: tuple[str, ...] = POLICIES
+    capacities: tuple[float, ...] = (0.1, 0.3, 0.6)
+    block_tokens: int = 16
+    blob_bytes: int = 16 * 12288
+    prefill_tps: float = 5000.0
+    sync: str = "fast"
+    state_dir: Path | None = None
+    max_seconds: float = 1800.0
+    batch_bytes: int = 16 << 20
+    model: str = "qwen2.5-0.5b"
+    protected_cap: float = 0.5
+    """The vault's ``[retention] max_protected_fraction`` (context policy) and what targets judge by."""
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.policies if p not in POLICIES]
+        if unknown or not self.policies:
+            raise BenchError(f"--policies: expected some of {', '.join(POLICIES)}, got {list(self.policies)}")
+        if not self.capacities or not all(0.0 < c <= 1.0 for c in self.capacities):
+            raise BenchError(f"--capacities: fractions in (0, 1], got {list(self.capacities)}")
+        checks: dict[str, float] = {"--block-tokens": self.block_tokens, "--blob-bytes": self.blob_bytes - 32}
+        checks |= {"--prefill-tokens-per-s": self.prefill_tps, "--max-seconds": self.max_seconds}
+        bad = [name for name, value in checks.items() if not value > 0]
+        if bad:
+            raise BenchError(f"{', '.join(bad)} must be positive (--blob-bytes more than 32)")
+        if not 0.0 < self.protected_cap <= 1.0:
+            raise BenchError(f"--protected-cap must be a fraction in (0, 1], got {self.protected_cap}")
+        if self.sync not in ("durable", "fast"):
+            raise BenchError("--vault-sync must be durable or fast")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """One request as blocks: keys and their metadata (parents set); ``lookable`` is how many leading
+    blocks may hit (those before the last token), ``ceiling`` how many an unbounded vault would hit."""
+
+    namespace: bytes
+    keys: list[bytes]
+    metas: list[BlockMeta]
+    lookable: int
+    ceiling: int
+
+    def groups(self, i: int) -> tuple[str, ...]:
+        """The tallies block ``i`` counts in: overall, its class, and the important / protected sets."""
+        meta = self.metas[i]
+        found = [ALL, meta.source or UNTAGGED_CLASS]
+        if meta.importance >= IMPORTANT:
+            found.append(IMPORTANT_GROUP)
+        if meta.protected:
+            found.append(PROTECTED)
+        return tuple(found)
+
+
+@dataclasses.dataclass
+class Tally:
+    """Block lookups of one group: how many, how many hit, how many could have (the ceiling)."""
+
+    blocks: int = 0
+    hits: int = 0
+    possible: int = 0
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.hits / self.blocks if self.blocks else None
+
+    @property
+    def ceiling_rate(self) -> float | None:
+        return self.possible / self.blocks if self.blocks else None
+
+    @property
+    def of_possible(self) -> float | None:
+        """Hits over what an unbounded vault would have hit (1.0: the policy lost nothing)."""
+        return self.hits / self.possible if self.possible else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "blocks": self.blocks,
+            "hits": self.hits,
+            "possible": self.possible,
+            "hit_rate": self.hit_rate,
+            "ceiling_rate": self.ceiling_rate,
+            "of_possible": self.of_possible,
+        }
+
+
+@dataclasses.dataclass
+class Workload:
+    """The trace as block streams, with its working set: what every policy run replays."""
+
+    requests: list[Prepared]
+    block_tokens: int
+    charge: int
+    distinct: int
+    protected_distinct: int
+    prompt_tokens: int
+
+    @property
+    def working_set_bytes(self) -> int:
+        return self.distinct * self.charge
+
+    @property
+    def protected_bytes(self) -> int:
+        return self.protected_distinct * self.charge
+
+    def ceiling(self) -> dict[str, Tally]:
+        """The tallies of an unbounded vault (every seen block hits)."""
+        return count(self.requests, [r.ceiling for r in self.requests])
+
+
+def tenant_namespace(tenant: str, model: str, block_tokens: int) -> Namespace:
+    return Namespace(
+        model=f"tierkv-bench-trace/{model}",
+        dtype="bfloat16",
+        codec="raw",
+        tenant=tenant,
+        layout=f"trace-v1/{block_tokens}",
+    )
+
+
+def prepare(trace: Trace, settings: ReplaySettings) -> Workload:
+    """Keys, metadata and ceiling of every request (computed once, replayed once per run)."""
+    seen: set[bytes] = set()
+    protected: set[bytes] = set()
+    spaces: dict[str, Namespace] = {}
+    out: list[Prepared] = []
+    bt = settings.block_tokens
+    for request in trace.requests:
+        ns = spaces.setdefault(request.tenant, tenant_namespace(request.tenant, settings.model, bt))
+        keys = block_keys(request.token_ids(), bt, namespace=ns)
+        metas = with_parents(tag_blocks(request.chunks(), len(keys), bt), keys)
+        lookable = min(len(keys), max(0, request.n_tokens - 1) // bt)
+        ceiling = next((i for i, k in enumerate(keys[:lookable]) if k not in seen), lookable)
+        seen.update(keys)
+        protected.update(k for k, m in zip(keys, metas, strict=True) if m.protected)
+        out.append(Prepared(ns.digest, keys, metas, lookable, ceiling))
+    charge = settings.blob_bytes + 32 + 32  # namespace digest + key, as the vault charges an entry
+    tokens = sum(r.n_tokens for r in trace.requests)
+    return Workload(out, bt, charge, len(seen), len(protected), tokens)
+
+
+def count(requests: Sequence[Prepared], hits: Sequence[int]) -> dict[str, Tally]:
+    """Tallies per group of ``requests`` given how many leading blocks of each hit."""
+    tallies: dict[str, Tally] = {}
+    for request, hit in zip(requests, hits, strict=True):
+        for i in range(len(request.keys)):
+            for group in request.groups(i):
+                t = tallies.setdefault(group, Tally())
+                t.blocks += 1
+                t.hits += i < hit
+                t.possible += i < request.ceiling
+    return tallies
+
+
+@dataclasses.dataclass
+class PolicyRun:
+    """One replay: a policy at one capacity, its hits per group and the vault's own counters."""
+
+    policy: str
+    fraction: float
+    capacity_bytes: int
+    tallies: dict[str, Tally]
+    prompt_tokens: int
+    hit_tokens: int
+    bytes_written: int
+    evictions: int
+    evicted_bytes: int
+    stored_keys: int
+    seconds: float
+    prefill_s_saved: float
+
+    @property
+    def token_hit_rate(self) -> float | None:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+    def tally(self, group: str) -> Tally:
+        return self.tallies.get(group, Tally())
+
+    def as_dict(self) -> dict[str, Any]:
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tallies"}
+        doc["token_hit_rate"] = self.token_hit_rate
+        doc["groups"] = {name: t.as_dict() for name, t in sorted(self.tallies.items())}
+        return doc
+
+
+def check_policy_support(policies: Sequence[str]) -> None:
+    """The ``context`` policy needs block metadata on puts (``Cluster.put(..., meta=...)``)."""
+    if "context" in policies and "meta" not in inspect.signature(Cluster.put).parameters:
+        raise BenchError(
+            "policy 'context' needs block metadata on puts, and this tierkv's Cluster.put takes no meta= "
+            "yet: measure --policies lru,priority-lru for now"
+        )
+
+
+@contextlib.contextmanager
+def policy_vault(
+    base: Path, policy: str, capacity: int, sync: str, protected_cap: float = 0.5
+) -> Iterator[Cluster]:
+    """A fresh vault with ``policy`` (set through ``[vault] policy`` of its own tierkv.toml, with
+    ``[retention] max_protected_fraction`` for ``context``) and budget ``capacity``; stopped by PID and
+    its LMDB removed on the way out."""
+    name = f"{policy}-{capacity}"
+    config = base / f"{name}.toml"
+    text = f'[vault]\npolicy = "{policy}"\n'
+    if policy == "context":
+        text += f"[retention]\nmax_protected_fraction = {protected_cap!r}\n"
+    config.write_text(text)
+    proc = VaultProcess(base / name, max_bytes=capacity, sync=sync, extra_args=["--config", str(config)])
+    try:
+        proc.start(timeout=60.0)
+    except (RuntimeError, TimeoutError) as exc:
+        proc.stop()
+        raise BenchError(f"could not start a vault with policy {policy!r}: {_last_line(str(exc))}") from exc
+    try:
+        with Cluster({KV_COLD: [proc.address]}, timeout=120.0) as cluster:
+            yield cluster
+    finally:
+        code = proc.stop()
+        if code != 0:
+            log.warning("%s vault exited with %d:\n%s", policy, code, proc.log_tail())
+        shutil.rmtree(base / name, ignore_errors=True)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else text
+
+
+class Blobs:
+    """Synthetic blobs of one size: a random buffer with the key written over its start."""
+
+    def __init__(self, size: int, seed: int = 0) -> None:
+        self.tail = np.random.default_rng(seed).bytes(size - 32)
+
+    def __call__(self, key: bytes) -> bytes:
+        return key + self.tail
+
+
+def _batches(keys: Sequence[bytes], per_batch: int) -> Iterator[Sequence[bytes]]:
+    for at in range(0, len(keys), per_batch):
+        yield keys[at : at + per_batch]
+
+
+class Replayer:
+    """Stores what a request missed the way ``policy`` wants it: plain, by priority, or with metadata."""
+
+    def __init__(self, cluster: Cluster, policy: str, blobs: Blobs, per_batch: int) -> None:
+        self.cluster, self.policy, self.blobs, self.per_batch = cluster, policy, blobs, per_batch
+
+    def request(self, r: Prepared) -> int:
+        """Look the request up, store what it missed; returns the number of leading blocks that hit."""
+        hit = self.cluster.prefix_lookup(r.namespace, r.keys[: r.lookable])
+        if self.policy == "priority-lru":
+            by_priority: dict[int, list[int]] = {}
+            for i in range(hit, len(r.keys)):
+                by_priority.setdefault(round(r.metas[i].importance * 100), []).append(i)
+            for priority, idx in by_priority.items():
+                self._store(r, idx, priority=priority)
+        else:
+            self._store(r, range(hit, len(r.keys)))
+        return hit
+
+    def _store(self, r: Prepared, idx: Sequence[int], *, priority: int = 0) -> None:
+        keys = [r.keys[i] for i in idx]
+        meta = {r.keys[i]: r.metas[i] for i in idx} if self.policy == "context" else None
+        for batch in _batches(keys, self.per_batch):
+            items = {k: self.blobs(k) for k in batch}
+            if meta is None:
+                self.cluster.put(r.namespace, items, priority=priority)
+            else:
+                extra: dict[str, Any] = {"meta": {k: meta[k] for k in batch}}
+                self.cluster.put(r.namespace, items, priority=priority, **extra)
+
+
+def _vault_counters(cluster: Cluster) -> dict[str, int]:
+    for _, address, st in cluster.stats():
+        if isinstance(st, VaultError):
+            raise BenchError(f"vault {address} did not answer Stats: {st}")
+        return {"bytes_in": st.bytes_in, "evictions": st.evictions, "keys": st.keys}
+    raise BenchError("no vault to ask for Stats")
+
+
+def replay_one(
+    work: Workload,
+    settings: ReplaySettings,
+    policy: str,
+    fraction: float,
+    base: Path,
+    advance: Callable[[], object],
+    deadline: Deadline,
+) -> PolicyRun | None:
+    """One policy at one capacity; None when the time budget ran out before the trace ended."""
+    capacity = int(work.working_set_bytes * fraction)
+    per_batch = max(1, settings.batch_bytes // settings.blob_bytes)
+    t0 = time.perf_counter()
+    hits: list[int] = []
+    with policy_vault(base, policy, capacity, settings.sync, settings.protected_cap) as cluster:
+        replayer = Replayer(cluster, policy, Blobs(settings.blob_bytes), per_batch)
+        for r in work.requests:
+            if deadline.passed():
+                return None
+            hits.append(replayer.request(r))
+            advance()
+        counters = _vault_counters(cluster)
+    hit_tokens = sum(hits) * work.block_tokens
+    return PolicyRun(
+        policy=policy,
+        fraction=fraction,
+        capacity_bytes=capacity,
+        tallies=count(work.requests, hits),
+        prompt_tokens=work.prompt_tokens,
+        hit_tokens=hit_tokens,
+        bytes_written=counters["bytes_in"],
+        evictions=counters["evictions"],
+        evicted_bytes=counters["evictions"] * work.charge,
+        stored_keys=counters["keys"],
+        seconds=time.perf_counter() - t0,
+        prefill_s_saved=hit_tokens / settings.prefill_tps,
+    )
+
+
+def check_capacities(work: Workload, settings: ReplaySettings) -> None:
+    small = [c for c in settings.capacities if work.working_set_bytes * c < MIN_VAULT_BYTES]
+    if small:
+        raise BenchError(
+            f"capacity {', '.join(f'{c:.0%}' for c in small)} of the {work.working_set_bytes:,}-byte "
+            f"working set is under the smallest vault budget ({MIN_VAULT_BYTES:,} bytes): use a larger "
+            "trace, larger blobs (--blob-bytes) or larger --capacities"
+        )
+
+
+@contextlib.contextmanager
+def state_base(settings: ReplaySettings) -> Iterator[Path]:
+    """Where the run's vaults keep their LMDB: --state-dir, else a temporary directory."""
+    if settings.state_dir is not None:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        yield settings.state_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="tierkv-bench-trace-") as tmp:
+        yield Path(tmp)
+
+
+def runs_of(settings: ReplaySettings) -> list[tuple[float, str]]:
+    """Capacity-major, so a run cut short by its time budget still compares policies at equal capacity."""
+    return [(c, p) for c in settings.capacities for p in settings.policies]
+
+
+def as_mapping(runs: Sequence[PolicyRun]) -> Mapping[tuple[str, float], PolicyRun]:
+    return {(r.policy, r.fraction): r for r in runs}
+
+
+__all__ = [
+    "ALL",
+    "IMPORTANT",
+    "IMPORTANT_GROUP",
+    "POLICIES",
+    "PROTECTED",
+    "Blobs",
+    "PolicyRun",
+    "Prepared",
+    "ReplaySettings",
+    "Replayer",
+    "Tally",
+    "Workload",
+    "as_mapping",
+    "check_capacities",
+    "check_policy_support",
+    "count",
+    "policy_vault",
+    "prepare",
+    "replay_one",
+    "runs_of",
+    "state_base",
+    "tenant_namespace",
+]

@@ -1,0 +1,241 @@
+"""Issue 11's targets, the tables and the chart of a trace replay.
+
+Targets, each at equal capacity against ``lru`` (checked for every other policy replayed, the issue's
+being ``context``):
+
+- **protected**: blocks of protected classes hit every time an unbounded vault would have hit them,
+  while the protected working set fits the cap (``--protected-cap`` × capacity); past the cap the target
+  does not apply and says so;
+- **important**: at least 1.5× ``lru``'s block hit rate on blocks of importance ≥ 0.7 (or the ceiling,
+  an unbounded vault's hit rate, where 1.5× ``lru``'s is above it: nothing can do better);
+- **overall**: a token hit rate no more than 5 % (relative) below ``lru``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from rich.console import Console
+from rich.table import Table
+
+from tierkv.bench.trace.replay import ALL, IMPORTANT_GROUP, PROTECTED, PolicyRun, Tally, Workload
+from tierkv.status import human_bytes
+
+log = logging.getLogger(__name__)
+
+IMPORTANT_FACTOR: Final = 1.5
+OVERALL_SLACK: Final = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One target at one capacity for one policy: PASS, MISS or n/a, with the numbers behind it."""
+
+    name: str
+    policy: str
+    fraction: float
+    status: str
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.status:4} {self.name:9} {self.policy} @ {self.fraction:.0%}: {self.detail}"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f}%"
+
+
+def _protected(run: PolicyRun, work: Workload, cap: float) -> Target:
+    t = run.tally(PROTECTED)
+    limit = int(cap * run.capacity_bytes)
+    if not t.possible:
+        return Target("protected", run.policy, run.fraction, "n/a", "no protected block was asked for twice")
+    if work.protected_bytes > limit:
+        return Target(
+            "protected",
+            run.policy,
+            run.fraction,
+            "n/a",
+            f"protected set {human_bytes(work.protected_bytes)} > cap {human_bytes(limit)} "
+            f"({t.hits}/{t.possible} possible hits)",
+        )
+    status = "PASS" if t.hits == t.possible else "MISS"
+    return Target("protected", run.policy, run.fraction, status, f"{t.hits}/{t.possible} possible hits")
+
+
+def _important(run: PolicyRun, base: PolicyRun) -> Target:
+    """≥ 1.5× lru's hit rate, or the ceiling where 1.5× lru's is more than an unbounded vault hits."""
+    t = run.tally(IMPORTANT_GROUP)
+    mine, theirs, ceiling = t.hit_rate, base.tally(IMPORTANT_GROUP).hit_rate, t.ceiling_rate
+    if mine is None or theirs is None or ceiling is None:
+        return Target("important", run.policy, run.fraction, "n/a", "no block of importance ≥ 0.7")
+    factor = mine / theirs if theirs else (float("inf") if mine else 0.0)
+    goal = min(IMPORTANT_FACTOR * theirs, ceiling)
+    status = "PASS" if mine >= goal and mine > 0 else "MISS"
+    capped = f"; capped at the ceiling {_pct(ceiling)}" if goal < IMPORTANT_FACTOR * theirs else ""
+    detail = f"{_pct(mine)} vs lru {_pct(theirs)} = {factor:.2f}× (target ≥ {IMPORTANT_FACTOR}×{capped})"
+    return Target("important", run.policy, run.fraction, status, detail)
+
+
+def _overall(run: PolicyRun, base: PolicyRun) -> Target:
+    mine, theirs = run.token_hit_rate or 0.0, base.token_hit_rate or 0.0
+    status = "PASS" if mine >= theirs * (1 - OVERALL_SLACK) else "MISS"
+    diff = (mine - theirs) * 100
+    word = "above" if diff > 0 else "below" if diff < 0 else "equal to"
+    detail = f"{_pct(mine)} vs lru {_pct(theirs)} ({abs(diff):.1f} points {word}; target ≥ 95% of lru's)"
+    return Target("overall", run.policy, run.fraction, status, detail)
+
+
+def targets(runs: Sequence[PolicyRun], work: Workload, cap: float) -> list[Target]:
+    """Every target for every non-``lru`` run that has an ``lru`` run at its capacity."""
+    base = {r.fraction: r for r in runs if r.policy == "lru"}
+    found: list[Target] = []
+    for run in runs:
+        lru = base.get(run.fraction)
+        if run.policy == "lru" or lru is None:
+            continue
+        found += [_protected(run, work, cap), _important(run, lru), _overall(run, lru)]
+    return found
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    table = Table(title=title)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def render_workload(work: Workload, summary: Mapping[str, Any], console: Console) -> None:
+    ceiling = work.ceiling()
+    rows = [
+        [name, f"{t.blocks:,}", f"{t.possible:,}", _pct(t.ceiling_rate)]
+        for name, t in sorted(ceiling.items(), key=lambda kv: (kv[0] != ALL, kv[0]))
+    ]
+    head = (
+        f"{summary['requests']:,} requests, {summary['tenants']} tenants, {summary['agents']} agents, "
+        f"{summary['sessions']} sessions, {work.prompt_tokens:,} prompt tokens; working set "
+        f"{work.distinct:,} blocks = {human_bytes(work.working_set_bytes)} "
+        f"(protected {human_bytes(work.protected_bytes)})"
+    )
+    console.print(head)
+    console.print(
+        _table(
+            "block lookups per class (ceiling: an unbounded vault)",
+            ["class", "lookups", "reusable", "ceiling"],
+            rows,
+        )
+    )
+
+
+def render_runs(runs: Sequence[PolicyRun], console: Console) -> None:
+    columns = [
+        "policy @ capacity",
+        "token hit",
+        "block hit",
+        "imp ≥ 0.7",
+        "protected",
+        "of possible",
+        "prefill saved",
+        "written",
+        "evicted",
+        "time",
+    ]
+    rows = []
+    for r in runs:
+        overall = r.tally(ALL)
+        rows.append(
+            [
+                f"{r.policy} @ {r.fraction:.0%}",
+                _pct(r.token_hit_rate),
+                _pct(overall.hit_rate),
+                _pct(r.tally(IMPORTANT_GROUP).hit_rate),
+                _pct(r.tally(PROTECTED).hit_rate),
+                _pct(overall.of_possible),
+                f"{r.hit_tokens:,} tok / {r.prefill_s_saved:,.1f} s",
+                human_bytes(r.bytes_written),
+                f"{human_bytes(r.evicted_bytes)} ({r.evictions:,})",
+                f"{r.seconds:.1f} s",
+            ]
+        )
+    console.print(_table("hit rates per policy and capacity", columns, rows))
+
+
+def render_classes(runs: Sequence[PolicyRun], ceiling: Mapping[str, Tally], console: Console) -> None:
+    """One table per capacity: block hit rate per class and policy, beside an unbounded vault's."""
+    names = sorted(n for n in ceiling if n != ALL)
+    for fraction in sorted({r.fraction for r in runs}):
+        here = [r for r in runs if r.fraction == fraction]
+        columns = ["class", "unbounded", *(r.policy for r in here)]
+        rows = [[n, _pct(ceiling[n].ceiling_rate), *(_pct(r.tally(n).hit_rate) for r in here)] for n in names]
+        console.print(_table(f"block hit rate per class at {fraction:.0%} capacity", columns, rows))
+
+
+def render_targets(found: Sequence[Target], console: Console) -> None:
+    colour = {"PASS": "green", "MISS": "red"}
+    for t in found:
+        style = colour.get(t.status, "dim")
+        console.print(f"[{style}]{t.line()}[/{style}]", highlight=False)
+
+
+def _series(runs: Sequence[PolicyRun], metric: str) -> dict[str, tuple[list[float], list[float]]]:
+    lines: dict[str, tuple[list[float], list[float]]] = {}
+    for r in sorted(runs, key=lambda r: r.fraction):
+        value = r.token_hit_rate if metric == "tokens" else r.tally(metric).hit_rate
+        if value is not None:
+            xs, ys = lines.setdefault(r.policy, ([], []))
+            xs.append(r.fraction * 100)
+            ys.append(value * 100)
+    return lines
+
+
+PANELS: Final = (
+    ("tokens", "overall token hit rate"),
+    (IMPORTANT_GROUP, "blocks of importance ≥ 0.7"),
+    (PROTECTED, "protected blocks (axioms, identity, rules)"),
+)
+
+
+def write_chart(runs: Sequence[PolicyRun], work: Workload, path: Path, title: str) -> str | None:
+    """Hit rate against capacity, one line per policy, one panel per metric (PNG, or SVG by suffix); the
+    dashed line is an unbounded vault. Returns why not when matplotlib is missing."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return "chart skipped: matplotlib is not installed (pip install 'tierkv[bench]')"
+    ceiling = work.ceiling()
+    fig = Figure(figsize=(13, 4.2), layout="constrained")
+    axes = fig.subplots(1, len(PANELS), sharey=True)
+    for ax, (metric, label) in zip(axes, PANELS, strict=True):
+        for policy, (xs, ys) in _series(runs, metric).items():
+            ax.plot(xs, ys, marker="o", label=policy)
+        top = work.prompt_tokens and ceiling[ALL].possible * work.block_tokens / work.prompt_tokens
+        bound = top if metric == "tokens" else ceiling.get(metric, Tally()).ceiling_rate
+        if bound:
+            ax.axhline(bound * 100, color="grey", linestyle="--", linewidth=1, label="unbounded vault")
+        ax.set_title(label)
+        ax.set_xlabel("vault capacity (% of working set)")
+        ax.set_ylim(0, 100)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("hit rate (%)")
+    axes[0].legend(loc="lower right")
+    fig.suptitle(title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return None
+
+
+__all__ = [
+    "Target",
+    "render_classes",
+    "render_runs",
+    "render_targets",
+    "render_workload",
+    "targets",
+    "write_chart",
+]
