@@ -133,7 +133,8 @@ def vault(
         str | None, typer.Option(help=f"durable (fsync per batch) or fast (default {_VAULT.sync}).")
     ] = None,
     policy: Annotated[
-        str | None, typer.Option(help=f"Eviction policy: lru or priority-lru (default {_VAULT.policy}).")
+        str | None,
+        typer.Option(help=f"Eviction policy: lru, priority-lru or context (default {_VAULT.policy})."),
     ] = None,
     role: Annotated[
         str | None, typer.Option(help="Role this vault serves: kv_cold or ssm_cold (default kv_cold).")

@@ -811,7 +811,7 @@ class Store:
                     return False
                 victim_fkey = bytes(order.key()[self._rank_len :])
                 order.delete()
-        victim = self._drop(txn, ledger, tenant, victim_fkey)
+        victim = self._drop(txn, ledger, tenant, victim_fkey, ordered=expired)
         if victim is None:  # an order or expiry key without its entry: drop the stray key
             with txn.cursor(db=tenant.expiry) as cur:
                 if expired and cur.first():
@@ -887,8 +887,11 @@ class Store:
             self._commit(ledger)
         return deleted
 
-    def _drop(self, txn: lmdb.Transaction, ledger: _Ledger, owner: _Tenant, fkey: bytes) -> _Index | None:
-        """Remove an entry (and its order, expiry and parent's sharing), booked in ``ledger``."""
+    def _drop(
+        self, txn: lmdb.Transaction, ledger: _Ledger, owner: _Tenant, fkey: bytes, *, ordered: bool = True
+    ) -> _Index | None:
+        """Remove an entry (and its order key unless the caller already did, its expiry key and its
+        parent's count of children), booked in ``ledger``."""
         raw = txn.get(fkey, db=owner.index)
         if raw is None:
             return None
@@ -896,7 +899,7 @@ class Store:
             entry = _Index.unpack(raw)
         except ValueError:  # a damaged index record: charge what its fixed part says, if anything
             entry = _Index(*_INDEX.unpack_from(raw)) if len(raw) >= _INDEX.size else _Index(0, 0, 0, 0)
-        if not entry.protected:
+        if ordered and not entry.protected:
             txn.delete(self._rank(entry) + fkey, db=owner.order)
         txn.delete(fkey, db=owner.index)
         txn.delete(fkey, db=owner.data)
