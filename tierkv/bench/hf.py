@@ -55,6 +55,7 @@ from tierkv.bench.vaults import VaultSettings, watched_vaults
 from tierkv.client.cluster import KV_COLD, Cluster
 from tierkv.codec import Buffer
 from tierkv.config import Config
+from tierkv.retention import BlockMeta
 
 if TYPE_CHECKING:
     from tierkv.connectors.hf import GenerationStats, TieredSession
@@ -237,9 +238,16 @@ class RecordingCluster:
         self.last_get: tuple[bytes, list[bytes]] | None = None
         self.stored: dict[tuple[bytes, str], set[bytes]] = defaultdict(set)
 
-    def put(self, namespace: bytes, items: Mapping[bytes, bytes], role: str = KV_COLD) -> int:
+    def put(
+        self,
+        namespace: bytes,
+        items: Mapping[bytes, bytes],
+        role: str = KV_COLD,
+        *,
+        meta: Mapping[bytes, BlockMeta] | None = None,
+    ) -> int:
         self.stored[namespace, role].update(items)
-        return self.cluster.put(namespace, items, role=role)
+        return self.cluster.put(namespace, items, role=role, meta=meta)
 
     def get(self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD) -> list[bytes | None]:
         return self.cluster.get(namespace, keys, role=role)
