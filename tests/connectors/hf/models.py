@@ -160,3 +160,27 @@ def reference(model: Any, ids: torch.Tensor, new: int) -> torch.Tensor:
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False
         )
     return out
+
+
+BAKERY = """System: You are a helpful assistant for a small bakery.
+User: What bread do you bake on Mondays?
+Assistant: On Mondays we bake sourdough, rye and a seeded loaf.
+User: Do you have gluten free options?
+Assistant: Yes, we bake a gluten free loaf on Wednesdays and Fridays.
+User: When do you open?
+Assistant: We open at seven and close when the bread is gone.
+"""
+
+
+def bakery_tokenizer() -> Any:
+    """A real byte-level BPE tokenizer (``tokenizers``), trained here on :data:`BAKERY`: no download."""
+    import tokenizers
+
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator([BAKERY * 20], trainer)
+    return tok

@@ -7,19 +7,10 @@ from typing import Any
 import pytest
 import torch
 
-from tests.connectors.hf.models import tiny_llama
+from tests.connectors.hf.models import bakery_tokenizer, tiny_llama
 from tierkv.connectors.hf import TieredSession, encode_with_offsets
 
-tokenizers = pytest.importorskip("tokenizers")
-
-CORPUS = """System: You are a helpful assistant for a small bakery.
-User: What bread do you bake on Mondays?
-Assistant: On Mondays we bake sourdough, rye and a seeded loaf.
-User: Do you have gluten free options?
-Assistant: Yes, we bake a gluten free loaf on Wednesdays and Fridays.
-User: When do you open?
-Assistant: We open at seven and close when the bread is gone.
-"""
+pytest.importorskip("tokenizers")
 
 TURN1 = (
     "System: You are a helpful assistant for a small bakery.\n"
@@ -30,14 +21,7 @@ NEW = 12
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=400, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator([CORPUS * 20], trainer)
-    return tok
+    return bakery_tokenizer()
 
 
 @pytest.fixture

@@ -12,11 +12,15 @@
     s.last_stats  # restored_tokens, computed_tokens, hot_hits, cold_hits, bytes_fetched, ttft_s, ...
 """
 
-from tierkv.connectors.hf.layout import CacheLayout, StateSnapshot, probe_layout
-from tierkv.connectors.hf.session import ClusterLike, TieredSession
-from tierkv.connectors.hf.stats import GenerationStats
-from tierkv.connectors.hf.streams import weights_fingerprint
-from tierkv.connectors.hf.text import encode_with_offsets
+from tierkv.extras import require
+
+require("torch", "tierkv.connectors.hf")  # before the imports below: a missing torch names the extra
+
+from tierkv.connectors.hf.layout import CacheLayout, StateSnapshot, probe_layout  # noqa: E402
+from tierkv.connectors.hf.session import ClusterLike, TieredSession  # noqa: E402
+from tierkv.connectors.hf.stats import GenerationStats  # noqa: E402
+from tierkv.connectors.hf.streams import weights_fingerprint  # noqa: E402
+from tierkv.connectors.hf.text import encode_with_offsets  # noqa: E402
 
 __all__ = [
     "CacheLayout",

@@ -23,19 +23,22 @@ from tierkv.connectors.hf.plan import RestorePlan, plan_restore
 from tierkv.connectors.hf.planner import Planned
 from tierkv.connectors.hf.stats import GenerationStats
 from tierkv.connectors.hf.streams import Streams
+from tierkv.retention import BlockMeta
 from tierkv.tiering import ColdTier, full_blocks
 
 
 @dataclass
 class RestoredCache:
-    """The cache of a restored prefix, the final plan, the snapshots known to hold for it, and what the
-    vaults are known to hold of it (blocks and snapshot positions)."""
+    """The cache of a restored prefix, the final plan, the snapshots known to hold for it, what the
+    vaults are known to hold of it (blocks and snapshot positions) and the retention tags the hot entry
+    it came from carried for its blocks."""
 
     cache: Any
     plan: RestorePlan
     states: dict[int, StateSnapshot]
     cold_blocks: int
     cold_states: set[int]
+    meta: list[BlockMeta] | None = None
 
 
 class Restorer:
@@ -69,7 +72,11 @@ class Restorer:
         cache = build_cache(self.model, self.layout, kv, states.get(plan.restored))
         stats.inject_s += time.perf_counter() - t
         cold_known, cold_states = self._known(planned, plan, state)
-        return RestoredCache(cache, plan, states, cold_known, cold_states)
+        entry = planned.entry
+        meta = None
+        if entry is not None and plan.hot_tokens and entry.payload.meta is not None:
+            meta = entry.payload.meta[: full_blocks(plan.hot_tokens, self.block_size)]
+        return RestoredCache(cache, plan, states, cold_known, cold_states, meta)
 
     def _fetch_kv(
         self, tier: ColdTier[torch.Tensor], planned: Planned, stats: GenerationStats

@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 
-from tierkv.codec import CODECS
 from tierkv.connectors.hf.blocks import ModelBlocks
 from tierkv.connectors.hf.hot import HotTier, TokenArray, as_tokens
 from tierkv.connectors.hf.layout import (
@@ -47,17 +46,19 @@ from tierkv.connectors.hf.layout import (
     probe_layout,
     snapshot_states,
 )
-from tierkv.connectors.hf.payload import HotPayload
+from tierkv.connectors.hf.payload import HotPayload, merge_meta
 from tierkv.connectors.hf.planner import RestorePlanner
 from tierkv.connectors.hf.restorer import RestoredCache, Restorer
 from tierkv.connectors.hf.snapshots import Snapshotter
 from tierkv.connectors.hf.stats import GenerationStats, StepObserver
 from tierkv.connectors.hf.streams import Streams, weights_fingerprint
 from tierkv.connectors.hf.text import decode, encode_with_offsets, tokenized_generation
-from tierkv.connectors.hf.textmatch import DEFAULT_MIN_FRACTION, TextIndex, plan_from_index
+from tierkv.connectors.hf.textmatch import TextIndex, plan_from_index
 from tierkv.connectors.hf.writer import EvictWriter
 from tierkv.errors import ConfigError
-from tierkv.tiering import ColdTier, Storage, at_least, one_of
+from tierkv.retention import BlockMeta, Chunk, Layout, Retention, as_chunks, tag_blocks, with_generation
+from tierkv.tiering import ColdTier, Storage, full_blocks
+from tierkv.tiering.checks import SessionSettings
 from tierkv.tiering.tensors import TorchArrays
 
 logger = logging.getLogger(__name__)
@@ -70,10 +71,11 @@ class TieredSession:
     """Greedy (or any ``generate``) decoding with KV reuse from a hot tier and vaults.
 
     ``cluster`` is the vaults as a :class:`~tierkv.tiering.Storage` (``open_cluster(config)``), or
-    ``None``: hot tier only. ``codec`` is the KV codec (``"raw"`` or ``"int8"``); recurrent states are
-    always stored raw. ``hot_bytes`` bounds the in-process tier; ``state_stride_blocks`` sets how often
-    a hybrid model's recurrent state is snapshotted during prefill (every that many blocks, plus the
-    last block boundary of the prompt); ``max_inflight_stores`` bounds background store work.
+    ``None``: hot tier only. The other keyword arguments are the fields of
+    :class:`~tierkv.tiering.checks.SessionSettings` (``codec``, ``block_size``, ``hot_bytes``,
+    ``state_stride_blocks``, ``max_inflight_stores``, ``put_batch_bytes``, ``min_text_fraction``,
+    ``model_id``, ``tenant``), with its defaults and bounds; a bad one is a ConfigError. ``retention``
+    is the class table a prompt layout is tagged by (default: :class:`~tierkv.retention.Retention`'s).
     """
 
     def __init__(
@@ -81,28 +83,19 @@ class TieredSession:
         model: Any,
         cluster: Storage | None = None,
         *,
-        codec: str = "raw",
-        block_size: int = 16,
-        hot_bytes: int = 1 << 30,
-        state_stride_blocks: int = 8,
-        max_inflight_stores: int = 4,
-        put_batch_bytes: int = 16 << 20,
-        min_text_fraction: float = DEFAULT_MIN_FRACTION,
-        model_id: str | None = None,
-        tenant: str = "",
+        retention: Retention | None = None,
+        **options: Any,
     ) -> None:
-        one_of("TieredSession", "codec", codec, CODECS)
-        at_least("TieredSession", "block_size", block_size, 1)
-        at_least("TieredSession", "state_stride_blocks", state_stride_blocks, 1)
-        if not 0.0 < min_text_fraction <= 1.0:
-            raise ConfigError("TieredSession", "min_text_fraction", "must be in (0, 1]")
+        settings = SessionSettings.from_options(options)
+        self.settings = settings
         self.model = model
         self.cluster = cluster
-        self.codec = codec
-        self.block_size = block_size
-        self.state_stride_blocks = state_stride_blocks
-        self.put_batch_bytes = put_batch_bytes
-        self.min_text_fraction = min_text_fraction
+        self.retention = retention or Retention()
+        self.codec = settings.codec
+        self.block_size = block_size = settings.block_size
+        self.state_stride_blocks = state_stride_blocks = settings.state_stride_blocks
+        self.put_batch_bytes = settings.put_batch_bytes
+        self.min_text_fraction = settings.min_text_fraction
         self.device = model_device(model)
         self.layout: CacheLayout = probe_layout(model)
         continuation = check_continuation(model, decode=self.layout.has_states)
@@ -115,12 +108,14 @@ class TieredSession:
                 continuation.decoded,
             )
         self.blocks = ModelBlocks(self.layout, block_size)
-        identity = model_id if model_id is not None else weights_fingerprint(model)
-        self.streams = Streams(model, self.blocks, codec, identity, tenant)
+        identity = settings.model_id if settings.model_id is not None else weights_fingerprint(model)
+        self.streams = Streams(model, self.blocks, settings.codec, identity, settings.tenant)
         self.namespace: bytes = self.streams.namespace.digest
-        tier = None if cluster is None else ColdTier(cluster, TorchArrays(), max_put_bytes=put_batch_bytes)
-        self.writer = EvictWriter(tier, self.streams, self.blocks, max_inflight_stores)
-        self.hot: HotTier[HotPayload] = HotTier(hot_bytes, on_evict=self.writer.on_evict)
+        tier = (
+            None if cluster is None else ColdTier(cluster, TorchArrays(), max_put_bytes=self.put_batch_bytes)
+        )
+        self.writer = EvictWriter(tier, self.streams, self.blocks, settings.max_inflight_stores)
+        self.hot: HotTier[HotPayload] = HotTier(settings.hot_bytes, on_evict=self.writer.on_evict)
         self.planner = RestorePlanner(
             self.blocks, self.streams, self.hot, tier, state_stride_blocks, self.device
         )
@@ -142,20 +137,43 @@ class TieredSession:
 
     # -------------------------------------------------------------------------------------- public
 
-    def generate(self, input_ids: Any, max_new_tokens: int = 32, **generate_kwargs: Any) -> torch.Tensor:
-        """Like ``model.generate`` for one sequence: returns prompt + new tokens, ``[1, len]``."""
+    def generate(
+        self,
+        input_ids: Any,
+        max_new_tokens: int = 32,
+        *,
+        layout: Layout | None = None,
+        **generate_kwargs: Any,
+    ) -> torch.Tensor:
+        """Like ``model.generate`` for one sequence: returns prompt + new tokens, ``[1, len]``.
+
+        ``layout`` describes the prompt as ordered chunks of token spans (``[{"tokens": [0, 512],
+        "source": "axioms", "priority": 5}, ...]`` or :class:`~tierkv.retention.Chunk` objects): the
+        blocks this sequence stores are tagged with them, a block spanning two chunks taking the more
+        protective, and the tokens generated past the prompt are tagged ``generation``. Without a layout
+        nothing is tagged. A malformed layout is a :class:`~tierkv.retention.LayoutError` before any work.
+        """
+        chunks = None if layout is None else as_chunks(layout)
         with self._lock:
-            return self._generate(input_ids, max_new_tokens, generate_kwargs)
+            return self._generate(input_ids, max_new_tokens, generate_kwargs, chunks)
 
     def generate_text(
-        self, text: str, tokenizer: Any, max_new_tokens: int = 32, **generate_kwargs: Any
+        self,
+        text: str,
+        tokenizer: Any,
+        max_new_tokens: int = 32,
+        *,
+        layout: Layout | None = None,
+        **generate_kwargs: Any,
     ) -> str:
         """Generate from a whole-conversation text, reusing stored prefixes by characters.
 
         The text is compared with recently served texts (EXACT / EXTEND / DIVERGE, see
         :mod:`tierkv.connectors.hf.textmatch`); stored tokens inside the matching characters are reused
         verbatim and only the rest is tokenized (no special tokens are added: a chat template
-        renders them as text). Returns the completion text.
+        renders them as text). Returns the completion text. ``layout`` is as for :meth:`generate`, and
+        its chunks may also be character spans of ``text`` (``{"chars": [0, 2048], ...}``), mapped to
+        the tokens through the tokenizer's offsets.
         """
         with self._lock:
             tplan = plan_from_index(
@@ -167,7 +185,10 @@ class TieredSession:
             ids = list(tplan.tokenized.ids)
             if not ids:
                 raise ConfigError("TieredSession", "text", "the text tokenizes to no tokens")
-            out = self._generate(torch.tensor([ids], dtype=torch.long), max_new_tokens, generate_kwargs)
+            offsets = list(zip(tplan.tokenized.starts, tplan.tokenized.ends, strict=True))
+            chunks = None if layout is None else as_chunks(layout, offsets)
+            prompt = torch.tensor([ids], dtype=torch.long)
+            out = self._generate(prompt, max_new_tokens, generate_kwargs, chunks)
             generated = out[0, len(ids) :].tolist()
             self.text_index.add(tplan.tokenized)
             self.text_index.add(tplan.tokenized.concat(tokenized_generation(tokenizer, generated)))
@@ -223,7 +244,9 @@ class TieredSession:
             raise ConfigError("TieredSession", "input_ids", "the prompt is empty")
         return ids.to(self.device)
 
-    def _generate(self, input_ids: Any, max_new_tokens: int, kwargs: dict[str, Any]) -> torch.Tensor:
+    def _generate(
+        self, input_ids: Any, max_new_tokens: int, kwargs: dict[str, Any], chunks: list[Chunk] | None = None
+    ) -> torch.Tensor:
         start = time.perf_counter()
         ids = self._prompt(input_ids)
         mask = kwargs.pop("attention_mask", None)
@@ -257,17 +280,30 @@ class TieredSession:
         stats.generated_tokens = int(sequences.shape[1] - ids.shape[1])
         stats.ttft_s = (timer.first_at or end) - start
         stats.total_s = end - start
-        self._keep(sequences[0], cache, restored)
+        meta = None if chunks is None else self._tags(chunks, len(tokens), int(sequences.shape[1]))
+        self._keep(sequences[0], cache, restored, meta)
         self.last_stats = stats
         return sequences
 
-    def _keep(self, sequence: torch.Tensor, cache: Any, restored: RestoredCache) -> None:
+    def _tags(self, chunks: list[Chunk], prompt_tokens: int, total_tokens: int) -> list[BlockMeta]:
+        """Each full block's metadata: the layout's chunks, and ``generation`` after the prompt."""
+        bs = self.block_size
+        tagged = with_generation(chunks, prompt_tokens, total_tokens)
+        return tag_blocks(tagged, full_blocks(total_tokens, bs), bs, self.retention)
+
+    def _keep(
+        self, sequence: torch.Tensor, cache: Any, restored: RestoredCache, meta: list[BlockMeta] | None
+    ) -> None:
         """Make the finished sequence's cache a hot entry (merging what superseded entries knew)."""
         kv = extract_kv(self.layout, cache)
         length = int(kv[0][0].shape[2]) if kv else int(sequence.shape[0]) - 1
         tokens = as_tokens(sequence[:length].cpu().numpy())
         payload = HotPayload(
-            kv=kv, states=restored.states, cold_blocks=restored.cold_blocks, cold_states=restored.cold_states
+            kv=kv,
+            states=restored.states,
+            cold_blocks=restored.cold_blocks,
+            cold_states=restored.cold_states,
+            meta=merge_meta(meta, restored.meta),
         )
         if self.layout.has_states and self.decode_snapshots:
             payload.states[length] = snapshot_states(self.layout, cache)

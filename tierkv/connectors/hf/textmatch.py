@@ -26,9 +26,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from tierkv.tiering.checks import SessionSettings
+
 logger = logging.getLogger(__name__)
 
-DEFAULT_MIN_FRACTION = 0.8
+DEFAULT_MIN_FRACTION = SessionSettings().min_text_fraction
+"""``TieredSession``'s default ``min_text_fraction``, written once in its settings schema."""
 
 
 class MatchKind(enum.Enum):

@@ -3,13 +3,16 @@
 The hot tier calls :meth:`EvictWriter.on_evict` on the serving thread; the store itself runs on a
 :class:`~tierkv.tiering.BoundedWorker` (one thread, bounded in-flight entries, back-pressure beyond
 that). Only what the vaults lack is shipped: blocks past the entry's ``cold_blocks`` and snapshots at
-block boundaries not in ``cold_states``.
+block boundaries not in ``cold_states``. An entry whose request came with a layout ships each block
+with its retention metadata (parent = the block before it in its chain); a state snapshot takes the
+metadata of the block it ends.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Sequence
 
 import torch
 
@@ -17,6 +20,7 @@ from tierkv.connectors.hf.blocks import ModelBlocks
 from tierkv.connectors.hf.hot import HotEntry, TokenArray
 from tierkv.connectors.hf.payload import HotPayload
 from tierkv.connectors.hf.streams import Streams
+from tierkv.retention import UNTAGGED, BlockMeta, keyed
 from tierkv.tiering import BoundedWorker, ColdTier, StoreTally, full_blocks
 
 
@@ -70,7 +74,7 @@ class EvictWriter:
             blocks = (
                 (keys[i], self.blocks.kv_block(kv, i), bs) for i in range(payload.cold_blocks, n_blocks)
             )
-            self._count(tier.store(self.streams.kv, blocks))
+            self._count(tier.store(self.streams.kv, blocks, _tags(payload.meta, keys)))
         positions = sorted(
             p
             for p in payload.states
@@ -82,11 +86,19 @@ class EvictWriter:
         arrays = {p: self.blocks.state_arrays(payload.states[p]) for p in positions}
         for group in self.streams.state_groups:
             states = ((group_keys[group][p // bs - 1], arrays[p][group], p) for p in positions)
-            self._count(tier.store(self.streams.state.sibling(group), states))
+            tags = _tags(payload.meta, group_keys[group])
+            self._count(tier.store(self.streams.state.sibling(group), states, tags))
 
     def _count(self, tally: StoreTally) -> None:
         with self._lock:
             self.tally.add(tally)
+
+
+def _tags(meta: list[BlockMeta] | None, keys: Sequence[bytes]) -> dict[bytes, BlockMeta] | None:
+    """Block ``i`` of the chain ``keys`` with ``meta[i]`` (untagged past its end); None without a layout."""
+    if meta is None:
+        return None
+    return keyed([*meta[: len(keys)], *[UNTAGGED] * (len(keys) - len(meta))], keys)
 
 
 __all__ = ["EvictWriter"]
