@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import itertools
 import json
 import string
@@ -27,13 +26,12 @@ from tierkv.bench.trace.replay import (
     PROTECTED,
     PolicyRun,
     ReplaySettings,
-    check_policy_support,
+    Tally,
+    Workload,
     prepare,
     replay_one,
 )
-from tierkv.bench.trace.report import write_chart
-from tierkv.client.cluster import Cluster
-from tierkv.errors import BenchError
+from tierkv.bench.trace.report import targets, write_chart
 
 TINY = TraceSpec(seed=3, tenants=2, agents=1, sessions=2, turns=3, doc_tokens=(256, 512))
 
@@ -224,18 +222,13 @@ def test_priority_lru_keeps_the_system_prompt_that_lru_lets_a_long_document_push
     assert results["priority-lru"].tally("axioms").possible == 2
 
 
-def test_context_policy_needs_metadata_on_puts(tmp_path: Path) -> None:
-    if "meta" not in inspect.signature(Cluster.put).parameters:
-        with pytest.raises(BenchError, match=r"Cluster\.put takes no meta="):
-            check_policy_support(["lru", "context"])
-        return
-    check_policy_support(["context"])
+def test_context_policy_keeps_the_system_prompt_from_its_metadata(tmp_path: Path) -> None:
     sys_prompt = ("agent/axioms", 33, "axioms")
-    trace = Trace(
-        (_request("t0", sys_prompt), _request("t0", ("paste", 97, "generation")), _request("t0", sys_prompt))
-    )
-    run, _ = _replay(trace, "context", 0.6, tmp_path)
-    assert run.tally("axioms").hits == 2
+    doc = _request("t0", ("paste", 16 * 6 + 1, "generation"))
+    trace = Trace((_request("t0", sys_prompt), doc, _request("t0", sys_prompt)))
+    run, work = _replay(trace, "context", 0.6, tmp_path, protected_cap=0.5)
+    assert work.protected_bytes <= 0.5 * run.capacity_bytes
+    assert run.tally("axioms").hits == 2 == run.tally(PROTECTED).possible
 
 
 # -- the command ---------------------------------------------------------------------------------------
@@ -302,3 +295,37 @@ def test_chart_is_skipped_with_a_note_without_matplotlib(
     note = write_chart([run], work, tmp_path / "c.png", "t")
     assert note is not None and "pip install 'tierkv[bench]'" in note
     assert not (tmp_path / "c.png").exists()
+
+
+def _run(policy: str, hit_tokens: int, important: Tally, protected: Tally) -> PolicyRun:
+    return PolicyRun(
+        policy=policy,
+        fraction=0.3,
+        capacity_bytes=1000,
+        tallies={IMPORTANT_GROUP: important, PROTECTED: protected},
+        prompt_tokens=100,
+        hit_tokens=hit_tokens,
+        bytes_written=0,
+        evictions=0,
+        evicted_bytes=0,
+        stored_keys=0,
+        seconds=0.0,
+        prefill_s_saved=0.0,
+    )
+
+
+def test_targets_judge_against_lru_at_equal_capacity() -> None:
+    work = Workload([], 16, 100, distinct=50, protected_distinct=4, prompt_tokens=100)  # protected: 400 bytes
+    lru = _run("lru", 50, Tally(100, 40, 90), Tally(10, 5, 10))
+    good = _run("context", 48, Tally(100, 60, 90), Tally(10, 10, 10))
+    bad = _run("context", 47, Tally(100, 59, 90), Tally(10, 9, 10))
+    status = {t.name: t.status for t in targets([lru, good], work, 0.5)}
+    assert status == {"protected": "PASS", "important": "PASS", "overall": "PASS"}
+    status = {t.name: t.status for t in targets([lru, bad], work, 0.5)}
+    assert status == {"protected": "MISS", "important": "MISS", "overall": "MISS"}
+    status = {t.name: t.status for t in targets([lru, good], work, 0.3)}  # 400 bytes > 0.3 × 1000
+    assert status["protected"] == "n/a"
+    near_ceiling = _run("lru", 50, Tally(100, 80, 90), Tally(10, 10, 10))  # 1.5 × 80% > the 90% ceiling
+    found = targets([near_ceiling, good], work, 0.5)
+    assert [t.status for t in found if t.name == "important"] == ["n/a"]
+    assert targets([good], work, 0.5) == []  # no lru at that capacity: nothing to judge against

@@ -394,8 +394,8 @@ def trace(
     write_trace: Annotated[str | None, typer.Option(help="Save the trace replayed as JSONL.")] = None,
     tenants: Annotated[int, typer.Option(help="Generated: tenants (each its own namespace).")] = 2,
     agents: Annotated[int, typer.Option(help="Generated: agents per tenant.")] = 2,
-    sessions: Annotated[int, typer.Option(help="Generated: sessions per agent.")] = 3,
-    turns: Annotated[int, typer.Option(help="Generated: most requests per session.")] = 5,
+    sessions: Annotated[int, typer.Option(help="Generated: sessions per agent.")] = 8,
+    turns: Annotated[int, typer.Option(help="Generated: most requests per session.")] = 6,
     policies: Annotated[str, typer.Option(help="Eviction policies to compare.")] = "lru,priority-lru,context",
     capacities: Annotated[
         str, typer.Option(help="Vault budgets as fractions of the trace's working set.")

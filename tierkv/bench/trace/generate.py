@@ -48,8 +48,8 @@ class TraceSpec:
     seed: int = 0
     tenants: int = 2
     agents: int = 2
-    sessions: int = 3
-    turns: int = 5
+    sessions: int = 8
+    turns: int = 6
     concurrency: int = 4
     axioms_tokens: Span = (128, 1024)
     identity_tokens: Span = (128, 1024)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import logging
 import shutil
 import tempfile
@@ -241,15 +240,6 @@ class PolicyRun:
         return doc
 
 
-def check_policy_support(policies: Sequence[str]) -> None:
-    """The ``context`` policy needs block metadata on puts (``Cluster.put(..., meta=...)``)."""
-    if "context" in policies and "meta" not in inspect.signature(Cluster.put).parameters:
-        raise BenchError(
-            "policy 'context' needs block metadata on puts, and this tierkv's Cluster.put takes no meta= "
-            "yet: measure --policies lru,priority-lru for now"
-        )
-
-
 @contextlib.contextmanager
 def policy_vault(
     base: Path, policy: str, capacity: int, sync: str, protected_cap: float = 0.5
@@ -323,11 +313,8 @@ class Replayer:
         meta = {r.keys[i]: r.metas[i] for i in idx} if self.policy == "context" else None
         for batch in _batches(keys, self.per_batch):
             items = {k: self.blobs(k) for k in batch}
-            if meta is None:
-                self.cluster.put(r.namespace, items, priority=priority)
-            else:
-                extra: dict[str, Any] = {"meta": {k: meta[k] for k in batch}}
-                self.cluster.put(r.namespace, items, priority=priority, **extra)
+            metas = None if meta is None else {k: meta[k] for k in batch}
+            self.cluster.put(r.namespace, items, priority=priority, meta=metas)
 
 
 def _vault_counters(cluster: Cluster) -> dict[str, int]:
@@ -422,7 +409,6 @@ __all__ = [
     "Workload",
     "as_mapping",
     "check_capacities",
-    "check_policy_support",
     "count",
     "policy_vault",
     "prepare",

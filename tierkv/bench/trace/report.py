@@ -6,8 +6,9 @@ being ``context``):
 - **protected**: blocks of protected classes hit every time an unbounded vault would have hit them,
   while the protected working set fits the cap (``--protected-cap`` × capacity); past the cap the target
   does not apply and says so;
-- **important**: at least 1.5× ``lru``'s block hit rate on blocks of importance ≥ 0.7 (or the ceiling,
-  an unbounded vault's hit rate, where 1.5× ``lru``'s is above it: nothing can do better);
+- **important**: at least 1.5× ``lru``'s block hit rate on blocks of importance ≥ 0.7; where 1.5× ``lru``'s
+  is above what an unbounded vault hits (``lru`` already keeps nearly all of them) no policy can reach it
+  and the target does not apply;
 - **overall**: a token hit rate no more than 5 % (relative) below ``lru``'s.
 """
 
@@ -68,17 +69,18 @@ def _protected(run: PolicyRun, work: Workload, cap: float) -> Target:
 
 
 def _important(run: PolicyRun, base: PolicyRun) -> Target:
-    """≥ 1.5× lru's hit rate, or the ceiling where 1.5× lru's is more than an unbounded vault hits."""
+    """≥ 1.5× lru's hit rate; n/a where that is more than an unbounded vault hits (nothing can reach it)."""
     t = run.tally(IMPORTANT_GROUP)
     mine, theirs, ceiling = t.hit_rate, base.tally(IMPORTANT_GROUP).hit_rate, t.ceiling_rate
     if mine is None or theirs is None or ceiling is None:
         return Target("important", run.policy, run.fraction, "n/a", "no block of importance ≥ 0.7")
     factor = mine / theirs if theirs else (float("inf") if mine else 0.0)
-    goal = min(IMPORTANT_FACTOR * theirs, ceiling)
-    status = "PASS" if mine >= goal and mine > 0 else "MISS"
-    capped = f"; capped at the ceiling {_pct(ceiling)}" if goal < IMPORTANT_FACTOR * theirs else ""
-    detail = f"{_pct(mine)} vs lru {_pct(theirs)} = {factor:.2f}× (target ≥ {IMPORTANT_FACTOR}×{capped})"
-    return Target("important", run.policy, run.fraction, status, detail)
+    detail = f"{_pct(mine)} vs lru {_pct(theirs)} = {factor:.2f}×"
+    if IMPORTANT_FACTOR * theirs > ceiling:
+        detail += f" ({IMPORTANT_FACTOR}× lru's is above the {_pct(ceiling)} an unbounded vault hits)"
+        return Target("important", run.policy, run.fraction, "n/a", detail)
+    status = "PASS" if factor >= IMPORTANT_FACTOR - 1e-9 else "MISS"  # 0.6 / 0.4 is 1.4999…
+    return Target("important", run.policy, run.fraction, status, f"{detail} (target ≥ {IMPORTANT_FACTOR}×)")
 
 
 def _overall(run: PolicyRun, base: PolicyRun) -> Target:

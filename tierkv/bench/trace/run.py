@@ -19,7 +19,6 @@ from tierkv.bench.trace.replay import (
     ReplaySettings,
     Workload,
     check_capacities,
-    check_policy_support,
     prepare,
     replay_one,
     runs_of,
@@ -126,7 +125,6 @@ def _replay_all(work: Workload, settings: TraceSettings, result: TraceResult, co
 
 def run_trace(settings: TraceSettings, console: Console) -> TraceResult:
     """The whole bench; setting errors raise :class:`BenchError` before any vault starts."""
-    check_policy_support(settings.replay.policies)
     meta = RunMeta("trace", {"replay": dataclasses.asdict(settings.replay)})
     result = TraceResult(meta, settings=settings)
     trace = load_trace(settings)
