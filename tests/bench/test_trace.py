@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import itertools
 import json
 import string
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
 from tests.bench.test_synthetic import bench
 from tierkv.bench.common import Deadline
@@ -24,7 +26,9 @@ from tierkv.bench.trace.replay import (
     ALL,
     IMPORTANT_GROUP,
     PROTECTED,
+    Blobs,
     PolicyRun,
+    Replayer,
     ReplaySettings,
     Tally,
     Workload,
@@ -32,6 +36,9 @@ from tierkv.bench.trace.replay import (
     replay_one,
 )
 from tierkv.bench.trace.report import targets, write_chart
+from tierkv.bench.trace.run import TraceSettings, run_trace
+from tierkv.client.cluster import Cluster
+from tierkv.errors import BenchError
 
 TINY = TraceSpec(seed=3, tenants=2, agents=1, sessions=2, turns=3, doc_tokens=(256, 512))
 
@@ -205,7 +212,7 @@ def test_second_identical_request_hits_every_full_block_but_the_last(tmp_path: P
     assert run.tally("axioms").hits == 2 + 2 and run.tally("user_turn").hits == 1
     assert run.tally(PROTECTED).hits == 4 and run.tally(IMPORTANT_GROUP).blocks == 8
     assert run.hit_tokens == 5 * 16 and run.prompt_tokens == 48 * 3 + 68
-    assert run.evictions == 0 and run.stored_keys == 7
+    assert run.evictions == 0 and run.stored_keys == 7 and run.unacked == 0
     assert run.bytes_written >= 7 * BLOB
 
 
@@ -309,6 +316,7 @@ def _run(policy: str, hit_tokens: int, important: Tally, protected: Tally) -> Po
         evictions=0,
         evicted_bytes=0,
         stored_keys=0,
+        unacked=0,
         seconds=0.0,
         prefill_s_saved=0.0,
     )
@@ -329,3 +337,34 @@ def test_targets_judge_against_lru_at_equal_capacity() -> None:
     found = targets([near_ceiling, good], work, 0.5)
     assert [t.status for t in found if t.name == "important"] == ["n/a"]
     assert targets([good], work, 0.5) == []  # no lru at that capacity: nothing to judge against
+
+
+def test_a_run_out_of_time_says_so_and_fails(tmp_path: Path) -> None:
+    s = TraceSettings(
+        spec=TraceSpec(seed=1, tenants=1, agents=1, sessions=1, turns=1),
+        replay=ReplaySettings(policies=("lru",), capacities=(1.0,), blob_bytes=BLOB, max_seconds=1e-9),
+    )
+    result = run_trace(s, Console(file=io.StringIO()))
+    assert result.truncated and not result.runs and not result.ok
+    assert "stopped at --max-seconds" in result.errors[0] and "skipped lru@100%" in result.warnings[0]
+
+
+def test_a_budget_too_small_for_the_blocks_is_refused_before_any_vault_starts() -> None:
+    s = TraceSettings(
+        spec=TraceSpec(seed=1, tenants=1, agents=1, sessions=1, turns=1),
+        replay=ReplaySettings(policies=("lru",), capacities=(0.5, 0.0001), blob_bytes=BLOB),
+    )
+    with pytest.raises(
+        BenchError, match=r"capacity 0% of the [0-9,]+-byte working set is under [0-9,]+ bytes"
+    ):
+        run_trace(s, Console(file=io.StringIO()))
+
+
+def test_puts_no_vault_acknowledged_are_counted() -> None:
+    """A vault that is gone makes every lookup a miss; the replay counts the lost puts, never hides them."""
+    s = ReplaySettings(policies=("lru",), blob_bytes=4096)
+    work = prepare(Trace((_request("t0", ("x", 40, "axioms")),)), s)
+    with Cluster({"kv_cold": ["127.0.0.1:1"]}, timeout=2.0) as dead:
+        replayer = Replayer(dead, "lru", Blobs(4096), per_batch=8)
+        assert replayer.request(work.requests[0]) == 0
+    assert replayer.unacked == 2

@@ -13,7 +13,8 @@ Every (capacity, policy) pair gets a fresh vault on loopback whose budget is tha
 working set (its distinct blocks, charged as the vault charges them: blob + namespace + key). Blobs are
 synthetic: one random buffer of the model's KV bytes per block with the key written over its first bytes,
 so every stored blob is distinct and nothing is spent generating data. All blobs have one size, so the
-hit rates depend on the capacity fraction only, and ``--blob-bytes`` can shrink a quick run.
+hit rates depend on the capacity fraction only, and ``--blob-bytes`` can shrink a quick run. Time is not
+simulated: a replay takes seconds, so no durability class's time to live runs out during one.
 
 Hits are also counted against the *ceiling*: the blocks an unbounded vault would have (those seen earlier
 in the trace; with chained keys they always form a prefix). A first-seen block can never hit, whatever the
@@ -223,6 +224,7 @@ class PolicyRun:
     evictions: int
     evicted_bytes: int
     stored_keys: int
+    unacked: int
     seconds: float
     prefill_s_saved: float
 
@@ -294,6 +296,8 @@ class Replayer:
 
     def __init__(self, cluster: Cluster, policy: str, blobs: Blobs, per_batch: int) -> None:
         self.cluster, self.policy, self.blobs, self.per_batch = cluster, policy, blobs, per_batch
+        self.unacked = 0
+        """Blocks no vault acknowledged (a failed put is a miss later, and must not pass unnoticed)."""
 
     def request(self, r: Prepared) -> int:
         """Look the request up, store what it missed; returns the number of leading blocks that hit."""
@@ -314,7 +318,7 @@ class Replayer:
         for batch in _batches(keys, self.per_batch):
             items = {k: self.blobs(k) for k in batch}
             metas = None if meta is None else {k: meta[k] for k in batch}
-            self.cluster.put(r.namespace, items, priority=priority, meta=metas)
+            self.unacked += len(items) - self.cluster.put(r.namespace, items, priority=priority, meta=metas)
 
 
 def _vault_counters(cluster: Cluster) -> dict[str, int]:
@@ -359,18 +363,21 @@ def replay_one(
         evictions=counters["evictions"],
         evicted_bytes=counters["evictions"] * work.charge,
         stored_keys=counters["keys"],
+        unacked=replayer.unacked,
         seconds=time.perf_counter() - t0,
         prefill_s_saved=hit_tokens / settings.prefill_tps,
     )
 
 
 def check_capacities(work: Workload, settings: ReplaySettings) -> None:
-    small = [c for c in settings.capacities if work.working_set_bytes * c < MIN_VAULT_BYTES]
+    """Every budget must be one a vault accepts (1 MiB or more) and hold at least a few blocks."""
+    floor = max(MIN_VAULT_BYTES, 4 * work.charge)
+    small = [c for c in settings.capacities if work.working_set_bytes * c < floor]
     if small:
         raise BenchError(
             f"capacity {', '.join(f'{c:.0%}' for c in small)} of the {work.working_set_bytes:,}-byte "
-            f"working set is under the smallest vault budget ({MIN_VAULT_BYTES:,} bytes): use a larger "
-            "trace, larger blobs (--blob-bytes) or larger --capacities"
+            f"working set is under {floor:,} bytes (the smallest vault budget, and room for 4 blocks): use "
+            "a larger trace, other blobs (--blob-bytes) or larger --capacities"
         )
 
 

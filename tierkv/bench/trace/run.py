@@ -120,6 +120,12 @@ def _replay_all(work: Workload, settings: TraceSettings, result: TraceResult, co
                 result.warnings.append(f"{deadline.note()}: skipped {', '.join(skipped)}")
                 break
             result.runs.append(run)
+            if run.unacked:
+                result.errors.append(
+                    f"{policy} @ {fraction:.0%}: the vault acknowledged no put of {run.unacked:,} blocks"
+                )
+    if not result.runs:
+        result.errors.append(f"{deadline.note()} before the first replay finished")
     result.finish(deadline)
 
 
