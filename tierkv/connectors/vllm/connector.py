@@ -13,7 +13,8 @@ default ("fail") such a request ends with an error instead. Either way a failed 
 
 vLLM builds two instances: the SCHEDULER one decides (:mod:`.scheduler`), each WORKER one moves bytes
 (:mod:`.worker`); they share nothing but the :class:`TierKVMetadata` vLLM passes from one to the other
-every step.
+every step. A request's prompt layout (``kv_transfer_params`` or a ``kv_hints`` action, see
+:mod:`.hints`) rides in the store jobs as block metadata.
 """
 
 from __future__ import annotations

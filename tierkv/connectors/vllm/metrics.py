@@ -37,6 +37,8 @@ _HELP = {
     "store_failures": "Blobs the vaults did not acknowledge",
     "stores_dropped": "Store jobs dropped because the bounded store queue was full",
     "snapshot_blocks": "Recurrent-state snapshots taken at block boundaries",
+    "layouts": "Requests whose prompt layout tags the blocks they store",
+    "layouts_rejected": "Malformed prompt layouts ignored (the request was served and stored untagged)",
 }
 
 

@@ -14,10 +14,11 @@ Nothing here imports vLLM or torch, so every rule is unit-tested in the main env
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tierkv.codec import LayerGroup
+from tierkv.retention import BlockMeta
 from tierkv.tiering.positions import restore_limit
 
 logger = logging.getLogger(__name__)
@@ -194,12 +195,14 @@ class StoreJob:
 
     ``req_id`` is set for a finished request whose blocks vLLM keeps until the worker reports it done
     (``snapshot`` False); state snapshots offered mid-flight are copied within the step (``snapshot``
-    True) because vLLM does not keep those blocks for us.
+    True) because vLLM does not keep those blocks for us. ``meta`` is the retention metadata of the
+    blocks by key when the request came with a prompt layout (None: stored untagged).
     """
 
     req_id: str
     refs: tuple[BlockRef, ...]
     snapshot: bool = False
+    meta: Mapping[bytes, BlockMeta] | None = field(default=None, compare=False)
 
 
 @dataclass

@@ -8,6 +8,9 @@ Prefix lookups run on a small thread pool: the first ``get_num_new_matched_token
 one and answers ``None`` ("ask again"); later calls answer from the finished lookup. Each lookup is one
 ``prefix_lookup`` per stored stream (and TP/PP rank) plus, for hybrid models, a few single-key probes for
 the recurrent state at the hit's last block. A vault that is down answers "nothing" within its deadline.
+
+A request's prompt layout (:mod:`tierkv.connectors.vllm.hints`) is read once, when the request arrives,
+and turned into block metadata (parents = the request's chain of keys) in each of its store jobs.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from tierkv.connectors.vllm.hints import RequestLayouts
 from tierkv.connectors.vllm.plan import (
     KV,
     BlockRef,
@@ -35,6 +39,7 @@ from tierkv.connectors.vllm.plan import (
     state_candidates,
 )
 from tierkv.connectors.vllm.stats import Counters
+from tierkv.retention import BlockMeta, Chunk, Retention
 from tierkv.tiering import LazyStorage, Storage
 
 logger = logging.getLogger(__name__)
@@ -67,6 +72,7 @@ class SchedulerSide:
         max_state_probes: int = 4,
         lookup_threads: int = 2,
         counters: Counters | None = None,
+        retention: Retention | None = None,
     ) -> None:
         self.topology = topology
         self.namespaces = {s: tuple(ns) for s, ns in namespaces.items()}
@@ -78,10 +84,12 @@ class SchedulerSide:
         self._forget = forget
         self.max_state_probes = max_state_probes
         self.counters = counters or Counters()
+        self.layouts = RequestLayouts(self.counters, retention)
         self._storage = LazyStorage(storage_factory)
         self._pool = ThreadPoolExecutor(lookup_threads, thread_name_prefix="tierkv-lookup")
         self._lookups: dict[str, _Lookup] = {}
         self._requests: dict[str, Any] = {}
+        self._chunks: dict[str, list[Chunk] | None] = {}
         self._jobs = StepJobs()
         self._sending: set[str] = set()
         self._loading: set[str] = set()
@@ -94,8 +102,20 @@ class SchedulerSide:
     # -- restore -----------------------------------------------------------------------------------
 
     def track(self, request: Any) -> None:
-        """Remember a new request (recurrent-state snapshots are offered by request id)."""
+        """Remember a new request (recurrent-state snapshots are offered by request id) and its layout."""
         self._requests[request.request_id] = request
+        self._chunks[request.request_id] = self.layouts.chunks(request)
+
+    def _meta(
+        self, request: Any, keys: Sequence[bytes], refs: Sequence[BlockRef]
+    ) -> dict[bytes, BlockMeta] | None:
+        """The metadata of the blocks ``refs`` store, when the request came with a layout."""
+        rid = request.request_id
+        chunks = self._chunks[rid] if rid in self._chunks else self.layouts.chunks(request)
+        meta = self.layouts.block_meta(chunks, request, keys, self.topology.block_size)
+        if meta is None:
+            return None
+        return {r.key: meta[r.key] for r in refs if r.key in meta}
 
     def matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         """vLLM's ``get_num_new_matched_tokens``: tokens loadable past the local hit, and "async"."""
@@ -181,15 +201,18 @@ class SchedulerSide:
         self._requests.pop(request.request_id, None)
         self._lookups.pop(request.request_id, None)
         refs: list[BlockRef] = []
+        meta = None
         # A request aborted while its blocks were still loading holds nothing worth storing yet.
         if self.stores and request.request_id not in self._loading:
             keys = self.block_keys(request)
             refs = finished_refs(self.topology, keys, block_ids, request.num_computed_tokens)
+            meta = self._meta(request, keys, refs) if refs else None
+        self._chunks.pop(request.request_id, None)
         if self._forget is not None:
             self._forget(request.request_id)
         if not refs:
             return False
-        self._jobs.stores.append(StoreJob(request.request_id, tuple(refs)))
+        self._jobs.stores.append(StoreJob(request.request_id, tuple(refs), meta=meta))
         self._sending.add(request.request_id)
         return True
 
@@ -201,9 +224,11 @@ class SchedulerSide:
                 request = self._requests.get(req_id)
                 if request is None:
                     continue
-                refs = snapshot_refs(self.topology, self.block_keys(request), offers)
+                keys = self.block_keys(request)
+                refs = snapshot_refs(self.topology, keys, offers)
                 if refs:
-                    jobs.stores.append(StoreJob(req_id, tuple(refs), snapshot=True))
+                    meta = self._meta(request, keys, refs)
+                    jobs.stores.append(StoreJob(req_id, tuple(refs), snapshot=True, meta=meta))
         return jobs
 
     def transfers_done(self, sent: set[str], received: set[str]) -> None:

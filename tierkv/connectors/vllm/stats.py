@@ -25,6 +25,8 @@ COUNTERS: tuple[str, ...] = (
     "store_failures",
     "stores_dropped",
     "snapshot_blocks",
+    "layouts",
+    "layouts_rejected",
 )
 """Every counter the connector reports, in a fixed order.
 
@@ -34,7 +36,8 @@ fetch, checksum, header or decode failed and were handed back to vLLM for recomp
 ``store_requests``/``stored_blocks``/``stored_bytes``: blobs the vaults acknowledged;
 ``store_skipped_blocks``: blocks already in the vaults; ``store_failures``: blocks not acknowledged;
 ``stores_dropped``: store jobs refused because the bounded queue was full (back-pressure);
-``snapshot_blocks``: recurrent-state snapshots taken mid-request.
+``snapshot_blocks``: recurrent-state snapshots taken mid-request; ``layouts``: requests whose prompt layout
+tags their stored blocks, ``layouts_rejected``: malformed layouts ignored (scheduler).
 """
 
 

@@ -228,7 +228,7 @@ class WorkerSide:
                 present = self._tier.lookup(spec, [r.key for r in wanted])
                 skipped += present
                 chunks = self._gathered(view, wanted[present:])
-            tally.add(self._tier.store(spec, self._blocks(chunks)))
+            tally.add(self._tier.store(spec, self._blocks(chunks), job.meta))
         self.counters.add("stored_blocks", tally.stored)
         self.counters.add("stored_bytes", tally.stored_bytes)
         self.counters.add("store_skipped_blocks", skipped)
