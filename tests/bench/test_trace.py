@@ -213,6 +213,7 @@ def test_second_identical_request_hits_every_full_block_but_the_last(tmp_path: P
     assert run.tally(PROTECTED).hits == 4 and run.tally(IMPORTANT_GROUP).blocks == 8
     assert run.hit_tokens == 5 * 16 and run.prompt_tokens == 48 * 3 + 68
     assert run.evictions == 0 and run.stored_keys == 7 and run.unacked == 0
+    assert run.tally(ALL).stored == 3 + 1 + 1 + 3 and run.kept("axioms") is None  # lru sends no classes
     assert run.bytes_written >= 7 * BLOB
 
 
@@ -236,6 +237,8 @@ def test_context_policy_keeps_the_system_prompt_from_its_metadata(tmp_path: Path
     run, work = _replay(trace, "context", 0.6, tmp_path, protected_cap=0.5)
     assert work.protected_bytes <= 0.5 * run.capacity_bytes
     assert run.tally("axioms").hits == 2 == run.tally(PROTECTED).possible
+    assert run.kept("axioms") == 2 * BLOB and run.kept(PROTECTED) is None
+    assert run.as_dict()["groups"]["axioms"]["resident_bytes"] == 2 * BLOB
 
 
 # -- the command ---------------------------------------------------------------------------------------

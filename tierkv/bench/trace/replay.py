@@ -38,6 +38,7 @@ import numpy as np
 from tierkv.bench.common import Deadline
 from tierkv.bench.trace.model import Trace
 from tierkv.client.cluster import Cluster
+from tierkv.client.types import VaultStats
 from tierkv.errors import BenchError, VaultError
 from tierkv.keys import Namespace, block_keys
 from tierkv.retention import BlockMeta, tag_blocks, with_parents
@@ -112,11 +113,13 @@ class Prepared:
 
 @dataclasses.dataclass
 class Tally:
-    """Block lookups of one group: how many, how many hit, how many could have (the ceiling)."""
+    """Block lookups of one group: how many, how many hit, how many could have (the ceiling), and how
+    many were then put (every block from a request's first miss on)."""
 
     blocks: int = 0
     hits: int = 0
     possible: int = 0
+    stored: int = 0
 
     @property
     def hit_rate(self) -> float | None:
@@ -136,6 +139,7 @@ class Tally:
             "blocks": self.blocks,
             "hits": self.hits,
             "possible": self.possible,
+            "stored": self.stored,
             "hit_rate": self.hit_rate,
             "ceiling_rate": self.ceiling_rate,
             "of_possible": self.of_possible,
@@ -207,6 +211,7 @@ def count(requests: Sequence[Prepared], hits: Sequence[int]) -> dict[str, Tally]
                 t.blocks += 1
                 t.hits += i < hit
                 t.possible += i < request.ceiling
+                t.stored += i >= hit
     return tallies
 
 
@@ -227,6 +232,11 @@ class PolicyRun:
     unacked: int
     seconds: float
     prefill_s_saved: float
+    blob_bytes: int = 0
+    resident: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Bytes per source class the vault still holds at the end (known to it with the context policy)."""
+    expired: int = 0
+    protected_overflow: int = 0
 
     @property
     def token_hit_rate(self) -> float | None:
@@ -235,10 +245,24 @@ class PolicyRun:
     def tally(self, group: str) -> Tally:
         return self.tallies.get(group, Tally())
 
+    def kept(self, group: str) -> int | None:
+        """Blob bytes of a source class the vault holds at the end; None where it cannot know (no metadata
+        was sent, or ``group`` is not a class)."""
+        if not self.resident or group in (ALL, IMPORTANT_GROUP, PROTECTED):
+            return None
+        return self.resident.get(group, 0)
+
     def as_dict(self) -> dict[str, Any]:
         doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tallies"}
         doc["token_hit_rate"] = self.token_hit_rate
-        doc["groups"] = {name: t.as_dict() for name, t in sorted(self.tallies.items())}
+        doc["groups"] = {
+            name: {
+                **t.as_dict(),
+                "written_bytes": t.stored * self.blob_bytes,
+                "resident_bytes": self.kept(name),
+            }
+            for name, t in sorted(self.tallies.items())
+        }
         return doc
 
 
@@ -321,12 +345,22 @@ class Replayer:
             self.unacked += len(items) - self.cluster.put(r.namespace, items, priority=priority, meta=metas)
 
 
-def _vault_counters(cluster: Cluster) -> dict[str, int]:
+def _vault_stats(cluster: Cluster) -> VaultStats:
     for _, address, st in cluster.stats():
         if isinstance(st, VaultError):
             raise BenchError(f"vault {address} did not answer Stats: {st}")
-        return {"bytes_in": st.bytes_in, "evictions": st.evictions, "keys": st.keys}
+        return st
     raise BenchError("no vault to ask for Stats")
+
+
+def resident_by_class(st: VaultStats, blob_bytes: int) -> dict[str, int]:
+    """Blob bytes the vault still holds per source class (it knows them when metadata came with the
+    blocks); counted as entries × blob size, like the bytes written."""
+    found: dict[str, int] = {}
+    for c in st.classes:
+        name = c.source or UNTAGGED_CLASS
+        found[name] = found.get(name, 0) + c.keys * blob_bytes
+    return found
 
 
 def replay_one(
@@ -350,7 +384,7 @@ def replay_one(
                 return None
             hits.append(replayer.request(r))
             advance()
-        counters = _vault_counters(cluster)
+        st = _vault_stats(cluster)
     hit_tokens = sum(hits) * work.block_tokens
     return PolicyRun(
         policy=policy,
@@ -359,13 +393,17 @@ def replay_one(
         tallies=count(work.requests, hits),
         prompt_tokens=work.prompt_tokens,
         hit_tokens=hit_tokens,
-        bytes_written=counters["bytes_in"],
-        evictions=counters["evictions"],
-        evicted_bytes=counters["evictions"] * work.charge,
-        stored_keys=counters["keys"],
+        bytes_written=st.bytes_in,
+        evictions=st.evictions,
+        evicted_bytes=st.evictions * work.charge,
+        stored_keys=st.keys,
         unacked=replayer.unacked,
         seconds=time.perf_counter() - t0,
         prefill_s_saved=hit_tokens / settings.prefill_tps,
+        blob_bytes=settings.blob_bytes,
+        resident=resident_by_class(st, settings.blob_bytes) if policy == "context" else {},
+        expired=st.expired,
+        protected_overflow=st.protected_overflow,
     )
 
 

@@ -168,14 +168,29 @@ def render_runs(runs: Sequence[PolicyRun], console: Console) -> None:
     console.print(_table("hit rates per policy and capacity", columns, rows))
 
 
+def _written(run: PolicyRun, name: str) -> str:
+    text = human_bytes(run.tally(name).stored * run.blob_bytes)
+    kept = run.kept(name)
+    return text if kept is None else f"{text} ({human_bytes(kept)} kept)"
+
+
 def render_classes(runs: Sequence[PolicyRun], ceiling: Mapping[str, Tally], console: Console) -> None:
-    """One table per capacity: block hit rate per class and policy, beside an unbounded vault's."""
+    """One table per capacity: per class and policy the block hit rate (beside an unbounded vault's) and
+    the bytes put, with what the vault still holds at the end where it knows the classes."""
     names = sorted(n for n in ceiling if n != ALL)
     for fraction in sorted({r.fraction for r in runs}):
         here = [r for r in runs if r.fraction == fraction]
-        columns = ["class", "unbounded", *(r.policy for r in here)]
-        rows = [[n, _pct(ceiling[n].ceiling_rate), *(_pct(r.tally(n).hit_rate) for r in here)] for n in names]
-        console.print(_table(f"block hit rate per class at {fraction:.0%} capacity", columns, rows))
+        columns = ["class", "unbounded"]
+        columns += [f"{r.policy} {what}" for r in here for what in ("hit", "written")]
+        rows = [
+            [
+                n,
+                _pct(ceiling[n].ceiling_rate),
+                *(v for r in here for v in (_pct(r.tally(n).hit_rate), _written(r, n))),
+            ]
+            for n in names
+        ]
+        console.print(_table(f"per class at {fraction:.0%} capacity", columns, rows))
 
 
 def render_targets(found: Sequence[Target], console: Console) -> None:
