@@ -101,7 +101,8 @@ def _verdict(result: TraceResult) -> str:
     passed = sum(t.status == "PASS" for t in result.targets)
     missed = sum(t.status == "MISS" for t in result.targets)
     if not result.targets:
-        return f"replayed {len(result.runs)} runs; no policy besides lru to judge"
+        missing = "no lru run to judge against" if all(r.policy != "lru" for r in result.runs) else "only lru"
+        return f"replayed {len(result.runs)} runs; targets not judged ({missing})"
     return f"targets: {passed} PASS, {missed} MISS (of {len(result.targets)}, against lru at equal capacity)"
 
 
