@@ -29,6 +29,7 @@ from vllm.v1.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
 )
+from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
@@ -110,8 +111,16 @@ def make_scheduler(
 _ids = iter(range(10**6))
 
 
-def make_request(tokens: list[int], max_tokens: int = 2) -> Request:
+def make_request(
+    tokens: list[int],
+    max_tokens: int = 2,
+    *,
+    kv_transfer_params: dict[str, Any] | None = None,
+    kv_hints: KvHintsEnvelope | None = None,
+) -> Request:
     params = SamplingParams(max_tokens=max_tokens)
+    if kv_transfer_params is not None:
+        params.extra_args = {"kv_transfer_params": kv_transfer_params}  # what the OpenAI server does
     params.update_from_generation_config({}, EOS)
     return Request(
         request_id=f"r{next(_ids)}",
@@ -119,6 +128,7 @@ def make_request(tokens: list[int], max_tokens: int = 2) -> Request:
         sampling_params=params,
         pooling_params=None,
         block_hasher=get_request_block_hasher(BS, sha256),
+        kv_hints=kv_hints,
     )
 
 
@@ -342,3 +352,35 @@ def test_aligned_mamba_boundary_states_become_snapshot_stores(
     assert {g for g, _ in snapshots} == {1}
     keys = connector(s).keybook.keys(request)
     assert all(0 <= pos < len(keys) for _, pos in snapshots)
+
+
+def test_a_layout_in_kv_transfer_params_or_a_kv_hints_action_tags_the_store_job(
+    model_dir: Path, kv_vault: VaultProcess
+) -> None:
+    s = make_scheduler(model_dir, kv_vault.address, [attention(["l0"])])
+    layout = [{"tokens": [0, 40], "source": "axioms", "priority": 5}, {"tokens": [40, 96], "source": "tools"}]
+    hint = KvHintAction("a1", "tierkv.layout", "1", {"layout": layout})
+    by_params = make_request(tokens(4 * BS, seed=21), 1, kv_transfer_params={"tierkv": {"layout": layout}})
+    by_hints = make_request(tokens(4 * BS, seed=22), 1, kv_hints=KvHintsEnvelope("1", "m1", [hint]))
+    bad = make_request(tokens(4 * BS, seed=23), 1, kv_transfer_params={"tierkv": {"layout": [{"tokens": 3}]}})
+    plain = make_request(tokens(4 * BS, seed=24), 1)
+    requests = [by_params, by_hints, bad, plain]
+    for request in requests:
+        s.add_request(request)
+    stores: dict[str, StoreJob] = {}
+    deadline = time.monotonic() + 20
+    while len(stores) < len(requests):
+        assert time.monotonic() < deadline, f"stored only {sorted(stores)}"
+        finished = {r.request_id for r in requests if r.is_finished()}
+        stores.update({j.req_id: j for j in jobs(step(s, sending=finished & set(stores))).stores})
+        time.sleep(0.005)
+    for request in (by_params, by_hints):
+        meta = stores[request.request_id].meta
+        keys = connector(s).keybook.keys(request)
+        assert meta is not None and list(meta) == keys[:4], "every stored block, keyed by its chain key"
+        assert [m.source for m in meta.values()] == ["axioms", "axioms", "tools", ""]
+        assert [m.parent for m in meta.values()] == [b"", *keys[:3]]
+    assert stores[bad.request_id].meta is None and stores[plain.request_id].meta is None
+    assert len(stores[bad.request_id].refs) == 4, "a malformed layout is ignored, the request stored"
+    totals = connector(s).totals()
+    assert totals["layouts"] == 2 and totals["layouts_rejected"] == 1

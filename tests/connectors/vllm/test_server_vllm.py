@@ -22,7 +22,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm b
 
 from tests.conftest import VaultFactory
 from tests.connectors.vllm.engine import BLOCK_SIZE, MAX_MODEL_LEN, transfer_config, write_tiny_llama
+from tierkv.client.vault import VaultClient
+from tierkv.config import load_config
 from tierkv.connectors.vllm.smoke_test import run as smoke_test
+from tierkv.roles import Role
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -41,6 +44,14 @@ def post(url: str, body: dict[str, Any] | None = None) -> Any:
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=120) as reply:
         return json.loads(reply.read())
+
+
+def stored(base: str) -> None:
+    """Wait until every finished request's store is done (vLLM holds the blocks until then)."""
+    deadline = time.monotonic() + 60
+    while not post(f"{base}/reset_prefix_cache")["success"]:
+        assert time.monotonic() < deadline, "prefix cache never became resettable"
+        time.sleep(0.2)
 
 
 def metric(base: str, name: str) -> float:
@@ -123,13 +134,35 @@ def test_server_with_connector_passes_the_smoke_test_and_restores(server: tuple[
 
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0.0}
     first = post(f"{base}/v1/completions", body)["choices"][0]["text"]
-    deadline = time.monotonic() + 60
-    while not post(f"{base}/reset_prefix_cache")["success"]:  # blocks are held until their store is done
-        assert time.monotonic() < deadline, "prefix cache never became resettable"
-        time.sleep(0.2)
+    stored(base)
     assert metric(base, "stored_blocks") >= 9
 
     second = post(f"{base}/v1/completions", body)["choices"][0]["text"]
     assert second == first
     assert metric(base, "restored_blocks") >= 9
     assert metric(base, "load_errors") == 0
+
+
+def test_a_layout_sent_in_kv_transfer_params_tags_the_stored_blocks(server: tuple[str, Path]) -> None:
+    base, toml = server
+    layout = [
+        {"tokens": [0, 2 * BLOCK_SIZE + 5], "source": "axioms", "priority": 5},
+        {"tokens": [2 * BLOCK_SIZE + 5, 4 * BLOCK_SIZE], "source": "tools", "durability": "ephemeral"},
+    ]
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0.0}
+    tagged = post(f"{base}/v1/completions", {**body, "kv_transfer_params": {"tierkv": {"layout": layout}}})
+    malformed = {"tierkv": {"layout": [{"tokens": "all", "source": "axioms"}]}}
+    other = post(f"{base}/v1/completions", {**body, "prompt": "z " + PROMPT, "kv_transfer_params": malformed})
+    assert tagged["choices"][0]["finish_reason"] == other["choices"][0]["finish_reason"] == "length"
+    stored(base)
+    deadline = time.monotonic() + 30
+    while metric(base, "layouts_rejected") < 1 or metric(base, "layouts") < 1:
+        assert time.monotonic() < deadline, "the layout counters never arrived"
+        time.sleep(0.5)
+    assert metric(base, "layouts") == 1 and metric(base, "layouts_rejected") == 1
+
+    (address,) = load_config(str(toml)).cluster.addresses(Role.KV_COLD)
+    with VaultClient(address) as client:
+        classes = {c.source: c.keys for c in client.stats().classes}
+    # Block 2 straddles axioms and tools: it takes axioms. Both requests' other blocks are untagged.
+    assert classes["axioms"] == 3 and classes["tools"] == 1 and classes[""] >= 2 * 9 - 4
