@@ -21,8 +21,9 @@ from tierkv.extras import MissingExtra, require
 
 
 def tierkv(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """Run the command line; ``input`` is its stdin (None: no stdin at all)."""
     return subprocess.run(
         [sys.executable, "-m", "tierkv", *args],
         capture_output=True,
@@ -30,6 +31,8 @@ def tierkv(
         timeout=60,
         cwd=cwd,
         env={**os.environ, **(env or {})},
+        input=input,
+        stdin=subprocess.DEVNULL if input is None else None,
     )
 
 

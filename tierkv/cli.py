@@ -10,9 +10,10 @@ import enum
 import json
 import sys
 import time
+from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -36,6 +37,7 @@ from tierkv.logs import setup_logging
 from tierkv.roles import Role
 
 if TYPE_CHECKING:
+    from tierkv.admin import Answer, Target
     from tierkv.status import NodeStatus
 
 # plain help: flags without a value placeholder (``--json``, not ``--json <bool>``), defaults shown
@@ -212,6 +214,169 @@ def vault_backup(
     except TierKVError as exc:
         _fail(exc, code=getattr(exc, "exit_code", 2))
     out.print(f"backed up {result.source} ({format_size(result.before)}) to {result.target}")
+
+
+admin_app = typer.Typer(
+    help="Operator commands on running vaults (namespaces, inspect, flush) and on a store (backup, compact).",
+    **_APP_STYLE,  # type: ignore[arg-type]
+)
+app.add_typer(admin_app, name="admin")
+
+VaultOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--vault",
+        metavar="HOST:PORT",
+        help="Ask this vault (repeatable; default: every vault in tierkv.toml).",
+    ),
+]
+TenantOpt = Annotated[
+    str, typer.Option(help="Act in this tenant's namespaces (admin tokens only; default: the token's own).")
+]
+AdminTimeout = Annotated[
+    float, typer.Option(help="Per-vault deadline in seconds (listing reads the whole index).")
+]
+ADMIN_TIMEOUT_S = 30.0
+NamespaceArg = Annotated[
+    str, typer.Argument(help="The namespace, in hex (as `tierkv admin namespaces` shows it).")
+]
+
+
+def _admin_setup(config: str | None, vault: list[str] | None) -> tuple[Config, list[Target]]:
+    from tierkv import admin
+
+    cfg = _load(config)
+    setup_logging(0)
+    try:
+        check_client_files(cfg)
+        return cfg, admin.targets(cfg, vault or ())
+    except ConfigError as exc:
+        _fail(exc, "config error")
+
+
+def _report_errors(answers: Sequence[Answer[Any]]) -> None:
+    """A red line per vault that failed; exit 1 if any did."""
+    for a in answers:
+        if a.error is not None:
+            err.print(f"[red]{a.target.address}:[/red] {escape(str(a.error))}", soft_wrap=True)
+    if any(not a.ok for a in answers):
+        raise typer.Exit(1)
+
+
+@admin_app.command("namespaces")
+def admin_namespaces(
+    config: ConfigOpt = None,
+    vault: VaultOpt = None,
+    tenant: TenantOpt = "",
+    limit: Annotated[
+        int, typer.Option(min=0, help="At most N namespaces per vault (0: the vault's cap).")
+    ] = 0,
+    timeout: AdminTimeout = ADMIN_TIMEOUT_S,
+    as_json: JsonFlag = False,
+) -> None:
+    """List namespaces with their keys and bytes per tenant (a user token sees its own tenant's)."""
+    from tierkv import admin
+
+    cfg, where = _admin_setup(config, vault)
+    answers = admin.ask(cfg, where, lambda c: c.list_namespaces(tenant=tenant, limit=limit), timeout)
+    if as_json:
+        print(json.dumps(admin.namespaces_doc(answers), indent=2))
+    else:
+        out.print(admin.namespaces_table(answers, f"tierkv namespaces ({cfg.source})"))
+        out.print(
+            f"model: {admin.UNKNOWN_MODEL}; the sample header says what its blocks hold", highlight=False
+        )
+    _report_errors(answers)
+
+
+@admin_app.command("inspect")
+def admin_inspect(
+    namespace: NamespaceArg,
+    key: Annotated[str, typer.Argument(help="The key, in hex.")],
+    config: ConfigOpt = None,
+    vault: VaultOpt = None,
+    tenant: TenantOpt = "",
+    timeout: AdminTimeout = ADMIN_TIMEOUT_S,
+    as_json: JsonFlag = False,
+) -> None:
+    """One key on each vault: blob header, size and the retention figures the vault keeps (class,
+    importance, protected, expiry, decayed hits, children). Reading it is not a hit."""
+    from tierkv import admin
+
+    cfg, where = _admin_setup(config, vault)
+    try:
+        ns, raw_key = admin.parse_hex(namespace, "NAMESPACE"), admin.parse_hex(key, "KEY")
+    except ConfigError as exc:
+        _fail(exc)
+    answers = admin.ask(cfg, where, lambda c: c.inspect(ns, raw_key, tenant=tenant), timeout)
+    if as_json:
+        print(json.dumps(admin.inspect_doc(ns, raw_key, answers), indent=2))
+    else:
+        for a in answers:
+            if a.value is not None:
+                out.print(f"[bold]{a.target.address}[/bold] {a.target.role}".rstrip())
+                for line in admin.entry_lines(a.value):
+                    out.print(f"  {escape(line)}", highlight=False)
+    _report_errors(answers)
+
+
+@admin_app.command("flush")
+def admin_flush(
+    namespace: Annotated[
+        str | None, typer.Argument(help="The namespace to empty, in hex (or --all).", show_default=False)
+    ] = None,
+    all_namespaces: Annotated[
+        bool, typer.Option("--all", help="Empty every namespace (admin tokens only).")
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    config: ConfigOpt = None,
+    vault: VaultOpt = None,
+    tenant: TenantOpt = "",
+    timeout: AdminTimeout = ADMIN_TIMEOUT_S,
+) -> None:
+    """Delete every entry of one namespace, or with --all of every namespace (of --tenant, else of every
+    tenant), on each vault. Asks for confirmation unless --yes."""
+    from tierkv import admin
+
+    if bool(namespace) == all_namespaces:
+        _fail(ValueError("name a namespace (hex) or pass --all, not both or neither"))
+    cfg, where = _admin_setup(config, vault)
+    try:
+        ns = admin.parse_hex(namespace, "NAMESPACE") if namespace else b""
+    except ConfigError as exc:
+        _fail(exc)
+    if all_namespaces:
+        _check_admin(cfg, where, timeout)
+    scope = f"namespace {namespace}" if namespace else "EVERY namespace"
+    whose = f"tenant {tenant}" if tenant else ("every tenant" if all_namespaces else "this token's tenant")
+    if not yes and not typer.confirm(f"Flush {scope} of {whose} on {len(where)} vault(s)?", default=False):
+        err.print("not flushed")
+        raise typer.Exit(1)
+    answers = admin.ask(
+        cfg, where, lambda c: c.flush(ns, all_namespaces=all_namespaces, tenant=tenant), timeout
+    )
+    for a in answers:
+        if a.value is not None:
+            out.print(f"{a.target.address}: deleted {a.value:,} entries", highlight=False)
+    _report_errors(answers)
+
+
+# the store commands are `tierkv vault`'s too: an operator finds them under either
+admin_app.command("backup")(vault_backup)
+admin_app.command("compact")(vault_compact)
+
+
+def _check_admin(cfg: Config, where: Sequence[Target], timeout: float) -> None:
+    """Before asking anyone to confirm --all: every vault must take this token as an admin."""
+    from tierkv import admin
+
+    answers = admin.ask(cfg, where, lambda c: c.stats(), timeout)
+    _report_errors(answers)
+    users = [a for a in answers if a.value is not None and a.value.access == "user"]
+    if users:
+        tenant = users[0].value.tenant if users[0].value else ""
+        problem = f"flushing every namespace needs an admin token; this one is a user of tenant {tenant!r}"
+        _fail(PermissionError(problem), code=1)
 
 
 def _vault_role(role: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from tierkv.client.types import ClassStats, VaultStats
+from tierkv.client.types import ClassStats, EntryInfo, EntryStatus, NamespaceInfo, TenantStats, VaultStats
 from tierkv.config import TLSConfig
 from tierkv.errors import (
     AuthError,
@@ -146,7 +146,7 @@ def batch_bytes(batch: Sequence[Blob]) -> int:
 
 
 def keys_request(
-    message: type[pb.BatchGetRequest | pb.PrefixLookupRequest | pb.DeleteRequest],
+    message: type[pb.BatchGetRequest | pb.PrefixLookupRequest],
     namespace: bytes,
     keys: Sequence[bytes],
 ) -> bytes:
@@ -193,6 +193,48 @@ def as_bytes(results: Sequence[Buffer | None]) -> list[bytes | None]:
     return [None if r is None else bytes(r) for r in results]
 
 
+_ENTRY_STATUS = {
+    pb.FOUND: EntryStatus.FOUND,
+    pb.MISSING: EntryStatus.MISSING,
+    pb.CORRUPT: EntryStatus.CORRUPT,
+}
+
+
+def entry_from_reply(r: pb.InspectReply, address: str) -> EntryInfo:
+    status = _ENTRY_STATUS.get(r.status)
+    if status is None:
+        raise VaultError(f"Inspect reply with status {r.status}", address=address)
+    return EntryInfo(
+        status=status,
+        tenant=r.tenant,
+        size=r.size,
+        charge=r.charge,
+        priority=r.priority,
+        head=r.head,
+        has_meta=r.has_meta,
+        source=r.source,
+        importance=r.importance,
+        protected=r.protected,
+        expiry=r.expiry,
+        expired=r.expired,
+        hits=r.hits,
+        children=r.children,
+        parent=r.parent,
+    )
+
+
+def namespace_from_reply(n: pb.NamespaceStats) -> NamespaceInfo:
+    return NamespaceInfo(
+        tenant=n.tenant,
+        namespace=n.namespace,
+        keys=n.keys,
+        used_bytes=n.bytes,
+        protected_bytes=n.protected_bytes,
+        sample_key=n.sample_key,
+        head=n.head,
+    )
+
+
 def stats_from_reply(r: pb.StatsReply) -> VaultStats:
     return VaultStats(
         version=r.version,
@@ -214,6 +256,21 @@ def stats_from_reply(r: pb.StatsReply) -> VaultStats:
         expired=r.expired,
         protected_bytes=r.protected_bytes,
         protected_overflow=r.protected_overflow,
+        tenant=r.tenant,
+        access=r.access,
+        tenants=tuple(
+            TenantStats(
+                tenant=t.tenant,
+                keys=t.keys,
+                used_bytes=t.used_bytes,
+                quota_bytes=t.quota_bytes,
+                evictions=t.evictions,
+                protected_bytes=t.protected_bytes,
+                protected_overflow=t.protected_overflow,
+                expired=t.expired,
+            )
+            for t in r.tenants
+        ),
         classes=tuple(
             ClassStats(
                 tenant=c.tenant,

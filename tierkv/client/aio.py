@@ -12,7 +12,7 @@ from tierkv.client._rpc import Items, Metas, as_bytes
 from tierkv.client.base import ClientBase, open_async_transport
 from tierkv.client.calls import Exchange, Op
 from tierkv.client.transport import Request
-from tierkv.client.types import VaultStats
+from tierkv.client.types import EntryInfo, NamespaceInfo, VaultStats
 from tierkv.errors import VaultError
 from tierkv.wire.framing import Buffer
 
@@ -47,11 +47,23 @@ class AsyncVaultClient(ClientBase):
     ) -> int:
         return await self._run(self.calls.prefix_lookup(namespace, keys, timeout))
 
-    async def delete(self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None) -> int:
-        return await self._run(self.calls.delete(namespace, keys, timeout))
+    async def delete(
+        self, namespace: bytes, keys: Sequence[bytes], *, tenant: str = "", timeout: float | None = None
+    ) -> int:
+        return await self._run(self.calls.delete(namespace, keys, timeout, tenant))
 
-    async def flush(self, namespace: bytes = b"", *, all_namespaces: bool = False) -> int:
-        return await self._run(self.calls.flush(namespace, all_namespaces))
+    async def flush(self, namespace: bytes = b"", *, all_namespaces: bool = False, tenant: str = "") -> int:
+        return await self._run(self.calls.flush(namespace, all_namespaces, tenant))
+
+    async def list_namespaces(
+        self, *, tenant: str = "", limit: int = 0, timeout: float | None = None
+    ) -> tuple[list[NamespaceInfo], bool]:
+        return await self._run(self.calls.list_namespaces(tenant, limit, timeout))
+
+    async def inspect(
+        self, namespace: bytes, key: bytes, *, tenant: str = "", timeout: float | None = None
+    ) -> EntryInfo:
+        return await self._run(self.calls.inspect(namespace, key, tenant, timeout))
 
     async def stats(self) -> VaultStats:
         return await self._run(self.calls.stats())

@@ -25,7 +25,9 @@ from tierkv.client._rpc import (
     Items,
     Metas,
     batch_bytes,
+    entry_from_reply,
     keys_request,
+    namespace_from_reply,
     parse_reply,
     put_batches,
     put_frames,
@@ -36,12 +38,14 @@ from tierkv.client.transport import (
     DELETE,
     FLUSH,
     HEALTH,
+    INSPECT,
+    LIST_NAMESPACES,
     PREFIX_LOOKUP,
     PUT,
     STATS,
     Request,
 )
-from tierkv.client.types import VaultStats
+from tierkv.client.types import EntryInfo, NamespaceInfo, VaultStats
 from tierkv.errors import VaultError
 from tierkv.wire import pb
 from tierkv.wire.framing import Buffer
@@ -88,19 +92,38 @@ class Calls:
         raw = yield Request(PREFIX_LOOKUP, request, self.options.deadline(timeout))
         return parse_reply(pb.PrefixLookupReply, raw, self.address).count
 
-    def delete(self, namespace: bytes, keys: Sequence[bytes], timeout: float | None) -> Op[int]:
-        request = keys_request(pb.DeleteRequest, namespace, keys)
-        raw = yield Request(DELETE, request, self.options.deadline(timeout))
+    def delete(
+        self, namespace: bytes, keys: Sequence[bytes], timeout: float | None, tenant: str = ""
+    ) -> Op[int]:
+        """Delete keys (of ``tenant``'s namespaces: the vault lets only an admin name another tenant)."""
+        request = pb.DeleteRequest(namespace=namespace, keys=list(keys), tenant=tenant)
+        raw = yield Request(DELETE, request.SerializeToString(), self.options.deadline(timeout))
         return parse_reply(pb.DeleteReply, raw, self.address).deleted
 
-    def flush(self, namespace: bytes, all_namespaces: bool) -> Op[int]:
+    def flush(self, namespace: bytes, all_namespaces: bool, tenant: str = "") -> Op[int]:
         """Empty one namespace, or every one when asked in so many words (an empty namespace is not
-        "all": that request is refused here, before it is sent)."""
+        "all": that request is refused here, before it is sent). ``tenant`` (admin only) acts in that
+        tenant's namespaces; all namespaces without a tenant means every tenant's."""
         if bool(namespace) == all_namespaces:
             raise ValueError("flush takes a namespace, or all_namespaces=True with no namespace")
-        request = pb.FlushRequest(namespace=namespace, all_namespaces=all_namespaces)
+        request = pb.FlushRequest(namespace=namespace, all_namespaces=all_namespaces, tenant=tenant)
         raw = yield Request(FLUSH, request.SerializeToString(), self.options.deadline())
         return parse_reply(pb.FlushReply, raw, self.address).deleted
+
+    def list_namespaces(
+        self, tenant: str, limit: int, timeout: float | None
+    ) -> Op[tuple[list[NamespaceInfo], bool]]:
+        """The caller's namespaces (an admin's: every tenant's, or ``tenant``'s), and whether the vault
+        had more than it listed."""
+        request = pb.ListNamespacesRequest(tenant=tenant, limit=limit).SerializeToString()
+        raw = yield Request(LIST_NAMESPACES, request, self.options.deadline(timeout))
+        reply = parse_reply(pb.ListNamespacesReply, raw, self.address)
+        return [namespace_from_reply(n) for n in reply.namespaces], reply.truncated
+
+    def inspect(self, namespace: bytes, key: bytes, tenant: str, timeout: float | None) -> Op[EntryInfo]:
+        request = pb.InspectRequest(namespace=namespace, key=key, tenant=tenant).SerializeToString()
+        raw = yield Request(INSPECT, request, self.options.deadline(timeout))
+        return entry_from_reply(parse_reply(pb.InspectReply, raw, self.address), self.address)
 
     def stats(self) -> Op[VaultStats]:
         raw = yield Request(STATS, b"", self.options.deadline())

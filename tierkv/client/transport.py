@@ -33,6 +33,8 @@ PREFIX_LOOKUP = f"/{SERVICE}/PrefixLookup"
 DELETE = f"/{SERVICE}/Delete"
 STATS = f"/{SERVICE}/Stats"
 FLUSH = f"/{SERVICE}/Flush"
+LIST_NAMESPACES = f"/{SERVICE}/ListNamespaces"
+INSPECT = f"/{SERVICE}/Inspect"
 HEALTH = "/grpc.health.v1.Health/Check"
 
 _CLIENT_STREAMING = {PUT}
@@ -165,6 +167,8 @@ __all__ = [
     "DELETE",
     "FLUSH",
     "HEALTH",
+    "INSPECT",
+    "LIST_NAMESPACES",
     "PREFIX_LOOKUP",
     "PUT",
     "STATS",

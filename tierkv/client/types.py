@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tierkv.codec.header import BlobHeader
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +30,21 @@ class ClassStats:
     def hit_rate_5m(self) -> float | None:
         """Hits over lookups in the last five minutes; None without lookups."""
         return self.hits_5m / self.lookups_5m if self.lookups_5m else None
+
+
+@dataclasses.dataclass(frozen=True)
+class TenantStats:
+    """One tenant's figures on one vault (admins see every tenant's in :class:`VaultStats`)."""
+
+    tenant: str
+    keys: int
+    used_bytes: int
+    quota_bytes: int
+    """0: no quota of its own (bounded by the vault's budget)."""
+    evictions: int = 0
+    protected_bytes: int = 0
+    protected_overflow: int = 0
+    expired: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,9 +72,73 @@ class VaultStats:
     protected_overflow: int = 0
     classes: tuple[ClassStats, ...] = ()
     """Per tenant and source class (the caller's tenant; an admin sees every tenant's)."""
+    tenant: str = ""
+    """The caller's tenant: ``keys``, ``used_bytes`` and ``max_bytes`` are its own unless it is an admin."""
+    access: str = ""
+    """The caller's access role, ``admin`` or ``user`` (empty from a vault that predates tenancy)."""
+    tenants: tuple[TenantStats, ...] = ()
+    """Every tenant's figures (admin callers only)."""
 
     @property
     def hit_rate(self) -> float | None:
         """Hits over lookups since start; None before the first BatchGet."""
         total = self.hits + self.misses
         return self.hits / total if total else None
+
+
+def blob_header(head: bytes) -> BlobHeader:
+    """The tierkv blob header at the start of ``head`` (codec, dtype, shape, tokens, layer group);
+    :class:`~tierkv.errors.CodecError` when the bytes are no tierkv blob (or from a newer writer)."""
+    from tierkv.codec.header import read_header
+
+    return read_header(head, partial=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class NamespaceInfo:
+    """One namespace of one tenant on one vault (``ListNamespaces``). The namespace is a digest: the vault
+    cannot say which model it belongs to; :attr:`head`, the start of a sample blob, says what it holds."""
+
+    tenant: str
+    namespace: bytes
+    keys: int
+    used_bytes: int
+    protected_bytes: int
+    sample_key: bytes
+    head: bytes
+
+
+class EntryStatus(str, enum.Enum):
+    FOUND = "found"
+    MISSING = "missing"
+    CORRUPT = "corrupt"
+    """Stored, but the bytes fail their checksum (a read drops the entry)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryInfo:
+    """One stored entry as the vault keeps it (``Inspect``): read without counting a hit.
+
+    ``has_meta`` says whether the entry has a retention record; the fields after it are that record
+    (``expiry`` in Unix seconds, 0 = never; ``hits`` decayed, reads not yet written included;
+    ``children`` the stored blocks that continue it)."""
+
+    status: EntryStatus
+    tenant: str
+    size: int
+    charge: int
+    priority: int
+    head: bytes
+    has_meta: bool = False
+    source: str = ""
+    importance: float = 0.0
+    protected: bool = False
+    expiry: float = 0.0
+    expired: bool = False
+    hits: float = 0.0
+    children: int = 0
+    parent: bytes = b""
+
+    @property
+    def found(self) -> bool:
+        return self.status is EntryStatus.FOUND

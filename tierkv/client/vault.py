@@ -19,7 +19,7 @@ from tierkv.client.base import ClientBase, open_transport
 from tierkv.client.bulk import BulkFirst
 from tierkv.client.calls import Exchange, Op
 from tierkv.client.transport import Request
-from tierkv.client.types import VaultStats
+from tierkv.client.types import EntryInfo, NamespaceInfo, VaultStats
 from tierkv.errors import VaultError
 from tierkv.wire.framing import Buffer
 
@@ -58,13 +58,34 @@ class VaultClient(ClientBase):
         """How many leading keys of a chain the vault holds."""
         return self._run(self.calls.prefix_lookup(namespace, keys, timeout))
 
-    def delete(self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None) -> int:
-        return self._run(self.calls.delete(namespace, keys, timeout))
+    def delete(
+        self, namespace: bytes, keys: Sequence[bytes], *, tenant: str = "", timeout: float | None = None
+    ) -> int:
+        """Delete keys; returns how many existed. ``tenant`` (admin only) acts in that tenant's
+        namespaces instead of the caller's."""
+        return self._run(self.calls.delete(namespace, keys, timeout, tenant))
 
-    def flush(self, namespace: bytes = b"", *, all_namespaces: bool = False) -> int:
+    def flush(self, namespace: bytes = b"", *, all_namespaces: bool = False, tenant: str = "") -> int:
         """Delete one namespace, or every namespace with ``all_namespaces=True`` (the vault allows that to
-        its admin role only); returns entries deleted. ``flush(b"")`` alone is a ValueError."""
-        return self._run(self.calls.flush(namespace, all_namespaces))
+        its admin role only); returns entries deleted. ``flush(b"")`` alone is a ValueError. ``tenant``
+        (admin only) acts in that tenant's namespaces; ``all_namespaces`` without it empties every
+        tenant."""
+        return self._run(self.calls.flush(namespace, all_namespaces, tenant))
+
+    # -- administration ----------------------------------------------------------------------------
+
+    def list_namespaces(
+        self, *, tenant: str = "", limit: int = 0, timeout: float | None = None
+    ) -> tuple[list[NamespaceInfo], bool]:
+        """Namespaces with their keys and bytes: the caller's tenant's; an admin's, every tenant's (or
+        ``tenant``'s). The bool says the vault had more than ``limit`` (0: the vault's cap, 10,000)."""
+        return self._run(self.calls.list_namespaces(tenant, limit, timeout))
+
+    def inspect(
+        self, namespace: bytes, key: bytes, *, tenant: str = "", timeout: float | None = None
+    ) -> EntryInfo:
+        """One entry's size, blob head and retention record, without counting as a read."""
+        return self._run(self.calls.inspect(namespace, key, tenant, timeout))
 
     def stats(self) -> VaultStats:
         return self._run(self.calls.stats())

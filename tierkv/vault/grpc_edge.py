@@ -29,6 +29,10 @@ def handler(service: VaultService) -> grpc.GenericRpcHandler[Any, Any]:
         "Delete": _unary(service, "Delete", pb.DeleteRequest, service.delete),
         "Stats": _unary(service, "Stats", pb.StatsRequest, service.stats),
         "Flush": _unary(service, "Flush", pb.FlushRequest, service.flush, parse=parse_canonical),
+        "ListNamespaces": _unary(
+            service, "ListNamespaces", pb.ListNamespacesRequest, service.list_namespaces
+        ),
+        "Inspect": _unary(service, "Inspect", pb.InspectRequest, service.inspect),
     }
     methods: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         "Put": grpc.stream_unary_rpc_method_handler(_put(service), ident, ident),

@@ -25,12 +25,15 @@ from tierkv.vault.auth import Principal
 from tierkv.vault.calls import Calls
 from tierkv.vault.reply import BatchGetReply
 from tierkv.vault.status import Abort, Status, invalid
-from tierkv.vault.store import Store, StoreFullError
+from tierkv.vault.store import Lookup, Store, StoreFullError
 from tierkv.wire import FrameDecoder, FrameError, pb
 
 M = TypeVar("M", bound=Message)
 LARGE_CALL_BYTES = 16 * MiB
 """A call this large is followed by a heap trim once the burst is over."""
+MAX_LISTED_NAMESPACES = 10_000
+"""The most namespaces one ListNamespaces reply names (about 4 MB of reply)."""
+_ITEM_STATUS = {Lookup.FOUND: pb.FOUND, Lookup.MISSING: pb.MISSING, Lookup.CORRUPT: pb.CORRUPT}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +178,48 @@ class VaultService:
                     protected_overflow=u.protected_overflow,
                     expired=u.expired,
                 )
+        return reply
+
+    def list_namespaces(self, who: Principal, request: pb.ListNamespacesRequest) -> pb.ListNamespacesReply:
+        """A user's own namespaces; an admin's choice of one tenant's, or every tenant's."""
+        if request.tenant:
+            tenant: str | None = self._tenant(who, request.tenant)
+        else:
+            tenant = None if who.admin else who.tenant
+        limit = min(request.limit or MAX_LISTED_NAMESPACES, MAX_LISTED_NAMESPACES)
+        found, truncated = self.store.namespaces(tenant, limit=limit)
+        reply = pb.ListNamespacesReply(truncated=truncated)
+        for u in found:
+            reply.namespaces.add(
+                tenant=u.tenant,
+                namespace=u.namespace,
+                keys=u.keys,
+                bytes=u.used_bytes,
+                protected_bytes=u.protected_bytes,
+                sample_key=u.sample_key,
+                head=u.head,
+            )
+        return reply
+
+    def inspect(self, who: Principal, request: pb.InspectRequest) -> pb.InspectReply:
+        """One entry: blob size and head, charge, priority and its retention record; not a read."""
+        _check_keys(request.namespace, [request.key])
+        tenant = self._tenant(who, request.tenant)
+        found = self.store.inspect(request.namespace, request.key, tenant=tenant)
+        reply = pb.InspectReply(
+            status=_ITEM_STATUS[found.status],
+            tenant=tenant,
+            size=found.size,
+            charge=found.charge,
+            priority=found.priority,
+            head=found.head,
+        )
+        meta = found.meta
+        if meta is not None:
+            reply.has_meta = True
+            reply.source, reply.importance, reply.protected = meta.source, meta.importance, meta.protected
+            reply.expiry, reply.expired = meta.expiry, meta.expired(time.time())
+            reply.hits, reply.children, reply.parent = meta.hits, meta.sharing, meta.parent
         return reply
 
     # -- helpers -----------------------------------------------------------------------------------

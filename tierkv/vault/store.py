@@ -66,6 +66,11 @@ READ_TXN_MAX_S = 0.5
 PURGE_BATCH = 10_000
 """The maintenance thread drops at most this many expired entries per tenant per interval."""
 OVERFLOW_LOG_INTERVAL_S = 60.0
+HEAD_BYTES = 320
+"""How much of a blob inspection returns: enough for a tierkv blob header (at most 312 bytes)."""
+SCAN_SLICE = 10_000
+"""Listing namespaces reads the index in read transactions of at most this many entries, so a large store
+never holds one read transaction for long."""
 Item = tuple[bytes, bytes | bytearray | memoryview, int]
 _Prepared = tuple[bytes, bytes | bytearray | memoryview, int, BlockMeta | None]
 
@@ -249,6 +254,74 @@ class TenantUsage:
     protected_bytes: int = 0
     protected_overflow: int = 0
     expired: int = 0
+
+
+@dataclasses.dataclass
+class NamespaceUsage:
+    """One namespace of one tenant: entries, charged bytes, protected bytes, and its first key with the
+    head of that key's blob (what kind of blocks the namespace holds)."""
+
+    tenant: str
+    namespace: bytes
+    keys: int = 0
+    used_bytes: int = 0
+    protected_bytes: int = 0
+    sample_key: bytes = b""
+    head: bytes = b""
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryReport:
+    """What the store holds under one key, read without counting a hit: the blob's size and head, its
+    charge and priority, and its retention record (None: it has none). ``meta.hits`` is the decayed count
+    now, reads not yet written to disk included."""
+
+    status: Lookup
+    size: int = 0
+    charge: int = 0
+    priority: int = 0
+    head: bytes = b""
+    meta: EntryMeta | None = None
+
+
+class _NamespaceScan:
+    """Adds up one tenant's index, namespace by namespace, a slice of entries per read transaction."""
+
+    def __init__(self, tenant: _Tenant, found: list[NamespaceUsage], limit: int) -> None:
+        self.tenant = tenant
+        self.found = found
+        self.limit = limit
+        self.truncated = False
+
+    def slice(self, txn: lmdb.Transaction, start: bytes) -> bytes | None:
+        """Count up to :data:`SCAN_SLICE` entries from ``start`` on; the full key to go on from, or None
+        at the end (or past the limit)."""
+        with txn.cursor(db=self.tenant.index) as cur:
+            if not cur.set_range(start):
+                return None
+            for n, (fkey, raw) in enumerate(cur.iternext()):
+                if n >= SCAN_SLICE:
+                    return bytes(fkey)
+                if fkey and not self._count(txn, bytes(fkey), raw):
+                    self.truncated = True
+                    return None
+        return None
+
+    def _count(self, txn: lmdb.Transaction, fkey: bytes, raw: bytes | memoryview) -> bool:
+        namespace = fkey[1 : 1 + fkey[0]]
+        last = self.found[-1] if self.found else None
+        if last is None or last.tenant != self.tenant.name or last.namespace != namespace:
+            if len(self.found) >= self.limit:
+                return False
+            data = txn.get(fkey, db=self.tenant.data)
+            head = b"" if data is None else bytes(data[:HEAD_BYTES])
+            last = NamespaceUsage(self.tenant.name, namespace, sample_key=fkey[1 + fkey[0] :], head=head)
+            self.found.append(last)
+        entry = _unpack_lenient(raw)
+        last.keys += 1
+        last.used_bytes += entry.charge
+        last.protected_bytes += entry.charge if entry.protected else 0
+        return True
 
 
 class _Ledger:
@@ -895,10 +968,7 @@ class Store:
         raw = txn.get(fkey, db=owner.index)
         if raw is None:
             return None
-        try:
-            entry = _Index.unpack(raw)
-        except ValueError:  # a damaged index record: charge what its fixed part says, if anything
-            entry = _Index(*_INDEX.unpack_from(raw)) if len(raw) >= _INDEX.size else _Index(0, 0, 0, 0)
+        entry = _unpack_lenient(raw)  # a damaged record: charge what its fixed part says, if anything
         if ordered and not entry.protected:
             txn.delete(self._rank(entry) + fkey, db=owner.order)
         txn.delete(fkey, db=owner.index)
@@ -977,14 +1047,53 @@ class Store:
         return len(present)
 
     def entry(self, namespace: bytes, key: bytes, *, tenant: str = DEFAULT_TENANT) -> EntryMeta | None:
-        """One entry's retention figures (class, importance, expiry, hits as last written, stored
-        children, protected), for inspection; an untagged entry reads as the defaults; None if absent."""
+        """One entry's retention figures (class, importance, expiry, decayed hits, stored children,
+        protected); an entry without a retention record reads as the defaults; None if absent."""
+        report = self.inspect(namespace, key, tenant=tenant)
+        return None if report.status is Lookup.MISSING else report.meta or EntryMeta()
+
+    def inspect(self, namespace: bytes, key: bytes, *, tenant: str = DEFAULT_TENANT) -> EntryReport:
+        """One entry as stored, checksum verified, without counting a hit or moving its recency."""
         owner = self._tenant(tenant)
-        with self._rw.shared(), self._env.begin() as txn:
-            raw = txn.get(full_key(namespace, key), db=owner.index)
-        if raw is None:
-            return None
-        return _Index.unpack(raw).ext or EntryMeta()
+        fkey = full_key(namespace, key)
+        with self._rw.shared(), self._env.begin(buffers=True) as txn:
+            raw = txn.get(fkey, db=owner.index)
+            if raw is None:
+                return EntryReport(Lookup.MISSING)
+            data = txn.get(fkey, db=owner.data)
+            try:
+                entry: _Index | None = _Index.unpack(raw)
+            except ValueError:
+                entry = None
+            size, head = (0, b"") if data is None else (len(data), bytes(data[:HEAD_BYTES]))
+            intact = data is not None and entry is not None and checksum(fkey, data) == entry.checksum
+        if entry is None:
+            return EntryReport(Lookup.CORRUPT, size=size, head=head)
+        meta = entry.ext
+        if meta is not None:
+            with self._touch_lock:
+                pending = self._touches.get((owner.name, fkey), 0)
+            meta = dataclasses.replace(meta, hits=self._decayed(entry, self._clock) + pending)
+        status = Lookup.FOUND if intact else Lookup.CORRUPT
+        return EntryReport(status, size, entry.charge, entry.priority, head, meta)
+
+    def namespaces(
+        self, tenant: str | None = None, *, limit: int = 10_000
+    ) -> tuple[list[NamespaceUsage], bool]:
+        """Every namespace of ``tenant`` (of every tenant when None), in key order, with its figures;
+        True with them when there were more than ``limit``. Reads the whole index, in short read
+        transactions: an operator's question, not the serving path."""
+        targets = list(self._tenants.values()) if tenant is None else [self._tenant(tenant)]
+        found: list[NamespaceUsage] = []
+        for t in targets:
+            scan = _NamespaceScan(t, found, limit)
+            start: bytes | None = b""
+            while start is not None:
+                with self._rw.shared(), self._env.begin(buffers=True) as txn:
+                    start = scan.slice(txn, start)
+            if scan.truncated:
+                return found, True
+        return found, False
 
     # -- recency -----------------------------------------------------------------------------------
 
@@ -1157,6 +1266,14 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _unpack_lenient(raw: bytes | memoryview) -> _Index:
+    """An index record; a damaged one as what its fixed part says (charge and checksum), if anything."""
+    try:
+        return _Index.unpack(raw)
+    except ValueError:
+        return _Index(*_INDEX.unpack_from(raw)) if len(raw) >= _INDEX.size else _Index(0, 0, 0, 0)
 
 
 def _get_u64(txn: lmdb.Transaction, db: Any, key: bytes) -> int:

@@ -591,3 +591,203 @@ class TenantStats(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TenantStats: _TypeAlias = TenantStats  # noqa: Y015
+
+@_typing.final
+class ListNamespacesRequest(_message.Message):
+    """ListNamespaces: every namespace a tenant has on this vault, with its figures. A user lists its own
+    tenant's; an admin lists one named tenant's, or every tenant's.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """admin only: list this tenant's (default: the caller's own for a"""
+    limit: _builtins.int
+    """user, every tenant for an admin)
+    at most this many namespaces (0 or above the vault's cap: the cap)
+    """
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListNamespacesRequest: _TypeAlias = ListNamespacesRequest  # noqa: Y015
+
+@_typing.final
+class NamespaceStats(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    PROTECTED_BYTES_FIELD_NUMBER: _builtins.int
+    SAMPLE_KEY_FIELD_NUMBER: _builtins.int
+    HEAD_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    namespace: _builtins.bytes
+    """a digest of model, dtype, layout, codec, ranks and tenant (it"""
+    keys: _builtins.int
+    """does not name them: see README, "Admin commands")"""
+    bytes: _builtins.int
+    """charged bytes (namespace + key + blob)"""
+    protected_bytes: _builtins.int
+    sample_key: _builtins.bytes
+    """the namespace's first key"""
+    head: _builtins.bytes
+    """the first bytes (at most 320) of that key's blob: a tierkv blob"""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        namespace: _builtins.bytes = ...,
+        keys: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+        protected_bytes: _builtins.int = ...,
+        sample_key: _builtins.bytes = ...,
+        head: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "head", b"head", "keys", b"keys", "namespace", b"namespace", "protected_bytes", b"protected_bytes", "sample_key", b"sample_key", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NamespaceStats: _TypeAlias = NamespaceStats  # noqa: Y015
+
+@_typing.final
+class ListNamespacesReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACES_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    """more namespaces exist than were listed"""
+    @_builtins.property
+    def namespaces(self) -> _containers.RepeatedCompositeFieldContainer[Global___NamespaceStats]:
+        """by tenant, then namespace bytes"""
+
+    def __init__(
+        self,
+        *,
+        namespaces: _abc.Iterable[Global___NamespaceStats] | None = ...,
+        truncated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespaces", b"namespaces", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListNamespacesReply: _TypeAlias = ListNamespacesReply  # noqa: Y015
+
+@_typing.final
+class InspectRequest(_message.Message):
+    """Inspect: one stored entry, read without counting as a hit or moving its recency. A user inspects its
+    own tenant's entries; an admin may name a tenant.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.bytes
+    key: _builtins.bytes
+    tenant: _builtins.str
+    """admin only: inspect in this tenant's namespaces"""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.bytes = ...,
+        key: _builtins.bytes = ...,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "namespace", b"namespace", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InspectRequest: _TypeAlias = InspectRequest  # noqa: Y015
+
+@_typing.final
+class InspectReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    CHARGE_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    HEAD_FIELD_NUMBER: _builtins.int
+    HAS_META_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    IMPORTANCE_FIELD_NUMBER: _builtins.int
+    PROTECTED_FIELD_NUMBER: _builtins.int
+    EXPIRY_FIELD_NUMBER: _builtins.int
+    EXPIRED_FIELD_NUMBER: _builtins.int
+    HITS_FIELD_NUMBER: _builtins.int
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    PARENT_FIELD_NUMBER: _builtins.int
+    status: Global___ItemStatus.ValueType
+    """FOUND, MISSING or CORRUPT (stored bytes fail their checksum)"""
+    tenant: _builtins.str
+    size: _builtins.int
+    """blob bytes"""
+    charge: _builtins.int
+    """bytes charged against the budget (namespace + key + blob)"""
+    priority: _builtins.int
+    head: _builtins.bytes
+    """the blob's first bytes (at most 320; its header)"""
+    has_meta: _builtins.bool
+    """has a retention record (the fields below): stored with"""
+    source: _builtins.str
+    """metadata, or given one for its hits and children"""
+    importance: _builtins.float
+    protected: _builtins.bool
+    """kept out of eviction (within the protected cap)"""
+    expiry: _builtins.float
+    """Unix time it expires; 0 = never"""
+    expired: _builtins.bool
+    """past its expiry: reads miss it"""
+    hits: _builtins.float
+    """decayed hit count, including reads not yet written to disk"""
+    children: _builtins.int
+    """stored blocks that name it as their parent (prefix sharing)"""
+    parent: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        status: Global___ItemStatus.ValueType = ...,
+        tenant: _builtins.str = ...,
+        size: _builtins.int = ...,
+        charge: _builtins.int = ...,
+        priority: _builtins.int = ...,
+        head: _builtins.bytes = ...,
+        has_meta: _builtins.bool = ...,
+        source: _builtins.str = ...,
+        importance: _builtins.float = ...,
+        protected: _builtins.bool = ...,
+        expiry: _builtins.float = ...,
+        expired: _builtins.bool = ...,
+        hits: _builtins.float = ...,
+        children: _builtins.int = ...,
+        parent: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["charge", b"charge", "children", b"children", "expired", b"expired", "expiry", b"expiry", "has_meta", b"has_meta", "head", b"head", "hits", b"hits", "importance", b"importance", "parent", b"parent", "priority", b"priority", "protected", b"protected", "size", b"size", "source", b"source", "status", b"status", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InspectReply: _TypeAlias = InspectReply  # noqa: Y015
