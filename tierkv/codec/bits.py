@@ -9,7 +9,7 @@ exact (or correctly rounded) so that the numpy and torch codecs produce identica
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +20,10 @@ _F16_TO_F32_MASK = np.int32(-0x7000_0001)  # 0x8FFFFFFF: keep the sign, drop sig
 _TWO_POW_112 = np.float32(2.0**112)  # rebias a float16 exponent placed in a float32
 _BF16_HALF = np.uint32(0x7FFF)
 _BF16_QUIET = np.uint16(0x0040)
+_F16_SIGN = np.uint32(0x8000)
+_HALF_ULP_13 = np.uint32(0xFFF)
+F16_SCALED: Final = np.float32(2.0**-112)
+"""What :func:`f16_bits_from_scaled` wants its values multiplied by."""
 
 
 def f16_bits_to_f32_finite(bits: npt.NDArray[np.int16], out: npt.NDArray[np.float32]) -> None:
@@ -45,13 +49,19 @@ def bf16_bits_to_f32(
 
 
 def f32_to_bf16_bits(
-    values: npt.NDArray[np.float32], out: npt.NDArray[np.uint16] | None = None, *, finite: bool = False
+    values: npt.NDArray[np.float32],
+    out: npt.NDArray[np.uint16] | None = None,
+    *,
+    finite: bool = False,
+    scratch: npt.NDArray[np.uint32] | None = None,
 ) -> npt.NDArray[np.uint16]:
-    """Round float32 to bfloat16 bits, to nearest even (as torch does). ``finite`` skips the NaN fix-up."""
+    """Round float32 to bfloat16 bits, to nearest even (as torch does). ``finite`` skips the NaN fix-up.
+
+    ``scratch`` (``uint32``, the shape of ``values``) saves an allocation per call."""
     if out is None:
         out = np.empty(values.shape, np.uint16)
     word = np.asarray(values).view(np.uint32)
-    tmp = np.empty_like(word)
+    tmp = np.empty_like(word) if scratch is None else scratch
     np.right_shift(word, 16, out=tmp)
     np.bitwise_and(tmp, 1, out=tmp)
     np.add(tmp, _BF16_HALF, out=tmp)
@@ -64,6 +74,33 @@ def f32_to_bf16_bits(
             # Rounding could carry a NaN's mantissa into the exponent (inf) or the sign: keep it a quiet NaN.
             out[nan] = (word[nan] >> 16).astype(np.uint16) | _BF16_QUIET
     return out
+
+
+def f16_bits_from_scaled(
+    scaled: npt.NDArray[np.float32],
+    out: npt.NDArray[np.uint16],
+    *,
+    scratch: tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]],
+) -> None:
+    """float16 bits, rounded to nearest even, of ``v`` given ``scaled = v * 2**-112`` (float32).
+
+    For ``v`` 0 or a normal float16 (2**-14 <= |v| <= 65504) this is exactly numpy's cast, at memory
+    speed instead of one value at a time: scaled by 2**-112 a normal float16 has the float16 exponent
+    bias in a normal float32, so rounding off 13 mantissa bits in integer arithmetic gives its bits (0
+    stays 0). Anything else comes out wrong: callers check first. ``scaled`` is left changed; the two
+    ``scratch`` arrays are ``uint32`` of its shape.
+    """
+    word = scaled.view(np.uint32)
+    sign, odd = scratch
+    np.right_shift(word, 16, out=sign)
+    np.bitwise_and(sign, _F16_SIGN, out=sign)
+    np.right_shift(word, 13, out=odd)
+    np.bitwise_and(odd, 1, out=odd)
+    np.add(odd, _HALF_ULP_13, out=odd)
+    np.add(word, odd, out=word)  # the sign bit never receives a carry: |v| < 2**16
+    np.right_shift(word, 13, out=word)  # bits 15..17 are 0, bit 18 the sign (dropped below)
+    np.bitwise_or(word, sign, out=word)
+    np.copyto(out, word, casting="unsafe")
 
 
 def to_float32(

@@ -31,14 +31,24 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
-from tierkv.codec.bits import bf16_bits_to_f32, convert, f16_bits_to_f32_finite, from_float32
+from tierkv.codec.bits import (
+    F16_SCALED,
+    bf16_bits_to_f32,
+    convert,
+    f16_bits_from_scaled,
+    f16_bits_to_f32_finite,
+    f32_to_bf16_bits,
+    from_float32,
+)
 from tierkv.codec.header import SCALE_BYTES, DTypeInfo, group_count, int8_groups_len
 from tierkv.errors import CorruptBlobError
 
@@ -46,6 +56,11 @@ logger = logging.getLogger(__name__)
 
 CHUNK_VALUES: Final = 1 << 18
 """Values quantized per step: 1 MiB of float32 scratch, which stays in a core's L2 cache."""
+DECODE_CHUNK_VALUES: Final = 1 << 17
+"""Values dequantized per step: 512 KiB of float32 and 1 MiB of integer scratch per thread, in L2."""
+_F16_MAX: Final = 65504.0
+_F16_MIN_NORMAL: Final = 2.0**-14
+_LOCAL = threading.local()
 QMAX: Final = 127
 _QMAX_F32: Final = np.float32(QMAX)
 _F32_TINY: Final = np.float32(np.finfo(np.float32).tiny)
@@ -186,25 +201,111 @@ def quantize(
 
 
 def dequantize(region: npt.NDArray[np.uint8], layout: Int8Layout, out: npt.NDArray[Any], dtype: str) -> None:
-    """Write ``q * scale`` of every group into the flat ``out`` (storage of ``dtype``)."""
-    rows = min(layout.chunk_rows, max(layout.full_groups, 1))
-    scratch = None if dtype == "float32" else np.empty(max(rows * layout.group_size, layout.tail), np.float32)
+    """Write ``q * scale`` of every group into the flat ``out`` (storage of ``dtype``).
+
+    Cache-sized slices of rows are independent, so a large blob may be spread over threads
+    (:func:`set_decode_threads`; numpy's ufuncs release the GIL); each thread keeps its own scratch.
+    """
+    rows = max(1, DECODE_CHUNK_VALUES // layout.group_size)
+    slices: list[tuple[npt.NDArray[np.float32], npt.NDArray[np.int8], npt.NDArray[Any]]] = []
+    for start, scales, q in layout.parts(region):
+        n, width = q.shape
+        dst = out[start : start + n * width].reshape(n, width)
+        slices += [
+            (scales[r0 : r0 + rows], q[r0 : r0 + rows], dst[r0 : r0 + rows]) for r0 in range(0, n, rows)
+        ]
+    if len(slices) > 1 and _THREADS.threads > 1:
+        list(_THREADS.pool().map(lambda job: _dequantize_rows(job[0], job[1], job[2], dtype), slices))
+    else:
+        for scales, q, dst in slices:
+            _dequantize_rows(scales, q, dst, dtype)
+
+
+def _dequantize_rows(
+    scales: npt.NDArray[np.float32], q: npt.NDArray[np.int8], dst: npt.NDArray[Any], dtype: str
+) -> None:
+    """``dst[i] = q[i] * scales[i]`` rounded to ``dtype``: widen once, scale in place, narrow once."""
     # Our encoder never writes scales that overflow; a foreign writer's blob decodes without warnings.
     with np.errstate(over="ignore", invalid="ignore"):
-        for start, scales, q in layout.parts(region):
-            n, width = q.shape
-            dst = out[start : start + n * width].reshape(n, width)
-            for r0 in range(0, n, rows):
-                r1 = min(n, r0 + rows)
-                if scratch is None:
-                    # widen in place, then scale: faster than numpy's mixed int8 * float32 loop
-                    np.copyto(dst[r0:r1], q[r0:r1], casting="unsafe")
-                    np.multiply(dst[r0:r1], scales[r0:r1, None], out=dst[r0:r1])
-                else:
-                    tmp = scratch[: (r1 - r0) * width].reshape(r1 - r0, width)
-                    np.copyto(tmp, q[r0:r1], casting="unsafe")
-                    np.multiply(tmp, scales[r0:r1, None], out=tmp)
-                    from_float32(tmp, dtype, out=dst[r0:r1], finite=True)
+        if dtype == "float32":
+            # widen in place, then scale: faster than numpy's mixed int8 * float32 loop
+            np.copyto(dst, q, casting="unsafe")
+            np.multiply(dst, scales[:, None], out=dst)
+            return
+        x, bits, more = _scratch(q.size)
+        x = x.reshape(q.shape)
+        fast_f16 = dtype == "float16" and _normal_f16(scales)
+        np.copyto(x, q, casting="unsafe")
+        # 2**-112 is exact on the scales of a fast float16 slice (all >= 2**-14 or 0), and on each product
+        np.multiply(x, (scales * F16_SCALED if fast_f16 else scales)[:, None], out=x)
+        if dtype == "bfloat16":
+            f32_to_bf16_bits(x, dst, finite=True, scratch=bits.reshape(q.shape))
+        elif fast_f16:
+            f16_bits_from_scaled(
+                x, dst.view(np.uint16), scratch=(bits.reshape(q.shape), more.reshape(q.shape))
+            )
+        else:
+            from_float32(x, dtype, out=dst, finite=True)
+
+
+def _normal_f16(scales: npt.NDArray[np.float32]) -> bool:
+    """Whether every ``q * scale`` (|q| <= 128) is 0 or a normal float16 (what the fast cast needs).
+
+    True for every slice our encoder writes unless a group's largest value is below 127 * 2**-14 (~0.008)
+    in magnitude; other slices take numpy's cast."""
+    magnitude = np.abs(scales)
+    if not float(magnitude.max(initial=0.0)) * 128 <= _F16_MAX:
+        return False  # also for NaN
+    return float(np.min(magnitude, where=magnitude > 0, initial=np.inf)) >= _F16_MIN_NORMAL
+
+
+def _scratch(values: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:
+    """This thread's float32 and two uint32 scratch arrays of ``values`` values (kept between calls)."""
+    have = getattr(_LOCAL, "f32", None)
+    if have is None or have.size < values:
+        size = max(values, DECODE_CHUNK_VALUES)
+        _LOCAL.f32, _LOCAL.u32, _LOCAL.u32b = (np.empty(size, t) for t in (np.float32, np.uint32, np.uint32))
+    return _LOCAL.f32[:values], _LOCAL.u32[:values], _LOCAL.u32b[:values]
+
+
+class _DecodeThreads:
+    """The thread count and the pool large blobs are dequantized on (created on first use)."""
+
+    def __init__(self) -> None:
+        self.threads = 1
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def set(self, threads: int) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        with self._lock:
+            old, self._pool, self.threads = self._pool, None, threads
+        if old is not None:
+            old.shutdown(wait=False)
+
+    def pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tierkv-int8")
+            return self._pool
+
+
+_THREADS = _DecodeThreads()
+
+
+def set_decode_threads(threads: int) -> None:
+    """Dequantize large blobs on ``threads`` threads from now on (1, the default: on the caller's thread).
+
+    More threads help only where cores are idle; on a busy machine they wait for each other (measure with
+    ``benchmarks/codec_bench.py --decode-threads``). Meant for start-up, not while blobs are decoded.
+    """
+    _THREADS.set(threads)
+
+
+def decode_threads() -> int:
+    """The thread count :func:`set_decode_threads` set."""
+    return _THREADS.threads
 
 
 def gather_groups(values: npt.NDArray[Any], layout: Int8Layout, indices: IntArray) -> npt.NDArray[Any]:

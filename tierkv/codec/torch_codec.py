@@ -173,10 +173,13 @@ def _dequantize(
     device: torch.device,
     *,
     accelerator: bool,
+    into: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """int8 payload -> tensor on ``device``: only int8 + scales are copied there, the multiply runs there.
 
-    On an ``accelerator`` every group is done in one pass; on CPU a cache-sized chunk at a time.
+    On an ``accelerator`` every group is done in one pass; on CPU a cache-sized chunk at a time. The
+    products are rounded straight into the result (``into``, a contiguous tensor of the target dtype on
+    ``device``, when given): no float32 temporary, no second copy.
     """
     layout = int8_codec.Int8Layout(header.value_count, header.group_size)
     indices, raw = int8_codec.parse_exceptions(payload, layout, header.dtype_info)
@@ -187,7 +190,11 @@ def _dequantize(
         staging = torch.empty(layout.groups_len, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
         numpy_view(staging)[:] = records_bytes
         region = staging.to(device, non_blocking=True)
-    out = torch.empty(header.value_count, dtype=TORCH_DTYPES[target], device=device)
+    out = (
+        into.view(-1)
+        if into is not None
+        else torch.empty(header.value_count, dtype=TORCH_DTYPES[target], device=device)
+    )
     g = layout.group_size
     step = max(1, layout.full_groups) if accelerator else max(1, CPU_CHUNK_VALUES // g)
     offset = 0
@@ -198,10 +205,8 @@ def _dequantize(
         dst = out[first * g : first * g + n * width].view(n, width)
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
-            if target == "float32":
-                torch.mul(q[r0:r1], scales[r0:r1], out=dst[r0:r1])
-            else:
-                dst[r0:r1].copy_(q[r0:r1] * scales[r0:r1])
+            # computed in float32 (the inputs' common dtype), rounded once on the way out
+            torch.mul(q[r0:r1], scales[r0:r1], out=dst[r0:r1])
         offset += n * (SCALE_BYTES + width)
     pos = 0
     for index in indices:
@@ -267,19 +272,43 @@ def decode_tensor(
             f"out is {out.dtype}{list(out.shape)}, blob decodes to {torch_dtype}{list(header.shape)}"
         )
     if header.codec == "int8":
-        result = _dequantize(header, payload, target, dev, accelerator=dev.type != "cpu")
-    else:
-        if out is not None and out.device.type == "cpu" and target == header.dtype:
-            # one copy, straight from the received bytes into (possibly strided) ``out``
-            out.copy_(_payload_view(payload, header))
-            return header, out
-        direct = out is not None and out.device.type == "cpu" and out.is_contiguous()
-        host = out if direct and out is not None else torch.empty(header.shape, dtype=torch_dtype)
-        np_blob.decode_payload(header, payload, dtype_info(target), out=numpy_view(host))
-        if direct:
-            return header, host
-        result = host.to(dev)
-    if out is None:
-        return header, result
-    out.copy_(result)
-    return header, out
+        return header, _decode_int8(header, payload, target, dev, out)
+    return header, _decode_raw(header, payload, target, dev, out)
+
+
+def _decode_int8(
+    header: BlobHeader,
+    payload: npt.NDArray[np.uint8],
+    target: str,
+    dev: torch.device,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """Dequantize on ``dev``, straight into ``out`` when it is contiguous."""
+    direct = out is not None and out.is_contiguous()
+    result = _dequantize(
+        header, payload, target, dev, accelerator=dev.type != "cpu", into=out if direct else None
+    )
+    if out is None or direct:
+        return out if out is not None else result
+    return out.copy_(result)
+
+
+def _decode_raw(
+    header: BlobHeader,
+    payload: npt.NDArray[np.uint8],
+    target: str,
+    dev: torch.device,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """Copy (converting where ``target`` differs) from the received bytes, on CPU straight into ``out``."""
+    on_cpu = out is not None and out.device.type == "cpu"
+    if out is not None and on_cpu and target == header.dtype:
+        # one copy, straight from the received bytes into (possibly strided) ``out``
+        return out.copy_(_payload_view(payload, header))
+    direct = out is not None and on_cpu and out.is_contiguous()
+    host = out if direct and out is not None else torch.empty(header.shape, dtype=TORCH_DTYPES[target])
+    np_blob.decode_payload(header, payload, dtype_info(target), out=numpy_view(host))
+    if direct:
+        return host
+    result = host.to(dev)
+    return result if out is None else out.copy_(result)
