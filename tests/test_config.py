@@ -23,6 +23,7 @@ from tierkv.config import (
     config_to_dict,
     load_config,
     parse_size,
+    retention_from_config,
     setting,
     settings_from_dict,
     to_toml,
@@ -30,6 +31,7 @@ from tierkv.config import (
 )
 from tierkv.endpoints import HostPort
 from tierkv.errors import ConfigError
+from tierkv.retention import DEFAULT_CLASSES, DEFAULT_TTL_S, Durability, RetentionClass
 from tierkv.roles import Role
 from tierkv.tiering.checks import SessionSettings
 
@@ -403,3 +405,85 @@ def test_address_lists_parse_as_hostport_formats_them(pairs: list[tuple[str, int
     parsed = settings_from_dict(HookSample, {"vaults": sep.join(addresses)}, "x").vaults
     assert parsed == tuple(addresses)
     assert settings_from_dict(HookSample, {"vaults": addresses}, "x").vaults == tuple(addresses)
+
+
+# -- [retention] classes and times to live ----------------------------------------------------------------
+
+class_names = st.text(
+    alphabet=st.characters(codec="utf-8", categories=["L", "N", "P", "S", "Zs"]), min_size=1, max_size=20
+).filter(lambda n: n.isprintable() and len(n.encode()) <= 64)
+class_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "importance": st.floats(0, 1, allow_nan=False),
+        "durability": st.sampled_from([d.value for d in Durability]),
+        "protected": st.booleans(),
+    },
+)
+
+
+@given(
+    classes=st.dictionaries(st.one_of(st.sampled_from(sorted(DEFAULT_CLASSES)), class_names), class_fields),
+    ttl=st.dictionaries(st.sampled_from([d.value for d in Durability]), st.floats(0, 86400.0 * 365)),
+)
+def test_retention_classes_lay_the_file_over_the_defaults(
+    classes: dict[str, dict[str, object]], ttl: dict[str, float]
+) -> None:
+    cfg = config_from_dict({"retention": {"classes": classes, "ttl_s": ttl}}, source="r.toml")
+    retention = retention_from_config(cfg)
+    assert set(retention.classes) == set(DEFAULT_CLASSES) | set(classes)
+    for name, c in retention.classes.items():
+        base = DEFAULT_CLASSES.get(name) or RetentionClass(name)
+        given_fields = classes.get(name, {})
+        assert c.importance == given_fields.get("importance", base.importance)
+        assert c.durability.value == given_fields.get("durability", base.durability.value)
+        assert c.protected == given_fields.get("protected", base.protected)
+        meta = retention.meta(name)
+        assert meta.protected == c.protected and meta.importance == c.importance
+        expected_ttl = ttl.get(c.durability.value, DEFAULT_TTL_S[c.durability] or 0.0)
+        assert meta.ttl_s == (expected_ttl or None)
+    # what `tierkv config show` prints reads back as the same config, odd class names included
+    assert config_from_dict(tomllib.loads(to_toml(config_to_dict(cfg))), source="r.toml") == cfg
+
+
+def test_retention_defaults_are_the_built_in_classes() -> None:
+    retention = retention_from_config(Config())
+    assert dict(retention.classes) == dict(DEFAULT_CLASSES)
+    assert dict(retention.ttl_s) == dict(DEFAULT_TTL_S)
+    hash(Config())  # the config stays hashable with its class table
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "expected"),
+    [
+        ("[retention.classes.axioms]\nimportance = 1.5\n", "retention.classes.axioms.importance", "0..1"),
+        ('[retention.classes.tools]\nimportance = "high"\n', "retention.classes.tools.importance", "number"),
+        ('[retention.classes.x]\ndurability = "forever"\n', "retention.classes.x.durability", "'ephemeral'"),
+        ("[retention.classes.x]\nprotected = 1\n", "retention.classes.x.protected", "true or false"),
+        ("[retention.classes.x]\npinned = true\n", "retention.classes.x.pinned", "unknown key"),
+        ("[retention]\nclasses = 3\n", "retention.classes", "expected a table"),
+        ("[retention.classes]\nx = 3\n", "retention.classes.x", "expected a table"),
+        ('[retention.classes.""]\nprotected = true\n', "retention.classes.", "needs a name"),
+        (f"[retention.classes.{'a' * 65}]\n", f"retention.classes.{'a' * 65}", "at most 64 bytes"),
+        ("[retention.ttl_s]\nsession = -1\n", "retention.ttl_s.session", "0..3153600000"),
+        ("[retention.ttl_s]\nweekly = 5\n", "retention.ttl_s.weekly", "unknown key"),
+        ('[retention.ttl_s]\nephemeral = "1h"\n', "retention.ttl_s.ephemeral", "expected a number"),
+    ],
+)
+def test_retention_errors_name_the_file_the_key_and_what_was_expected(
+    tmp_path: Path, text: str, key: str, expected: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert (info.value.source, info.value.key) == (str(path), key)
+    assert expected in info.value.problem, info.value.problem
+
+
+def test_the_example_documents_every_retention_class() -> None:
+    example = Path(__file__).parent.parent / "tierkv.toml.example"
+    cfg = load_config(example)
+    assert cfg.retention == Config().retention
+    text = example.read_text()
+    for name in DEFAULT_CLASSES:
+        assert f"[retention.classes.{name}]" in text

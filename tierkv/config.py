@@ -25,12 +25,22 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from tierkv.endpoints import HostPort, join_host_port
 from tierkv.errors import ConfigError
+from tierkv.retention.classes import (
+    DEFAULT_CLASSES,
+    DEFAULT_TTL_S,
+    MAX_TTL_S,
+    NEUTRAL_IMPORTANCE,
+    Durability,
+    Retention,
+    RetentionClass,
+    check_source,
+)
 from tierkv.roles import Role
 
 if sys.version_info >= (3, 11):
@@ -48,6 +58,7 @@ DEFAULT_PORT = 50051
 ENV_CONFIG = "TIERKV_CONFIG"
 BUILTIN = "<built-in defaults>"
 
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 
 T = TypeVar("T")
@@ -237,13 +248,84 @@ class ContextWeights:
 
 
 @dataclasses.dataclass(frozen=True)
+class ClassSettings:
+    """``[retention.classes.NAME]``: one source class — how important its blocks are, how long they live
+    (their durability's time to live), whether they are protected from eviction."""
+
+    importance: float = setting(NEUTRAL_IMPORTANCE, minimum=0, maximum=1, what="an importance")
+    durability: Durability = Durability.SESSION
+    protected: bool = False
+
+
+class ClassTable(Mapping[str, ClassSettings]):
+    """``[retention.classes]``: class name → settings, immutable (and hashable, as the config is). A file
+    names only what it changes: a default class keeps the fields the file leaves out, a new class starts
+    from the neutral defaults."""
+
+    def __init__(self, classes: Mapping[str, ClassSettings]) -> None:
+        self._classes = dict(classes)
+
+    def __getitem__(self, name: str) -> ClassSettings:
+        return self._classes[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._classes)
+
+    def __len__(self) -> int:
+        return len(self._classes)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._classes.items()))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self.items()) == dict(other.items())
+
+    def __repr__(self) -> str:
+        return f"ClassTable({self._classes!r})"
+
+
+def default_class_table() -> ClassTable:
+    """The built-in classes (:data:`tierkv.retention.DEFAULT_CLASSES`) as settings."""
+    return ClassTable(
+        {n: ClassSettings(c.importance, c.durability, c.protected) for n, c in DEFAULT_CLASSES.items()}
+    )
+
+
+def _ttl(durability: Durability) -> float:
+    return setting(
+        DEFAULT_TTL_S[durability] or 0.0, minimum=0, maximum=MAX_TTL_S, what="seconds (0: no expiry)"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class TTLSettings:
+    """``[retention.ttl_s]``: each durability's time to live in seconds; 0 means no expiry."""
+
+    ephemeral: float = _ttl(Durability.EPHEMERAL)
+    session: float = _ttl(Durability.SESSION)
+    persistent: float = _ttl(Durability.PERSISTENT)
+    permanent: float = _ttl(Durability.PERMANENT)
+
+
+@dataclasses.dataclass(frozen=True)
 class RetentionConfig:
-    """``[retention]``: what a vault does with the metadata blocks carry (README, "Retention")."""
+    """``[retention]``: the source classes and times to live the engine hooks tag blocks with, and what a
+    vault does with the metadata blocks carry (README, "Retention")."""
 
     max_protected_fraction: float = setting(0.5, minimum=0, maximum=1, what="a fraction")
     """Protected bytes per tenant stay under this fraction of its quota (or of the vault's budget for a
     tenant without one), and all tenants' together under this fraction of the budget."""
     weights: ContextWeights = ContextWeights()
+    classes: ClassTable = dataclasses.field(default_factory=default_class_table)
+    ttl_s: TTLSettings = TTLSettings()
+
+
+def retention_from_config(config: Config) -> Retention:
+    """The class table and times to live of ``[retention]``, as the engine hooks use them."""
+    r = config.retention
+    classes = {n: RetentionClass(n, c.importance, c.durability, c.protected) for n, c in r.classes.items()}
+    ttl = {d: getattr(r.ttl_s, d.value) or None for d in Durability}
+    return Retention(classes=classes, ttl_s=ttl)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -535,11 +617,36 @@ def _enum(tp: type[enum.Enum], value: Any, source: str, key: str) -> Any:
         raise ConfigError(source, key, f"expected one of {choices}, got {value!r}") from None
 
 
+def _class_table(_tp: Any, value: Any, source: str, key: str) -> ClassTable:
+    """The default classes with the file's ``[retention.classes.NAME]`` tables laid over them."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(source, key, f"expected a table of [{key}.NAME] tables, got {_describe(value)}")
+    table = dict(default_class_table())
+    for name, given in value.items():
+        dotted = f"{key}.{name}"
+        try:
+            check_source(name)
+        except ValueError as exc:
+            raise ConfigError(source, dotted, str(exc)) from None
+        if not name:
+            raise ConfigError(source, dotted, "a class needs a name (an empty one means untagged)")
+        if not isinstance(given, Mapping):
+            raise ConfigError(
+                source,
+                dotted,
+                f"expected a table (importance, durability, protected), got {_describe(given)}",
+            )
+        base = _plain_value(table.get(name, ClassSettings()))
+        table[name] = _build(ClassSettings, {**base, **given}, source, dotted)
+    return ClassTable(table)
+
+
 _SPECIAL: dict[Any, Callable[[Any, Any, str, str], Any]] = {
     ByteSize: _byte_size,
     Addresses: _addresses,
     Literal: _literal,
     tuple: _tuple,
+    ClassTable: _class_table,
 }
 
 
@@ -676,6 +783,8 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 def _plain_value(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {name: _plain_value(getattr(value, name)) for name in _fields(type(value))}
+    if isinstance(value, Mapping):
+        return {k: _plain_value(v) for k, v in value.items()}
     if isinstance(value, tuple):
         return [_plain_value(v) for v in value]
     if isinstance(value, enum.Enum):
@@ -701,10 +810,15 @@ def _toml_table(name: str, table: Mapping[str, Any], lines: list[str], *, array:
         if isinstance(value, Mapping) or tables:
             nested[key] = value
         else:
-            lines.append(f"{key} = {_toml_value(value)}")
+            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
     for key, value in nested.items():
         for item in [value] if isinstance(value, Mapping) else value:
-            _toml_table(f"{name}.{key}", item, lines, array=isinstance(value, list))
+            _toml_table(f"{name}.{_toml_key(key)}", item, lines, array=isinstance(value, list))
+
+
+def _toml_key(key: str) -> str:
+    """A bare key when TOML allows one, else a quoted one (class names may hold any printable text)."""
+    return key if _BARE_KEY.fullmatch(key) else _toml_value(key)
 
 
 def _toml_value(value: Any) -> str:
