@@ -12,8 +12,10 @@ line) is announced only once the ports are bound and the store is open.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import select
 import signal
 import socket
 import threading
@@ -234,11 +236,35 @@ class VaultServer:
                 tmp.replace(ready_file)
             sd_notify("READY=1")
             print(self.startup_line(), flush=True)
-            done.wait()
+            wait_for_signal(done)
         finally:
             self.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def wait_for_signal(done: threading.Event) -> None:
+    """Block the main thread until a stop signal's handler has set ``done``.
+
+    Python runs signal handlers in the main thread only, between bytecodes, and the kernel may hand a
+    process-directed signal to any thread (it passes over a main thread that is stopped for a tracer such
+    as strace). A main thread asleep in ``Event.wait()`` is woken only by a signal delivered to itself, so
+    such a signal would go unnoticed. The wakeup fd is written by whichever thread catches the signal:
+    ``select`` on it returns, and the handler runs as soon as the main thread executes Python again.
+    """
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    try:
+        while not done.is_set():
+            select.select([reader], [], [])
+            with contextlib.suppress(BlockingIOError):
+                reader.recv(4096)
+    finally:
+        signal.set_wakeup_fd(previous)
+        reader.close()
+        writer.close()
 
 
 def _server_credentials(config: Config) -> grpc.ServerCredentials:
