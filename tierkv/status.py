@@ -48,6 +48,9 @@ class NodeStatus:
     protected_overflow: int = 0
     classes: tuple[dict[str, Any], ...] = ()
     """Per tenant and source class: keys, bytes, hits, misses, expired and the 5-minute hit rate."""
+    tenant: str = ""
+    """The tenant the token belongs to (its figures are the tenant's own unless ``access`` is admin)."""
+    access: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -85,6 +88,8 @@ def probe(role: Role, address: str, config: Config, timeout: float, token: str |
         expired=s.expired,
         protected_bytes=s.protected_bytes,
         protected_overflow=s.protected_overflow,
+        tenant=s.tenant,
+        access=s.access,
         classes=tuple({**dataclasses.asdict(c), "hit_rate_5m": c.hit_rate_5m} for c in s.classes),
     )
 
