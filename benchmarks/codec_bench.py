@@ -7,9 +7,12 @@ and a large one (32 x 2 x 8 x 16 x 128, 2 MiB). Decoding is measured to the code
 ("dec native"). A naive numpy int8 (astype, abs-max, divide, rint) is the baseline the fast path is
 compared with. Quality is SNR (dB) and max |error| of int8 on Gaussian data. torch runs with 1 thread
 and with its default (all cores): on a machine whose other cores are busy, multi-threaded torch ops can
-stall on their thread barrier, so compare both. Run:
+stall on their thread barrier, so compare both; ``--decode-threads`` does the same for numpy's int8
+decode (:func:`tierkv.codec.int8.set_decode_threads`). The last lines set the slowest encode, decode and
+int8 restore decode (into the blob dtype, as a restore writes it) against the bulk data plane measured in
+the same run (BatchGet of a loopback vault). Run:
 
-    python benchmarks/codec_bench.py [--json] [--runs N] [--torch-threads 1,2]
+    python benchmarks/codec_bench.py [--json] [--runs N] [--torch-threads 1,2] [--decode-threads 1,2]
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tierkv.codec import decode, encode, max_abs_error, snr_db
+from tierkv.codec import decode, encode, int8, max_abs_error, snr_db
 from tierkv.codec.bits import bf16_bits_to_f32, f32_to_bf16_bits
 
 SHAPES = {"192KiB": (24, 2, 2, 16, 64), "2MiB": (32, 2, 8, 16, 128)}
@@ -80,7 +83,7 @@ def naive_dequant(scale: npt.NDArray[Any], q: npt.NDArray[Any]) -> npt.NDArray[n
     return np.asarray(q.astype(np.float32) * scale[:, None], np.float32)
 
 
-def bench_numpy(runs: int) -> list[Row]:
+def bench_numpy(runs: int, label: str = "numpy") -> list[Row]:
     rows = []
     for size, shape in SHAPES.items():
         for dtype in ("float16", "bfloat16"):
@@ -92,7 +95,7 @@ def bench_numpy(runs: int) -> list[Row]:
                 lossy = codec == "int8"
                 rows.append(
                     Row(
-                        impl="numpy",
+                        impl=label,
                         dtype=dtype,
                         codec=codec,
                         size=size,
@@ -205,6 +208,31 @@ def model_kv_quality() -> dict[str, float]:
     }
 
 
+def restore_gbs(row: Row) -> float:
+    """Decode rate into the blob dtype (what a restore writes): numpy's "dec native", torch's "dec"."""
+    return row.decode_native_gbs if row.decode_native_gbs is not None else row.decode_gbs
+
+
+def print_summary(rows: list[Row], plane: float) -> None:
+    """The slowest encode and decode, and each implementation's slowest int8 restore decode, against the
+    data plane of this run."""
+    real = [r for r in rows if r.impl != "numpy-naive"]  # the naive rows are the baseline, not a path
+    for what, speed in (("encode (store)", "encode_gbs"), ("decode (restore)", "decode_gbs")):
+        slow = min(real, key=lambda r: getattr(r, speed))
+        print(
+            f"slowest {what}: {slow.impl} {slow.dtype} {slow.codec} {slow.size} at {getattr(slow, speed):.2f} "
+            f"GB/s = {getattr(slow, speed) / plane:.1f}x the loopback data plane ({plane:.2f} GB/s, BatchGet "
+            f"of 192 KiB blobs, this run)"
+        )
+    for impl in dict.fromkeys(r.impl for r in real):
+        restore = [(r, restore_gbs(r)) for r in real if r.impl == impl and r.codec == "int8"]
+        slow, gbs = min(restore, key=lambda pair: pair[1])
+        print(
+            f"int8 restore decode ({impl}, into the blob dtype): slowest {slow.dtype} {slow.size} at {gbs:.2f} "
+            f"GB/s = {gbs / plane:.2f}x the data plane"
+        )
+
+
 def fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
@@ -239,8 +267,18 @@ def main() -> None:
         default="",
         help="comma-separated torch intra-op thread counts to run (default: 1 and torch's default)",
     )
+    parser.add_argument(
+        "--decode-threads",
+        default="1",
+        help="comma-separated thread counts for numpy's int8 decode (default: 1, the library default)",
+    )
     args = parser.parse_args()
-    rows = bench_numpy(args.runs)
+    rows: list[Row] = []
+    decode_threads = [int(n) for n in args.decode_threads.split(",") if n]
+    for n in decode_threads:
+        int8.set_decode_threads(n)
+        rows += bench_numpy(args.runs, "numpy" if n == 1 else f"numpy x{n}")
+    int8.set_decode_threads(1)
     torch_threads: list[int] = []
     torch_version: str | None = None
     try:
@@ -259,6 +297,7 @@ def main() -> None:
         "runs": args.runs,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch_threads,
+        "decode_threads": decode_threads,
         "numpy": np.__version__,
         "torch": torch_version,
         "machine": platform.machine(),
@@ -280,14 +319,7 @@ def main() -> None:
         )
         return
     print_table(rows, info)
-    real = [r for r in rows if r.impl != "numpy-naive"]  # the naive rows are the baseline, not a path
-    for what, speed in (("encode (store)", "encode_gbs"), ("decode (restore)", "decode_gbs")):
-        slow = min(real, key=lambda r: getattr(r, speed))
-        print(
-            f"slowest {what}: {slow.impl} {slow.dtype} {slow.codec} {slow.size} at {getattr(slow, speed):.2f} "
-            f"GB/s = {getattr(slow, speed) / plane:.1f}x the loopback data plane ({plane:.2f} GB/s, BatchGet "
-            f"of 192 KiB blobs, this run)"
-        )
+    print_summary(rows, plane)
     if real_kv:
         print(
             f"int8 on KV from a random-weight Qwen2-shaped transformers model (bf16, 4 layers, 512 tokens): "
