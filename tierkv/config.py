@@ -239,7 +239,7 @@ class ContextWeights:
     reads) as the vault holds entries, and hits halve every ``hit_half_life`` turnovers without a read.
     """
 
-    importance: float = setting(2.0, minimum=0, what="a weight")
+    importance: float = setting(4.0, minimum=0, what="a weight")
     hits: float = setting(0.5, minimum=0, what="a weight")
     sharing: float = setting(0.5, minimum=0, what="a weight")
     size: float = setting(0.1, minimum=0, what="a weight")
