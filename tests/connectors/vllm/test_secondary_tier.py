@@ -201,6 +201,10 @@ def test_store_evict_load_gives_identical_bytes(vault: VaultProcess, engine_fact
     assert engine.tier.blocks_rejected == 0
     assert counter(engine.manager.get_stats(), "read_bytes") == len(keys) * CHUNK_BYTES
 
+    region = engine.manager.primary_tier._mmap_region.mmap_obj
+    engine.manager.shutdown()
+    assert region.closed, "the tier let go of vLLM's memory, so vLLM could unmap it"
+
 
 def test_unknown_chunks_miss(vault: VaultProcess, engine_factory: Any) -> None:
     engine = engine_factory(kv_cold=vault.address)

@@ -322,6 +322,8 @@ class TierKVSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         self._loads.shutdown(wait=True)
         self._stores.shutdown(wait=True)
         self._storage.close()
+        # Let go of vLLM's memory: an array over it would keep vLLM from unmapping its region.
+        self._rows = self._rows[:0].copy()
 
     # -- background work -----------------------------------------------------------------------------
 
