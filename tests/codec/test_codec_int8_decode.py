@@ -181,3 +181,25 @@ def test_float16_cast_matches_numpy_on_every_normal_value_and_tie() -> None:
 def test_decode_threads_must_be_positive() -> None:
     with pytest.raises(ValueError, match="threads"):
         int8.set_decode_threads(0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("into", ["new", "contiguous", "strided"])
+def test_torch_decode_of_many_steps_gives_the_numpy_bytes(dtype: str, into: str) -> None:
+    """Blobs several of torch's CPU steps long (and a short last group) decode as numpy decodes them."""
+    torch = pytest.importorskip("torch")
+    from tierkv.codec.torch_codec import CPU_DECODE_VALUES, TORCH_DTYPES, decode_tensor, numpy_view
+
+    values = 2 * CPU_DECODE_VALUES + 77
+    x32 = np.asarray(np.random.default_rng(5).standard_normal(values) * 3, np.float32)
+    x = f32_to_bf16_bits(x32) if dtype == "bfloat16" else x32.astype(dtype)
+    blob = encode(x, "int8", dtype="bfloat16" if dtype == "bfloat16" else None, group_size=96)
+    _, expected = decode(blob, out_dtype=dtype)
+    target = TORCH_DTYPES[dtype]
+    out = None
+    if into == "contiguous":
+        out = torch.empty(values, dtype=target)
+    elif into == "strided":
+        out = torch.empty(2 * values, dtype=target)[::2]
+    _, got = decode_tensor(blob, dtype=target, out=out)
+    assert numpy_view(got.contiguous()).tobytes() == expected.tobytes()

@@ -189,13 +189,6 @@ def _dequantize(
     """
     layout = int8_codec.Int8Layout(header.value_count, header.group_size)
     indices, raw = int8_codec.parse_exceptions(payload, layout, header.dtype_info)
-    records_bytes = payload[: layout.groups_len]
-    if device.type == "cpu":
-        region = _read_only_tensor(records_bytes)  # read in place: no staging copy
-    else:
-        staging = torch.empty(layout.groups_len, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
-        numpy_view(staging)[:] = records_bytes
-        region = staging.to(device, non_blocking=True)
     out = (
         into.view(-1)
         if into is not None
@@ -204,16 +197,18 @@ def _dequantize(
     g = layout.group_size
     step = max(1, layout.full_groups) if accelerator else max(1, CPU_DECODE_VALUES // g)
     scratch = None if accelerator or target == "float32" else _cpu_scratch(step * g)
-    offset = 0
-    for first, n, width in layout.pieces():
-        records = region[offset : offset + n * (SCALE_BYTES + width)].view(n, SCALE_BYTES + width)
-        scales = records[:, :SCALE_BYTES].clone(memory_format=torch.contiguous_format).view(torch.float32)
-        q = records[:, SCALE_BYTES:].view(torch.int8)
-        dst = out[first * g : first * g + n * width].view(n, width)
+    # narrow() rather than [a:b]: torch's Python indexing costs microseconds a call, which small blobs feel
+    for first, q, scales in _records(layout, payload[: layout.groups_len], device, accelerator):
+        n = q.shape[0]
+        dst = out.narrow(0, first, q.numel()).view(q.shape)
         for r0 in range(0, n, step):
-            r1 = min(n, r0 + step)
-            _scale_rows(q[r0:r1], scales[r0:r1], dst[r0:r1], scratch)
-        offset += n * (SCALE_BYTES + width)
+            rows = min(step, n - r0)
+            if rows == n:
+                _scale_rows(q, scales, dst, scratch)
+            else:
+                _scale_rows(
+                    q.narrow(0, r0, rows), scales.narrow(0, r0, rows), dst.narrow(0, r0, rows), scratch
+                )
     pos = 0
     for index in indices:
         start = int(index) * g
@@ -223,6 +218,40 @@ def _dequantize(
         out[start : start + n].copy_(host)
         pos += n
     return out.view(header.shape)
+
+
+def _records(
+    layout: int8_codec.Int8Layout, region: npt.NDArray[np.uint8], device: torch.device, accelerator: bool
+) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """``(first value, q (n, width) int8, scales (n, 1) float32)`` of each piece of the group region.
+
+    On CPU these are views of the received bytes (numpy slices them for a fraction of torch's cost per
+    call); for an ``accelerator`` the region is staged in pinned memory and copied to ``device`` once.
+    """
+    if not accelerator:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch warns about read-only buffers; we only read
+            return [
+                (first, torch.from_numpy(q), torch.from_numpy(_aligned(scales)[:, None]))
+                for first, scales, q in layout.parts(region)
+            ]
+    staging = torch.empty(layout.groups_len, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+    numpy_view(staging)[:] = region
+    on_device = staging.to(device, non_blocking=True)
+    pieces = []
+    offset = 0
+    for first_group, n, width in layout.pieces():
+        records = on_device.narrow(0, offset, n * (SCALE_BYTES + width)).view(n, SCALE_BYTES + width)
+        scales = records.narrow(1, 0, SCALE_BYTES).clone(memory_format=torch.contiguous_format)
+        q = records.narrow(1, SCALE_BYTES, width).view(torch.int8)
+        pieces.append((first_group * layout.group_size, q, scales.view(torch.float32)))
+        offset += n * (SCALE_BYTES + width)
+    return pieces
+
+
+def _aligned(scales: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """``scales`` in place where its stride is whole float32s (torch needs that), else a compact copy."""
+    return scales if scales.strides[0] % scales.itemsize == 0 else scales.copy()
 
 
 def _scale_rows(
@@ -240,7 +269,7 @@ def _scale_rows(
         else:
             torch.mul(q, scales, out=dst)
         return
-    wide = scratch[: q.numel()].view(q.shape)
+    wide = scratch.narrow(0, 0, q.numel()).view(q.shape)
     wide.copy_(q)
     wide.mul_(scales)
     dst.copy_(wide)
