@@ -7,6 +7,7 @@
     for response in stream_generate(model, tokenizer, prepared.remaining, prompt_cache=prepared.cache):
         ...
     tier.store(prepared, generated_tokens)          # ship what the vaults lack
+    tier.store(prepared, generated_tokens, layout=[{"tokens": [0, 512], "source": "axioms"}])  # tagged
 
 Full-attention layers are restored block by block (any stored prefix is usable); models with sliding
 windows or recurrent state also need a snapshot at the restore boundary, so :meth:`MlxTier.prepare`
@@ -18,11 +19,12 @@ only where every KV block before the boundary and its snapshot arrive and verify
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Final
 
@@ -47,6 +49,7 @@ from tierkv.connectors.mlx.layout import (
 )
 from tierkv.connectors.mlx.states import LayerState, read_state, rebuild, to_numpy
 from tierkv.keys import Namespace, block_keys
+from tierkv.retention import BlockMeta, Layout, Retention, block_meta
 from tierkv.tiering.pipeline import Block, ColdTier, Restored, StoreTally
 from tierkv.tiering.spec import Expect, StreamSpec
 from tierkv.tiering.storage import Storage
@@ -154,7 +157,8 @@ class MlxTier:
 
     ``storage`` is any :class:`~tierkv.tiering.storage.Storage` (``open_cluster(config)`` for the
     vaults). ``model_id`` names the weights (a hub id or path); left out, a fingerprint of the weights
-    is used. ``codec`` is the KV codec (``raw`` or ``int8``); snapshots are always raw.
+    is used. ``codec`` is the KV codec (``raw`` or ``int8``); snapshots are always raw. ``retention`` is
+    the class table a prompt layout given to :meth:`store` is tagged by.
     """
 
     def __init__(
@@ -167,6 +171,7 @@ class MlxTier:
         codec: str = "raw",
         tenant: str = "",
         snapshot_every: int = 4,
+        retention: Retention | None = None,
     ) -> None:
         if block_size < 2 or snapshot_every < 1:
             raise ValueError(
@@ -175,6 +180,7 @@ class MlxTier:
         self.model = model
         self.block_size = block_size
         self.snapshot_every = snapshot_every
+        self.retention = retention or Retention()
         self.layout = probe(model, make_prompt_cache(model))
         dtype = self.layout.kv_dtype or self.layout.state_dtype
         self.namespace = Namespace.from_config(
@@ -311,49 +317,81 @@ class MlxTier:
 
     # ---------------------------------------------------------------------------------------- store
 
-    def store(self, prepared: Prepared, generated: Sequence[int] = ()) -> StoreTally:
+    def store(
+        self, prepared: Prepared, generated: Sequence[int] = (), *, layout: Layout | None = None
+    ) -> StoreTally:
         """Ship the KV blocks the vaults lack and the snapshots taken in :meth:`prepare`.
 
         ``generated`` are the tokens ``generate`` produced after the prompt; the blocks they fill
-        are stored as far as the cache holds them.
+        are stored as far as the cache holds them. ``layout`` (token spans of the prompt, as for
+        :func:`tierkv.retention.block_meta`) tags the stored blocks, the generated tokens as
+        ``generation``; a snapshot takes the tag of the block it ends. Without it nothing is tagged.
         """
         tokens = prepared.tokens + [int(t) for t in generated]
         tally = StoreTally()
+        meta = self._meta(layout, tokens, len(prepared.tokens))
         if self.layout.has_kv:
-            tally.add(self._store_kv(prepared.cache, tokens))
+            tally.add(self._store_kv(prepared.cache, tokens, meta))
         snaps = {p: s for p, s in prepared.snapshots.items() if p > prepared.restored}
         if snaps:
             chain = self.snapshot_keys(tokens, max(snaps) // self.block_size)
-            items = self._snapshot_blocks(chain, snaps)
-            tally.add(self.blocks.store(self.snap_spec, items))
+            items = list(self._snapshot_blocks(chain, snaps))
+            tally.add(self.blocks.store(self.snap_spec, items, self._snapshot_meta(meta, items)))
         return tally
 
-    def store_cache(self, tokens: Sequence[int], cache: Sequence[Any]) -> StoreTally:
+    def _meta(
+        self, layout: Layout | None, tokens: Sequence[int], prompt: int
+    ) -> dict[bytes, BlockMeta] | None:
+        """Each full block's metadata by KV key, in chain order (None without a layout)."""
+        if layout is None:
+            return None
+        keys = self.kv_keys(tokens, len(tokens) // self.block_size)
+        return block_meta(keys, layout, self.block_size, self.retention, prompt_tokens=prompt)
+
+    def _snapshot_meta(
+        self, meta: Mapping[bytes, BlockMeta] | None, items: Sequence[Block[Any]]
+    ) -> dict[bytes, BlockMeta] | None:
+        """Every part of a snapshot with the metadata of the block it ends, parentless: the parts form no
+        chain, and a parent in the KV chain would count as sharing there."""
+        if meta is None:
+            return None
+        keys = list(meta)
+        return {
+            key: dataclasses.replace(meta[keys[position // self.block_size - 1]], parent=b"")
+            for key, _, position in items
+        }
+
+    def store_cache(
+        self, tokens: Sequence[int], cache: Sequence[Any], *, layout: Layout | None = None
+    ) -> StoreTally:
         """Ship a filled prompt cache that this hook did not prepare (e.g. a server cache entry).
 
         Its KV blocks are stored as far as the cache holds ``tokens``; its snapshot layers only when
         the cache ends exactly on a block boundary (a state is never cut back), which needs a
-        full-attention or sliding layer to tell how many tokens the cache holds.
+        full-attention or sliding layer to tell how many tokens the cache holds. ``layout`` is as for
+        :meth:`store` (every token is prompt here).
         """
         prepared = Prepared([int(t) for t in tokens], list(cache))
         held = self._held(cache)
         if self.layout.has_snapshots and held and held % self.block_size == 0 and held <= len(tokens):
             prepared.snapshots[held] = [read_state(cache[s.index]) for s in self.layout.snapshots]
-        return self.store(prepared)
+        return self.store(prepared, layout=layout)
 
     def _held(self, cache: Sequence[Any]) -> int:
         """Tokens a cache holds, by its layers' offsets (0 when no layer has one or they disagree)."""
         offsets = {int(c.offset) for c in cache if hasattr(c, "offset")}
         return offsets.pop() if len(offsets) == 1 else 0
 
-    def _store_kv(self, cache: Sequence[Any], tokens: Sequence[int]) -> StoreTally:
+    def _store_kv(
+        self, cache: Sequence[Any], tokens: Sequence[int], meta: Mapping[bytes, BlockMeta] | None
+    ) -> StoreTally:
         held = min(int(cache[i].offset) for i in self.layout.kv_layers)
         n = min(held, len(tokens)) // self.block_size
         keys = self.kv_keys(tokens, n)
         have = self.blocks.lookup(self.kv_spec, keys)
         arrays = kv_blocks(self.layout, cache, have, n, self.block_size)
         items = ((keys[i], a, self.block_size) for i, a in zip(range(have, n), arrays, strict=True))
-        return self.blocks.store(self.kv_spec, items)
+        return self.blocks.store(self.kv_spec, items, meta)
 
     def _snapshot_blocks(
         self, chain: Sequence[bytes], snaps: dict[int, list[LayerState]]
