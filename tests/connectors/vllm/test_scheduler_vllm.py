@@ -384,3 +384,18 @@ def test_a_layout_in_kv_transfer_params_or_a_kv_hints_action_tags_the_store_job(
     assert len(stores[bad.request_id].refs) == 4, "a malformed layout is ignored, the request stored"
     totals = connector(s).totals()
     assert totals["layouts"] == 2 and totals["layouts_rejected"] == 1
+
+
+def test_layout_classes_come_from_the_retention_section_of_tierkv_toml(
+    model_dir: Path, kv_vault: VaultProcess, tmp_path: Path
+) -> None:
+    toml = tmp_path / "tierkv.toml"
+    toml.write_text("[retention.classes.tools]\nimportance = 0.3\nprotected = true\n")
+    s = make_scheduler(model_dir, kv_vault.address, [attention(["l0"])], config_path=str(toml))
+    layout = [{"tokens": [0, 3 * BS], "source": "tools"}]
+    request = make_request(tokens(3 * BS, seed=31), 1, kv_transfer_params={"tierkv": {"layout": layout}})
+    s.add_request(request)
+    until(s, request, RequestStatus.FINISHED_LENGTH_CAPPED)
+    (store,) = jobs(step(s)).stores
+    assert store.meta is not None and len(store.meta) == 3
+    assert all(m.source == "tools" and m.importance == 0.3 and m.protected for m in store.meta.values())

@@ -14,7 +14,7 @@ default ("fail") such a request ends with an error instead. Either way a failed 
 vLLM builds two instances: the SCHEDULER one decides (:mod:`.scheduler`), each WORKER one moves bytes
 (:mod:`.worker`); they share nothing but the :class:`TierKVMetadata` vLLM passes from one to the other
 every step. A request's prompt layout (``kv_transfer_params`` or a ``kv_hints`` action, see
-:mod:`.hints`) rides in the store jobs as block metadata.
+:mod:`.hints`) rides in the store jobs as block metadata, its classes from ``[retention]`` of tierkv.toml.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSpec, MLAAttentionSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from tierkv.config import retention_from_config
 from tierkv.connectors.vllm.identity import Identity, KeyBook, choose_hash_scheme, make_identity
 from tierkv.connectors.vllm.layout import (
     AttentionGeometry,
@@ -180,6 +181,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 max_state_probes=self.settings.max_state_probes,
                 lookup_threads=self.settings.lookup_threads,
                 counters=self.counters,
+                retention=retention_from_config(self.settings.config),
             )
             logger.info(
                 "tierkv connector: %d group(s), block size %d, keys %s, vaults %s, restores %s",
