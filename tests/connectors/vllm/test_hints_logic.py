@@ -11,6 +11,9 @@ import pickle
 from typing import Any
 
 import pytest
+
+pytest.importorskip("hypothesis", reason="the vLLM environment runs only the -m vllm tests")
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
