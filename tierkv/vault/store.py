@@ -825,18 +825,26 @@ class Store:
         self, txn: lmdb.Transaction, ledger: _Ledger, owner: _Tenant, parent: bytes, delta: int
     ) -> None:
         """A stored child of ``parent`` came or went: count it in the parent (if stored) and re-rank it."""
-        raw = txn.get(parent, db=owner.index)
-        if raw is None:
+        entry = self._unranked(txn, owner, parent)
+        if entry is None:
             return
-        try:
-            entry = _Index.unpack(raw)
-        except ValueError:
-            return
-        if not entry.protected:
-            txn.delete(self._rank(entry) + parent, db=owner.order)
         entry.ext = entry.ext or EntryMeta()
         entry.ext.sharing = max(0, entry.ext.sharing + delta)
         self._write_index(txn, ledger, owner, parent, entry)
+
+    def _unranked(self, txn: lmdb.Transaction, owner: _Tenant, fkey: bytes) -> _Index | None:
+        """A stored entry taken out of the eviction order, to be changed and written back with
+        :meth:`_write_index`; None when it is missing or its record is unreadable."""
+        raw = txn.get(fkey, db=owner.index)
+        if raw is None:
+            return None
+        try:
+            entry = _Index.unpack(raw)
+        except ValueError:
+            return None
+        if not entry.protected:
+            txn.delete(self._rank(entry) + fkey, db=owner.order)
+        return entry
 
     def _make_room(self, txn: lmdb.Transaction, ledger: _Ledger, owner: _Tenant, charge: int) -> bool:
         """Evict until ``charge`` more bytes fit the owner's quota and the vault budget."""
@@ -1114,15 +1122,9 @@ class Store:
             touched, self._touches = self._touches, OrderedDict()
         for (name, fkey), hits in touched.items():
             owner = self._tenants[name]
-            raw = txn.get(fkey, db=owner.index)
-            if raw is None:
+            entry = self._unranked(txn, owner, fkey)
+            if entry is None:
                 continue
-            try:
-                entry = _Index.unpack(raw)
-            except ValueError:
-                continue
-            if not entry.protected:
-                txn.delete(self._rank(entry) + fkey, db=owner.order)
             ledger.clock += 1
             if hits and (entry.ext is not None or self.policy.uses_meta):
                 entry.ext = entry.ext or EntryMeta()
