@@ -535,6 +535,52 @@ def config_init(
     out.print(f"wrote {escape(str(target))}", highlight=False)
 
 
+exo_app = typer.Typer(help="Install the EXO adapter into an EXO environment (an import hook).", **_APP_STYLE)  # type: ignore[arg-type]
+app.add_typer(exo_app, name="exo")
+ExoPython = Annotated[
+    str | None, typer.Option("--python", help="EXO's interpreter (default: this one).", show_default=False)
+]
+ExoSiteDir = Annotated[
+    str | None, typer.Option("--site-dir", help="Site directory to use instead of its site-packages.")
+]
+
+
+def _exo(action: str, python: str | None, site_dir: str | None) -> Any:
+    """Run one of :mod:`tierkv.connectors.exo.install`'s actions; its refusals exit 2 with the reason."""
+    from tierkv.connectors.exo import install as exo
+
+    try:
+        return getattr(exo, action)(python, site_dir)
+    except exo.InstallError as exc:
+        _fail(exc, f"exo {action}")
+
+
+def _print_lines(lines: list[str]) -> None:
+    for line in lines:
+        out.print(escape(line), highlight=False)
+
+
+@exo_app.command("install")
+def exo_install(python: ExoPython = None, site_dir: ExoSiteDir = None) -> None:
+    """Write tierkv's .pth import hook into EXO's site-packages (EXO's files are not touched)."""
+    pth = _exo("install", python, site_dir)
+    out.print(f"wrote {escape(str(pth))}", highlight=False)
+    _print_lines(_exo("status", python, site_dir).lines()[2:])
+
+
+@exo_app.command("uninstall")
+def exo_uninstall(python: ExoPython = None, site_dir: ExoSiteDir = None) -> None:
+    """Remove exactly the .pth file `tierkv exo install` wrote."""
+    pth = _exo("uninstall", python, site_dir)
+    out.print(f"removed {escape(str(pth))}" if pth else "nothing to remove", highlight=False)
+
+
+@exo_app.command("status")
+def exo_status(python: ExoPython = None, site_dir: ExoSiteDir = None) -> None:
+    """Say whether the hook is installed and whether the guard passes for that environment's EXO."""
+    _print_lines(_exo("status", python, site_dir).lines())
+
+
 class ServiceKind(str, enum.Enum):
     systemd = "systemd"
     launchd = "launchd"

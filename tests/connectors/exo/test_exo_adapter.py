@@ -1,0 +1,95 @@
+"""The tiered ``KVPrefixCache`` over real vault processes, driven like EXO drives its cache: look up with
+``get_kv_cache``, prefill and generate with mlx-lm, insert with ``add_kv_cache``. EXO itself cannot be
+installed here (Python 3.13 and a Rust module), so the subclass is built over the stand-in in
+``standin.py`` (EXO 0.3.68's signatures and contract, an entry count instead of a memory threshold).
+Restored generations must be bit-identical to a full prefill of a random-weight llama."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip(
+    "mlx.core", reason="mlx is not installed here (scripts/setup-mlx-env.sh builds .venv-mlx)"
+)
+
+import mlx.core as mx
+
+from tests.conftest import VaultFactory
+from tests.connectors.exo import standin
+from tests.connectors.mlx.models import prompt, run, tiny_model
+from tierkv.client.cluster import Cluster
+from tierkv.connectors.exo.adapter import agree, rank_tenant, tiered_prefix_cache
+from tierkv.tiering.storage import MemoryStorage
+
+pytestmark = pytest.mark.mlx
+
+BLOCK = 16
+
+
+@pytest.fixture
+def cluster(vault_factory: VaultFactory) -> Iterator[Cluster]:
+    kv, ssm = vault_factory("kv", role="kv_cold"), vault_factory("ssm", role="ssm_cold")
+    c = Cluster({"kv_cold": [kv.address], "ssm_cold": [ssm.address]}, timeout=2.0)
+    yield c
+    c.close()
+
+
+def _serve(prefix_cache: Any, model: Any, ids: list[int]) -> tuple[Any, int | None, int]:
+    """One EXO request: look up, generate on what is left, insert the prompt's cache."""
+    tokens = mx.array(ids)
+    cache, remaining, index, _ = prefix_cache.get_kv_cache(model, tokens)
+    result = run(model, remaining.tolist(), cache)
+    prefix_cache.add_kv_cache(tokens, cache)
+    return result, index, len(ids) - len(remaining)
+
+
+def test_evicted_entry_comes_back_from_the_vaults_bit_identical(cluster: Cluster) -> None:
+    model = tiny_model("llama")
+    cls = tiered_prefix_cache(standin, storage=lambda: cluster, block_size=BLOCK)
+    writer = cls(None)
+    first, other, third = prompt(70, seed=1), prompt(70, seed=2), prompt(70, seed=3)
+    for ids in (first, other, third):  # the third insert evicts the first (CAPACITY 2)
+        _serve(writer, model, ids)
+    assert all(p.tolist() != first for p in writer.prompts)
+    tier = writer._tierkv.tier
+    stored = [tier.blocks.lookup(tier.kv_spec, tier.kv_keys(ids, 4)) for ids in (first, other, third)]
+    assert stored == [4, 0, 0]  # only the evicted entry was shipped
+
+    follow_up = [*first, *prompt(20, seed=4)]
+    ref = run(model, follow_up)
+    reader = cls(None)  # a fresh cache: only the vaults hold the first prompt
+    got, index, reused = _serve(reader, model, follow_up)
+    assert got.same_as(ref)
+    assert reused == 64 and index == 0  # four blocks restored, re-inserted through add_kv_cache
+    assert len(reader.prompts) == len(reader.prefill_tps) == len(reader._last_used) == 2
+
+    again, index, reused = _serve(reader, model, follow_up)
+    assert again.same_as(ref) and index == 1 and reused == len(follow_up) - 1  # a hot hit now
+
+
+def test_no_vault_data_is_a_plain_miss() -> None:
+    model = tiny_model("llama")
+    cache = tiered_prefix_cache(standin, storage=MemoryStorage, block_size=BLOCK)(None)
+    ids = prompt(50, seed=5)
+    got, index, reused = _serve(cache, model, ids)
+    assert got.same_as(run(model, ids)) and index is None and reused == 0
+
+
+def test_ranks_get_their_own_namespace_and_must_agree() -> None:
+    class Group:
+        def __init__(self, rank: int) -> None:
+            self._rank = rank
+
+        def rank(self) -> int:
+            return self._rank
+
+        def size(self) -> int:
+            return 2
+
+    assert rank_tenant(None) == "" and rank_tenant(Group(1)) == "exo-rank1-of-2"
+    assert agree(None, 48) == 48
+    world = mx.distributed.init()  # a one-process group: the collective runs, every rank agrees
+    assert agree(world, 48) == 48 and agree(world, 0) == 0
