@@ -4,8 +4,9 @@ same parallel lists and the same contract as EXO's ``KVPrefixCache`` at version 
 ``add_kv_cache`` evicts first (LRU, inline ``pop`` from every list) then stores a deep copy;
 ``get_kv_cache`` returns ``(cache, remaining, matched_index, is_exact)`` for the longest cached prefix,
 trimmed so at least one token is left to compute. Two simplifications: eviction is driven by an entry
-count (``CAPACITY``) instead of EXO's memory threshold, and models with non-trimmable layers always get
-a fresh cache (EXO restores those from snapshots). Nothing here imports mlx at import time, so the
+count (``CAPACITY``) instead of EXO's memory threshold, and snapshots are plain deep copies. As in EXO,
+an entry with non-trimmable layers (sliding window, SSM) is usable only back to its nearest snapshot at
+or before the match, whose states replace those layers. Nothing here imports mlx at import time, so the
 install tests can load it as a fake EXO package in an environment without mlx.
 """
 
@@ -78,14 +79,24 @@ class KVPrefixCache:
             n = _prefix(prompt_tokens, cached)
             if n > length:
                 best, length = i, n
-        if best is None or has_non_kv_caches(self.caches[best]):
+        if best is None:
             return make_prompt_cache(model), prompt_tokens, None, False
         exact = length >= len(prompt_tokens) - 1
         held = max(c.offset for c in self.caches[best])
         target = min(held, len(prompt_tokens) - 1 if exact else length)
+        snapshot = None
+        if has_non_kv_caches(self.caches[best]):
+            usable = [s for s in self._snapshots[best] or () if s.token_count <= target]
+            if not usable:
+                return make_prompt_cache(model), prompt_tokens, None, False
+            snapshot = max(usable, key=lambda s: s.token_count)
+            target = snapshot.token_count
         cache = deepcopy(self.caches[best])
-        for c in cache:
-            c.trim(held - target)
+        for i, c in enumerate(cache):
+            if snapshot is not None and snapshot.states[i] is not None:
+                cache[i] = deepcopy(snapshot.states[i])
+            else:
+                c.trim(held - target)
         self._access_counter += 1
         self._last_used[best] = self._access_counter
         return cache, prompt_tokens[target:], best, exact

@@ -37,17 +37,28 @@ def cluster(vault_factory: VaultFactory) -> Iterator[Cluster]:
     c.close()
 
 
-def _serve(prefix_cache: Any, model: Any, ids: list[int]) -> tuple[Any, int | None, int]:
-    """One EXO request: look up, generate on what is left, insert the prompt's cache."""
+def _serve(
+    prefix_cache: Any, model: Any, ids: list[int], snapshot_at: int = 64
+) -> tuple[Any, int | None, int]:
+    """One EXO request: look up, generate on what is left, insert the prompt's cache. Like EXO's prefill,
+    it snapshots the non-trimmable layers along the way (here at ``snapshot_at`` tokens)."""
     tokens = mx.array(ids)
     cache, remaining, index, _ = prefix_cache.get_kv_cache(model, tokens)
+    reused = len(ids) - len(remaining)
+    snapshots = None
+    if standin.has_non_kv_caches(cache) and reused < snapshot_at < len(ids):
+        model(tokens[reused:snapshot_at][None], cache=cache)
+        mx.eval([c.state for c in cache])
+        snapshots = [standin.snapshot_ssm_states(cache)]
+        remaining = tokens[snapshot_at:]
     result = run(model, remaining.tolist(), cache)
-    prefix_cache.add_kv_cache(tokens, cache)
-    return result, index, len(ids) - len(remaining)
+    prefix_cache.add_kv_cache(tokens, cache, snapshots)
+    return result, index, reused
 
 
-def test_evicted_entry_comes_back_from_the_vaults_bit_identical(cluster: Cluster) -> None:
-    model = tiny_model("llama")
+@pytest.mark.parametrize("family", ["llama", "llama_swa"])
+def test_evicted_entry_comes_back_from_the_vaults_bit_identical(cluster: Cluster, family: str) -> None:
+    model = tiny_model(family)
     cls = tiered_prefix_cache(standin, storage=lambda: cluster, block_size=BLOCK)
     writer = cls(None)
     first, other, third = prompt(70, seed=1), prompt(70, seed=2), prompt(70, seed=3)
@@ -57,17 +68,20 @@ def test_evicted_entry_comes_back_from_the_vaults_bit_identical(cluster: Cluster
     tier = writer._tierkv.tier
     stored = [tier.blocks.lookup(tier.kv_spec, tier.kv_keys(ids, 4)) for ids in (first, other, third)]
     assert stored == [4, 0, 0]  # only the evicted entry was shipped
+    if tier.layout.has_snapshots:  # with its snapshot at 64 tokens
+        assert tier.restore(first).restored == 64 and tier.restore(other).restored == 0
 
     follow_up = [*first, *prompt(20, seed=4)]
     ref = run(model, follow_up)
     reader = cls(None)  # a fresh cache: only the vaults hold the first prompt
-    got, index, reused = _serve(reader, model, follow_up)
+    got, index, reused = _serve(reader, model, follow_up, snapshot_at=80)
     assert got.same_as(ref)
     assert reused == 64 and index == 0  # four blocks restored, re-inserted through add_kv_cache
     assert len(reader.prompts) == len(reader.prefill_tps) == len(reader._last_used) == 2
 
     again, index, reused = _serve(reader, model, follow_up)
-    assert again.same_as(ref) and index == 1 and reused == len(follow_up) - 1  # a hot hit now
+    hot = 80 if tier.layout.has_snapshots else len(follow_up) - 1  # back to the snapshot, as in EXO
+    assert again.same_as(ref) and index == 1 and reused == hot  # a hot hit now
 
 
 def test_no_vault_data_is_a_plain_miss() -> None:
