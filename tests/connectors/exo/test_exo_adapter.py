@@ -92,6 +92,19 @@ def test_no_vault_data_is_a_plain_miss() -> None:
     assert got.same_as(run(model, ids)) and index is None and reused == 0
 
 
+def test_quantized_exo_cache_leaves_the_adapter_off(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tiny_model("llama")
+    monkeypatch.setattr(standin, "KV_CACHE_BITS", 8, raising=False)
+    cache = tiered_prefix_cache(standin, storage=lambda: cluster, block_size=BLOCK)(None)
+    for seed in (1, 2, 3):
+        _serve(cache, model, prompt(70, seed=seed))
+    got, index, reused = _serve(cache, model, prompt(70, seed=1))
+    assert cache._tierkv.disabled and cache._tierkv.tier is None
+    assert index is None and reused == 0 and got.same_as(run(model, prompt(70, seed=1)))
+
+
 def test_ranks_get_their_own_namespace_and_must_agree() -> None:
     class Group:
         def __init__(self, rank: int) -> None:

@@ -77,6 +77,11 @@ class _Tiering:
     def tier_for(self, model: Any) -> MlxTier | None:
         if self.disabled or (self.tier is not None and model is self.model):
             return self.tier
+        bits = getattr(self.module, "KV_CACHE_BITS", None)
+        if bits is not None:  # EXO would hold QuantizedKVCache layers, which the mlx-lm hook does not store
+            log.warning("tierkv EXO adapter off: EXO quantizes its KV cache (KV_CACHE_BITS=%s)", bits)
+            self.disabled = True
+            return None
         from tierkv.connectors.mlx.hook import MlxTier
 
         try:
