@@ -18,7 +18,6 @@ rank and world size) and a cold hit is used only when every rank restored the sa
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,7 @@ def default_storage() -> Storage:
     from tierkv.config import load_config
     from tierkv.tiering.storage import LazyStorage, open_cluster
 
-    config = load_config(os.environ.get("TIERKV_CONFIG"))
+    config = load_config()
     return LazyStorage(lambda: open_cluster(config))
 
 
