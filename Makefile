@@ -55,7 +55,7 @@ test-vllm: $(STAMP)
 
 test-mlx: $(STAMP)
 	@if [ -x scripts/setup-mlx-env.sh ]; then \
-	  scripts/setup-mlx-env.sh && .venv-mlx/bin/python -m pytest -q -p no:cacheprovider -m mlx tests/connectors/mlx; \
+	  scripts/setup-mlx-env.sh && .venv-mlx/bin/python -m pytest -q -p no:cacheprovider -m mlx tests/connectors/mlx tests/connectors/exo; \
 	else echo "MLX tier not present"; fi
 
 bench: $(STAMP)
