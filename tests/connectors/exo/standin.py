@@ -82,7 +82,7 @@ class KVPrefixCache:
         if best is None:
             return make_prompt_cache(model), prompt_tokens, None, False
         exact = length >= len(prompt_tokens) - 1
-        held = max(c.offset for c in self.caches[best])
+        held = max(getattr(c, "offset", 0) for c in self.caches[best])
         target = min(held, len(prompt_tokens) - 1 if exact else length)
         snapshot = None
         if has_non_kv_caches(self.caches[best]):

@@ -56,7 +56,7 @@ def _serve(
     return result, index, reused
 
 
-@pytest.mark.parametrize("family", ["llama", "llama_swa"])
+@pytest.mark.parametrize("family", ["llama", "llama_swa", "qwen3_next"])
 def test_evicted_entry_comes_back_from_the_vaults_bit_identical(cluster: Cluster, family: str) -> None:
     model = tiny_model(family)
     cls = tiered_prefix_cache(standin, storage=lambda: cluster, block_size=BLOCK)
