@@ -35,11 +35,16 @@ Block = tuple[bytes, A, int]
 
 @dataclass
 class StoreTally:
-    """What one store did: blobs offered, blobs acknowledged, bytes of the acknowledged ones."""
+    """What one store did: blobs offered, blobs acknowledged, bytes of the acknowledged ones.
+
+    ``acked`` lists the keys of the batches every blob of which was acknowledged (a partly acknowledged
+    batch does not say which blobs made it, so none of its keys is listed).
+    """
 
     sent: int = 0
     stored: int = 0
     stored_bytes: int = 0
+    acked: list[bytes] = field(default_factory=list)
 
     @property
     def failed(self) -> int:
@@ -50,6 +55,7 @@ class StoreTally:
         self.sent += other.sent
         self.stored += other.stored
         self.stored_bytes += other.stored_bytes
+        self.acked.extend(other.acked)
 
 
 @dataclass
@@ -59,12 +65,14 @@ class Restored:
     ``decoded`` lists the indices (into the keys asked for) of the blocks that verified, in order; the
     n-th of them was written into ``out(n)``. ``rejected`` blobs failed verification (and were deleted
     from the vaults); ``decoded_bytes`` is the size of the decoded blobs, ``fetched_bytes`` of every blob
-    received. ``get_s`` / ``decode_s`` split the time between the vaults and the codec.
+    received. ``get_s`` / ``decode_s`` split the time between the vaults and the codec. ``gone`` lists
+    the keys the vaults no longer hold: missing from the answer, or corrupt and deleted.
     """
 
     asked: int
     decoded: list[int] = field(default_factory=list)
     rejected: int = 0
+    gone: list[bytes] = field(default_factory=list)
     decoded_bytes: int = 0
     fetched_bytes: int = 0
     get_s: float = 0.0
@@ -120,6 +128,8 @@ class ColdTier(Generic[A]):
             tally.sent += len(batch)
             tally.stored += acked
             tally.stored_bytes += size * acked // len(batch)
+            if acked == len(batch):
+                tally.acked.extend(batch)
             if acked < len(batch):
                 logger.info("%s: %d of %d blobs acknowledged", spec.role, acked, len(batch))
         return tally
@@ -183,6 +193,7 @@ class ColdTier(Generic[A]):
                     result.decoded.append(i)
                     result.decoded_bytes += len(blob)
                     continue
+            result.gone.append(keys[i])
             if leading_only:
                 break
         return corrupt

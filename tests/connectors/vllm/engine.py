@@ -218,6 +218,22 @@ def timed(llm: Any, prompt: list[int]) -> float:
     return time.perf_counter() - start
 
 
+def probe_request(tokens: list[int], request_id: str = "probe") -> Any:
+    """A vLLM ``Request`` for ``tokens`` with the engine's default block hasher (sha256)."""
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request
+
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=tokens,
+        sampling_params=SamplingParams(max_tokens=1),
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
+    )
+
+
 def scheduler_connector(llm: Any) -> Any:
     return llm.llm_engine.engine_core.engine_core.scheduler.connector
 

@@ -22,6 +22,7 @@ from tests.connectors.vllm.engine import (
     Output,
     generate_counted,
     make_llm,
+    probe_request,
     prompt,
     scheduler_connector,
     shutdown,
@@ -124,20 +125,9 @@ def test_longer_prompt_restores_only_the_shared_blocks(llm: Any, reference: dict
 def test_corrupted_block_is_reported_and_recomputed(
     llm: Any, vault: VaultProcess, reference: dict[str, Output]
 ) -> None:
-    from vllm import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
-    from vllm.v1.request import Request
-
     store_then_forget(llm, CORRUPTED)
     conn = scheduler_connector(llm)
-    probe = Request(
-        request_id="probe-corrupted",
-        prompt_token_ids=CORRUPTED,
-        sampling_params=SamplingParams(max_tokens=1),
-        pooling_params=None,
-        block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
-    )
+    probe = probe_request(CORRUPTED, "probe-corrupted")
     key = conn.keybook.keys(probe)[3]
     namespace = conn.identity.stream_namespace(conn.topology.streams[0])
     with VaultClient(vault.address) as client:

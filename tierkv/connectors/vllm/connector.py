@@ -31,12 +31,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
     SupportsHMA,
 )
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSpec, MLAAttentionSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from tierkv.config import retention_from_config
+from tierkv.connectors.vllm.events import ColdEvents, WorkerReport
 from tierkv.connectors.vllm.identity import Identity, KeyBook, choose_hash_scheme, make_identity
 from tierkv.connectors.vllm.layout import (
     AttentionGeometry,
@@ -55,6 +57,7 @@ from tierkv.connectors.vllm.worker import GroupView, WorkerSide
 from tierkv.errors import ConfigError
 
 if TYPE_CHECKING:
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
         KVConnectorPromMetrics,
         KVConnectorStats,
@@ -158,6 +161,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self.identity = self._make_identity(vllm_config, kv_cache_config)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
+        self._events: ColdEvents | None = None
         if role == KVConnectorRole.SCHEDULER:
             if transfer.kv_load_failure_policy != "recompute":
                 logger.warning(
@@ -169,6 +173,13 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 self.settings.hash, str(cache.prefix_caching_hash_algo), os.environ.get("PYTHONHASHSEED")
             )
             self.keybook = KeyBook(self.identity, self.topology, scheme)
+            if self.settings.kv_events:
+                self._events = ColdEvents(
+                    self.topology.block_size,
+                    self.topology.hash_block_size,
+                    self.settings.max_queued_events,
+                    self.counters,
+                )
             self._scheduler = SchedulerSide(
                 self.topology,
                 {s: self.identity.all_ranks(s) for s in self.topology.streams},
@@ -182,6 +193,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 lookup_threads=self.settings.lookup_threads,
                 counters=self.counters,
                 retention=retention_from_config(self.settings.config),
+                events=self._events,
             )
             logger.info(
                 "tierkv connector: %d group(s), block size %d, keys %s, vaults %s, restores %s",
@@ -267,6 +279,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             max_queued_stores=self.settings.max_queued_stores,
             load_threads=self.settings.load_threads,
             counters=self.counters,
+            report=WorkerReport() if self.settings.kv_events else None,
         )
         logger.info("tierkv worker (tp %d, pp %d): %d stream(s) registered", tp_rank, pp_rank, len(views))
 
@@ -298,6 +311,12 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         results = self.get_transfer_results(finished_req_ids)
         return results.finished_sending or None, results.finished_recving or None
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        """Keys the vaults acknowledged or lost since the last step, for the scheduler's KV events."""
+        if self._worker is None or self._worker.report is None:
+            return None
+        return self._worker.report.take()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         if self._worker is None or not self._worker.per_block_errors:
@@ -333,6 +352,8 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return TierKVMetadata(self.scheduler.take_jobs(offers), idle=idle)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        if self._events is not None:
+            self._events.report(connector_output.kv_connector_worker_meta)
         self.scheduler.transfers_done(
             set(connector_output.finished_sending or ()), set(connector_output.finished_recving or ())
         )
@@ -353,8 +374,9 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         """Keep the engine stepping until held blocks are released (their stores reported done)."""
         return self.has_pending_block_frees()
 
-    def take_events(self) -> Iterable[Any]:
-        return ()
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """Cold-tier ``BlockStored`` / ``BlockRemoved`` (medium ``STORAGE``) with ``kv_events: true``."""
+        return self._events.take() if self._events is not None else ()
 
     def reset_cache(self) -> bool | None:
         """Forget pending lookups; the vaults are shared and persistent, so their contents stay."""

@@ -39,6 +39,8 @@ _HELP = {
     "snapshot_blocks": "Recurrent-state snapshots taken at block boundaries",
     "layouts": "Requests whose prompt layout tags the blocks they store",
     "layouts_rejected": "Malformed prompt layouts ignored (the request was served and stored untagged)",
+    "kv_events": "Cold-tier KV events (BlockStored / BlockRemoved, medium STORAGE) queued for vLLM",
+    "kv_events_dropped": "Cold-tier KV events dropped because their bounded queue was full",
 }
 
 

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tierkv.connectors.vllm.hints import RequestLayouts
 from tierkv.connectors.vllm.plan import (
@@ -41,6 +41,9 @@ from tierkv.connectors.vllm.plan import (
 from tierkv.connectors.vllm.stats import Counters
 from tierkv.retention import BlockMeta, Chunk, Retention
 from tierkv.tiering import LazyStorage, Storage
+
+if TYPE_CHECKING:
+    from tierkv.connectors.vllm.events import ColdEvents
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +76,12 @@ class SchedulerSide:
         lookup_threads: int = 2,
         counters: Counters | None = None,
         retention: Retention | None = None,
+        events: ColdEvents | None = None,
     ) -> None:
         self.topology = topology
         self.namespaces = {s: tuple(ns) for s, ns in namespaces.items()}
         self.block_keys = block_keys
+        self.events = events
         self.restores = restores
         self.stores = stores
         # vLLM can take failed blocks of a synchronous load only when block ids are unique (one group).
@@ -133,6 +138,9 @@ class SchedulerSide:
         if not entry.future.done():
             return None, False
         hits = entry.future.result()
+        if self.events is not None and hits < window.size:
+            # A block announced as stored that a lookup no longer finds has left the vaults.
+            self.events.gone(keys[window.start + hits : window.start + hits + 1])
         tokens = claimed_tokens(window, hits, self.topology.block_size)
         return (tokens, not self.sync_loads) if tokens else (0, False)
 
@@ -213,6 +221,9 @@ class SchedulerSide:
         if not refs:
             return False
         self._jobs.stores.append(StoreJob(request.request_id, tuple(refs), meta=meta))
+        if self.events is not None:
+            first = refs[0].group
+            self.events.expect(request, first, {r.key: r.position for r in refs if r.group == first})
         self._sending.add(request.request_id)
         return True
 

@@ -51,6 +51,8 @@ class ConnectorSettings:
     max_state_probes: int = setting(4, minimum=1)
     load_threads: int = setting(2, minimum=1)
     lookup_threads: int = setting(2, minimum=1)
+    kv_events: bool = False
+    max_queued_events: int = setting(10000, minimum=1)
     config: Config = dataclasses.field(default=Config(), metadata={"internal": True})
 
     @classmethod

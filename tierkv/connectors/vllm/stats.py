@@ -27,6 +27,8 @@ COUNTERS: tuple[str, ...] = (
     "snapshot_blocks",
     "layouts",
     "layouts_rejected",
+    "kv_events",
+    "kv_events_dropped",
 )
 """Every counter the connector reports, in a fixed order.
 
@@ -37,7 +39,8 @@ fetch, checksum, header or decode failed and were handed back to vLLM for recomp
 ``store_skipped_blocks``: blocks already in the vaults; ``store_failures``: blocks not acknowledged;
 ``stores_dropped``: store jobs refused because the bounded queue was full (back-pressure);
 ``snapshot_blocks``: recurrent-state snapshots taken mid-request; ``layouts``: requests whose prompt layout
-tags their stored blocks, ``layouts_rejected``: malformed layouts ignored (scheduler).
+tags their stored blocks, ``layouts_rejected``: malformed layouts ignored (scheduler); ``kv_events``:
+cold-tier KV events queued, ``kv_events_dropped``: events refused because their queue was full.
 """
 
 

@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +31,9 @@ from tierkv.connectors.vllm.plan import BlockRef, LoadJob, StepJobs, StoreJob, S
 from tierkv.connectors.vllm.stats import Counters
 from tierkv.tiering import Block, ColdTier, Expect, LazyStorage, Storage, StoreTally, StreamSpec
 from tierkv.tiering.tensors import TorchArrays
+
+if TYPE_CHECKING:
+    from tierkv.connectors.vllm.events import WorkerReport
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +78,10 @@ class WorkerSide:
         max_queued_stores: int = 64,
         load_threads: int = 2,
         counters: Counters | None = None,
+        report: WorkerReport | None = None,
     ) -> None:
         self.topology = topology
+        self.report = report
         self.views = dict(views)
         self.namespaces = dict(namespaces)
         self.codec = codec
@@ -176,6 +182,8 @@ class WorkerSide:
             if req_id is not None:
                 (st.stores_pending if accept else st.stores_done).add(req_id)
         if not accept:
+            if req_id is not None and self.report is not None:
+                self.report.stored(req_id, ())
             self.counters.add("stores_dropped")
             logger.debug("store queue full: %s is not stored", req_id or "a state snapshot")
         return accept
@@ -205,6 +213,8 @@ class WorkerSide:
         except Exception:
             self.counters.add("store_failures", len(job.refs))
             logger.exception("store of request %s failed", job.req_id)
+            if self.report is not None and not job.snapshot:
+                self.report.stored(job.req_id, ())
         finally:
             st = self._state
             with st.cond:
@@ -216,6 +226,7 @@ class WorkerSide:
 
     def _store(self, job: StoreJob, copies: dict[Stream, tuple[list[BlockRef], torch.Tensor]] | None) -> None:
         tally = StoreTally()
+        acked: list[bytes] = []
         skipped = 0
         for stream, wanted in self._by_stream(job.refs).items():
             view = self.views.get(stream)
@@ -227,8 +238,11 @@ class WorkerSide:
             else:
                 present = self._tier.lookup(spec, [r.key for r in wanted])
                 skipped += present
+                acked.extend(r.key for r in wanted[:present])
                 chunks = self._gathered(view, wanted[present:])
             tally.add(self._tier.store(spec, self._blocks(chunks), job.meta))
+        if self.report is not None and not job.snapshot:
+            self.report.stored(job.req_id, acked + tally.acked)
         self.counters.add("stored_blocks", tally.stored)
         self.counters.add("stored_bytes", tally.stored_bytes)
         self.counters.add("store_skipped_blocks", skipped)
@@ -301,6 +315,8 @@ class WorkerSide:
             self._specs[stream], [r.key for r in refs], self._expect[stream], buffer.__getitem__
         )
         bad.extend(refs[i] for i in got.failed)
+        if self.report is not None and got.gone:
+            self.report.gone(got.gone)
         if got.decoded:
             view.scatter([refs[i].block_id for i in got.decoded], buffer[: len(got.decoded)])
         return len(got.decoded), got.decoded_bytes
