@@ -1,0 +1,75 @@
+"""Offline ``LLM.generate`` with vLLM's default engine process stores without any stepping by the user.
+
+vLLM 0.32's engine core, in its own process (``VLLM_ENABLE_V1_MULTIPROCESSING``, the default), keeps
+stepping while ``Scheduler.has_requests()`` is true, which includes the connector's
+``has_pending_push_work()``: blocks held for a store are shipped and released after ``generate`` returns.
+(The in-process engine that the other tests use steps only inside ``generate``; see ``engine.drain``.)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm builds .venv-vllm)")
+
+from tests.connectors.vllm.engine import BLOCK_SIZE, make_llm, prompt, shutdown, write_tiny_llama
+from tierkv.vault.launcher import VaultProcess
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+
+PROMPT = prompt(21, 300)  # 9 full blocks
+BLOCKS = 9
+
+
+@pytest.fixture(scope="module")
+def vault(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VaultProcess]:
+    proc = VaultProcess(tmp_path_factory.mktemp("vault-offline") / "kv", max_bytes="256MiB").start()
+    yield proc
+    proc.stop(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory, vault: VaultProcess) -> Iterator[Any]:
+    """An engine whose core runs in its own process, as ``LLM`` does by default."""
+    model = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "m")
+    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    try:
+        engine = make_llm(Path(model), {"kv_cold": vault.address, "timeout": 1.0})
+    finally:
+        if saved is None:
+            del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+    yield engine
+    shutdown(engine)
+
+
+def cached_tokens(llm: Any, tokens: list[int]) -> tuple[list[int], int]:
+    """Greedy output of ``tokens`` and the prompt tokens that did not have to be computed."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    (out,) = llm.generate([TokensPrompt(prompt_token_ids=tokens)], params, use_tqdm=False)
+    return list(out.outputs[0].token_ids), int(out.num_cached_tokens or 0)
+
+
+def test_generate_then_reset_restores_from_the_vault(llm: Any) -> None:
+    first, cached = cached_tokens(llm, PROMPT)
+    assert cached == 0
+    # No engine step from here: the engine process ships the store and releases the held blocks by
+    # itself; until then vLLM refuses to reset its prefix cache (blocks still held).
+    deadline = time.monotonic() + 60
+    while not llm.reset_prefix_cache():
+        assert time.monotonic() < deadline, "the engine never released the blocks held for the store"
+        time.sleep(0.05)
+    second, cached = cached_tokens(llm, PROMPT)
+    assert cached == BLOCKS * BLOCK_SIZE, "the second request was not restored from the vault"
+    assert second == first
