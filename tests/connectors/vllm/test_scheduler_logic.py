@@ -85,3 +85,25 @@ def test_request_finished_while_loading_asynchronously_is_not_stored(vault: Vaul
         assert scheduler.finished(again, [[3, 4, 5]]), "once the load is reported the request stores"
     finally:
         scheduler.shutdown()
+
+
+class GoneRecorder:
+    """Stands in for the connector's event book (which needs vLLM): records the keys reported gone."""
+
+    def __init__(self) -> None:
+        self.keys: list[bytes] = []
+
+    def gone(self, keys: list[bytes]) -> None:
+        self.keys.extend(keys)
+
+
+def test_a_lookup_that_stops_short_reports_the_first_missing_block_gone(vault: VaultProcess) -> None:
+    with Cluster({"kv_cold": vault.address}) as cluster:
+        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:5] if k != KEYS[3]}) == 4
+    events = GoneRecorder()
+    scheduler = make_scheduler(vault.address, events=events)
+    try:
+        assert matched(scheduler, FakeRequest("r", num_tokens=6 * BS + 1)) == (3 * BS, True)
+        assert events.keys == [KEYS[3]]
+    finally:
+        scheduler.shutdown()
