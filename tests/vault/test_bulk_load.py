@@ -8,6 +8,8 @@ import socket
 import statistics
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -93,20 +95,11 @@ def test_many_idle_bulk_connections_do_not_lock_out_a_new_client(vault_factory: 
         put(ch, b"ns", {b"k": b"v"})
         port = stats(ch).bulk_port
     request = batch_get_request(b"ns", [b"k"])
-    idle = []
-    try:
-        for _ in range(100):
-            s = socket.create_connection(("127.0.0.1", port), timeout=10)
-            s.sendall(request)
-            assert read_reply(s)[-1][0] == bulk.END
-            idle.append(s)
+    with idle_connections(port, request, 100) as idle:
         assert bulk_records(port, request)[-1][0] == bulk.END
         for s in idle[:5]:  # the old connections still work too
             s.sendall(request)
             assert read_reply(s)[-1][0] == bulk.END
-    finally:
-        for s in idle:
-            s.close()
 
 
 def test_at_the_cap_the_longest_idle_connection_makes_room(
@@ -119,17 +112,24 @@ def test_at_the_cap_the_longest_idle_connection_makes_room(
         put(ch, b"ns", {b"k": b"v"})
         port = stats(ch).bulk_port
     request = batch_get_request(b"ns", [b"k"])
-    idle = []
-    try:
-        for _ in range(8):
-            s = socket.create_connection(("127.0.0.1", port), timeout=10)
-            s.sendall(request)
-            assert read_reply(s)[-1][0] == bulk.END
-            idle.append(s)
+    with idle_connections(port, request, 8) as idle:
         for _ in range(3):
             assert bulk_records(port, request)[-1][0] == bulk.END
         idle[0].settimeout(5)
         assert idle[0].recv(1) == b"", "the longest-idle connection was closed to make room"
+
+
+@contextmanager
+def idle_connections(port: int, request: bytes, n: int) -> Iterator[list[socket.socket]]:
+    """``n`` bulk connections that each got one answer and then stay open, idle; closed on the way out."""
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            idle.append(s)
+            s.sendall(request)
+            assert read_reply(s)[-1][0] == bulk.END
+        yield idle
     finally:
         for s in idle:
             s.close()
