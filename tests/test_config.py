@@ -96,6 +96,18 @@ def test_example_file_parses_to_the_defaults() -> None:
         ("vault = 3\n", "vault", "expected a table"),
         ("[[cluster.kv_cold]]\nhots = 'x'\n", "cluster.kv_cold[0].hots", "unknown key"),
         ("[vault\n", "<file>", "not valid TOML"),
+        ("[retention.classes.axioms]\nimportance = 1.5\n", "retention.classes.axioms.importance", "0..1"),
+        ('[retention.classes.tools]\nimportance = "high"\n', "retention.classes.tools.importance", "number"),
+        ('[retention.classes.x]\ndurability = "forever"\n', "retention.classes.x.durability", "'ephemeral'"),
+        ("[retention.classes.x]\nprotected = 1\n", "retention.classes.x.protected", "true or false"),
+        ("[retention.classes.x]\npinned = true\n", "retention.classes.x.pinned", "unknown key"),
+        ("[retention]\nclasses = 3\n", "retention.classes", "expected a table"),
+        ("[retention.classes]\nx = 3\n", "retention.classes.x", "expected a table"),
+        ('[retention.classes.""]\nprotected = true\n', "retention.classes.", "needs a name"),
+        (f"[retention.classes.{'a' * 65}]\n", f"retention.classes.{'a' * 65}", "at most 64 bytes"),
+        ("[retention.ttl_s]\nsession = -1\n", "retention.ttl_s.session", "0..3153600000"),
+        ("[retention.ttl_s]\nweekly = 5\n", "retention.ttl_s.weekly", "unknown key"),
+        ('[retention.ttl_s]\nephemeral = "1h"\n', "retention.ttl_s.ephemeral", "expected a number"),
     ],
 )
 def test_errors_name_the_file_the_key_and_what_was_expected(
@@ -451,33 +463,6 @@ def test_retention_defaults_are_the_built_in_classes() -> None:
     assert dict(retention.classes) == dict(DEFAULT_CLASSES)
     assert dict(retention.ttl_s) == dict(DEFAULT_TTL_S)
     hash(Config())  # the config stays hashable with its class table
-
-
-@pytest.mark.parametrize(
-    ("text", "key", "expected"),
-    [
-        ("[retention.classes.axioms]\nimportance = 1.5\n", "retention.classes.axioms.importance", "0..1"),
-        ('[retention.classes.tools]\nimportance = "high"\n', "retention.classes.tools.importance", "number"),
-        ('[retention.classes.x]\ndurability = "forever"\n', "retention.classes.x.durability", "'ephemeral'"),
-        ("[retention.classes.x]\nprotected = 1\n", "retention.classes.x.protected", "true or false"),
-        ("[retention.classes.x]\npinned = true\n", "retention.classes.x.pinned", "unknown key"),
-        ("[retention]\nclasses = 3\n", "retention.classes", "expected a table"),
-        ("[retention.classes]\nx = 3\n", "retention.classes.x", "expected a table"),
-        ('[retention.classes.""]\nprotected = true\n', "retention.classes.", "needs a name"),
-        (f"[retention.classes.{'a' * 65}]\n", f"retention.classes.{'a' * 65}", "at most 64 bytes"),
-        ("[retention.ttl_s]\nsession = -1\n", "retention.ttl_s.session", "0..3153600000"),
-        ("[retention.ttl_s]\nweekly = 5\n", "retention.ttl_s.weekly", "unknown key"),
-        ('[retention.ttl_s]\nephemeral = "1h"\n', "retention.ttl_s.ephemeral", "expected a number"),
-    ],
-)
-def test_retention_errors_name_the_file_the_key_and_what_was_expected(
-    tmp_path: Path, text: str, key: str, expected: str
-) -> None:
-    path = write(tmp_path, text)
-    with pytest.raises(ConfigError) as info:
-        load_config(path)
-    assert (info.value.source, info.value.key) == (str(path), key)
-    assert expected in info.value.problem, info.value.problem
 
 
 def test_the_example_documents_every_retention_class() -> None:

@@ -31,6 +31,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from tierkv.endpoints import HostPort, join_host_port
 from tierkv.errors import ConfigError
+from tierkv.limits import FRAME_BYTES, MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
 from tierkv.retention.classes import (
     DEFAULT_CLASSES,
     DEFAULT_TTL_S,
@@ -125,10 +126,6 @@ class Endpoint:
     def address(self) -> str:
         return join_host_port(self.host, self.port)
 
-    @property
-    def hostport(self) -> HostPort:
-        return HostPort(self.host, self.port)
-
     def _validate(self, source: str, key: str) -> None:
         if not self.host.strip():
             raise ConfigError(source, f"{key}.host", "expected a host name or address, got ''")
@@ -185,13 +182,13 @@ class VaultConfig:
     metrics_host: str = ""
     metrics_port: int = _port(0)
     workers: int = setting(16, minimum=1)
-    max_message_bytes: ByteSize = setting(ByteSize(64 * 1024**2), minimum=64 * 1024)
-    frame_bytes: ByteSize = setting(ByteSize(4 * 1024**2), minimum=4096)
+    max_message_bytes: ByteSize = setting(ByteSize(MAX_MESSAGE_BYTES), minimum=64 * 1024)
+    frame_bytes: ByteSize = setting(ByteSize(FRAME_BYTES), minimum=4096)
     bulk: bool = True
     bulk_port: int = _port(0)
     bulk_max_connections: int = setting(1024, minimum=1)
     bulk_idle_timeout_s: float = setting(120.0, positive=True)
-    max_batch_bytes: ByteSize = setting(ByteSize(1024**3), minimum=1)
+    max_batch_bytes: ByteSize = setting(ByteSize(MAX_BATCH_BYTES), minimum=1)
     grace_s: float = setting(5.0, minimum=0)
 
     def resolved_path(self) -> Path:
@@ -744,32 +741,35 @@ def _check_data_dir(path: Path, source: str, *, create: bool) -> None:
 
 
 def _check_local_address(host: str, source: str, key: str) -> None:
-    import socket
-
-    try:
-        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise ConfigError(source, key, f"cannot resolve {host!r}: {exc}") from exc
-    family, kind, proto, _name, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            problem = f"cannot bind {host!r}: {exc.strerror or exc} (not an address of this machine?)"
-            raise ConfigError(source, key, problem) from exc
+    problem = _bind_problem(host, 0, source, key)
+    if problem:
+        raise ConfigError(source, key, f"cannot bind {host!r}: {problem} (not an address of this machine?)")
 
 
 def _check_free_port(host: str, port: int, source: str, key: str) -> None:
+    problem = _bind_problem(host, port, source, key)
+    if problem:
+        raise ConfigError(
+            source, key, f"port {port} on {host} is taken ({problem}); pick another or 0 for none"
+        )
+
+
+def _bind_problem(host: str, port: int, source: str, key: str) -> str:
+    """Why binding ``host:port`` fails right now ('' if it would not); the probe socket is closed at once."""
     import socket
 
-    family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ConfigError(source, key, f"cannot resolve {host!r}: {exc}") from exc
+    family, kind, proto, _name, address = infos[0]
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(address)
         except OSError as exc:
-            problem = f"port {port} on {host} is taken ({exc.strerror or exc}); pick another or 0 for none"
-            raise ConfigError(source, key, problem) from exc
+            return str(exc.strerror or exc)
+    return ""
 
 
 # -- the effective config, written back -------------------------------------------------------------------

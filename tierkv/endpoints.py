@@ -36,10 +36,6 @@ class HostPort:
         """``host:port`` as gRPC and people write it (``[::1]:50051`` for IPv6)."""
         return join_host_port(self.host, self.port)
 
-    @property
-    def is_ipv6(self) -> bool:
-        return ":" in self.host
-
     def __str__(self) -> str:
         return self.address
 
