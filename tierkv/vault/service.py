@@ -168,16 +168,7 @@ class VaultService:
                 reply.bytes_in, reply.bytes_out = self._bytes_in, self._bytes_out
             reply.path = str(self.store.path)
             for u in self.store.tenant_usage():
-                reply.tenants.add(
-                    tenant=u.tenant,
-                    keys=u.keys,
-                    used_bytes=u.used_bytes,
-                    quota_bytes=u.quota_bytes,
-                    evictions=u.evictions,
-                    protected_bytes=u.protected_bytes,
-                    protected_overflow=u.protected_overflow,
-                    expired=u.expired,
-                )
+                reply.tenants.add(**dataclasses.asdict(u))
         return reply
 
     def list_namespaces(self, who: Principal, request: pb.ListNamespacesRequest) -> pb.ListNamespacesReply:

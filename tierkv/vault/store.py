@@ -246,6 +246,8 @@ class _Tenant:
 
 @dataclasses.dataclass(frozen=True)
 class TenantUsage:
+    """One tenant's figures; field for field the proto's ``TenantStats``."""
+
     tenant: str
     keys: int
     used_bytes: int
@@ -519,7 +521,6 @@ class Store:
         self._rw = _SharedExclusive()
         self._touch_lock = threading.Lock()
         self._touches: OrderedDict[tuple[str, bytes], int] = OrderedDict()
-        self.hits = self.misses = self.evictions = self.corrupt = self.expired = 0
         self._counter_lock = threading.Lock()
         self.classes = ClassBook()
         self._ghosts = Ghosts()
@@ -661,7 +662,6 @@ class Store:
                 t.classes = +ledger.classes[t.name]
                 t.class_keys = +ledger.class_keys[t.name]
                 t.class_protected = +ledger.class_protected[t.name]
-            self.evictions += sum(ledger.evicted.values())
         if ledger.ghosts:
             self._ghosts.add(ledger.ghosts)
         if ledger.overflow:
@@ -1013,11 +1013,10 @@ class Store:
         found = len(tally.found)
         expired = sum(tally.expired.values())
         with self._counter_lock:
-            for who in (self, owner):
-                who.hits += found
-                who.misses += tally.lookups - found
-                who.corrupt += len(tally.corrupt)
-                who.expired += expired
+            owner.hits += found
+            owner.misses += tally.lookups - found
+            owner.corrupt += len(tally.corrupt)
+            owner.expired += expired
         misses = Counter(self._ghosts.classes(owner.name, tally.missing))
         misses.update(tally.expired)
         misses[""] += len(tally.corrupt)
@@ -1187,32 +1186,27 @@ class Store:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def stats(self, tenant: str | None = None) -> StoreStats:
-        """The whole store's figures, or one tenant's (its quota, when it has one, as ``max_bytes``)."""
+        """The whole store's figures (the sum of its tenants'), or one tenant's (its quota, when it has
+        one, as ``max_bytes``)."""
         map_size = self._env.info()["map_size"]
         with self._counter_lock:
             if tenant is None:
-                keys = sum(t.count for t in self._tenants.values())
-                used = sum(t.used for t in self._tenants.values())
-                who: Store | _Tenant = self
-                limit = self.max_bytes
-                protected = sum(t.protected for t in self._tenants.values())
-                overflow = sum(t.overflow for t in self._tenants.values())
+                picked, limit = list(self._tenants.values()), self.max_bytes
             else:
                 who = self._tenant(tenant)
-                keys, used, limit = who.count, who.used, min(self.max_bytes, who.quota or self.max_bytes)
-                protected, overflow = who.protected, who.overflow
+                picked, limit = [who], min(self.max_bytes, who.quota or self.max_bytes)
             return StoreStats(
-                keys=keys,
-                used_bytes=used,
+                keys=sum(t.count for t in picked),
+                used_bytes=sum(t.used for t in picked),
                 max_bytes=limit,
-                hits=who.hits,
-                misses=who.misses,
-                evictions=who.evictions,
-                corrupt=who.corrupt,
+                hits=sum(t.hits for t in picked),
+                misses=sum(t.misses for t in picked),
+                evictions=sum(t.evictions for t in picked),
+                corrupt=sum(t.corrupt for t in picked),
                 map_size=map_size,
-                expired=who.expired,
-                protected_bytes=protected,
-                protected_overflow=overflow,
+                expired=sum(t.expired for t in picked),
+                protected_bytes=sum(t.protected for t in picked),
+                protected_overflow=sum(t.overflow for t in picked),
             )
 
     def tenant_usage(self) -> list[TenantUsage]:
