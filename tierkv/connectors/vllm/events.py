@@ -177,11 +177,6 @@ class ColdEvents:
                     hashes, group = entry
                     self._push(BlockRemoved(block_hashes=hashes, medium=MEDIUM_STORAGE, group_idx=group))
 
-    def forget(self, req_id: str) -> None:
-        """``req_id``'s store will not be reported (never queued)."""
-        with self._lock:
-            self._pending.pop(req_id, None)
-
     def _push(self, event: KVCacheEvent) -> None:
         if len(self._queue) >= self.max_queued:
             self.counters.add("kv_events_dropped")

@@ -84,7 +84,6 @@ class WorkerSide:
         self.report = report
         self.views = dict(views)
         self.namespaces = dict(namespaces)
-        self.codec = codec
         self.counters = counters or Counters()
         self.per_block_errors = len(topology.groups) == 1
         self._groups = {g.index: g for g in topology.groups}
