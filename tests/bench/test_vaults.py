@@ -70,6 +70,19 @@ def test_named_vaults_are_used_and_cleaned_up(vault_factory: VaultFactory, tmp_p
     assert stats.hits == 256 // 16 + 2 and stats.keys == 0  # the restore (and warm-up) hit it; all deleted
 
 
+def test_an_unreachable_ssm_vault_is_left_out(vault_factory: VaultFactory, tmp_path: Path) -> None:
+    kv = vault_factory(name="kv", max_bytes="64MiB")
+    out = tmp_path / "b.json"
+    result = bench(
+        "synthetic", "--vaults", f"kv_cold={kv.address},ssm_cold=127.0.0.1:9", *SMALL, "--codec", "raw",
+        "--json", str(out), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads(out.read_text())
+    assert doc["vaults"]["addresses"] == {"kv_cold": [kv.address]}
+    assert any("ssm_cold vaults are unreachable" in w for w in doc["warnings"])
+
+
 def test_unreachable_named_vaults_are_an_error_not_a_fallback(tmp_path: Path) -> None:
     result = bench("synthetic", "--vaults", "kv_cold=127.0.0.1:9", *SMALL, cwd=tmp_path)
     assert result.returncode == 2

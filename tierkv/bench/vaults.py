@@ -182,27 +182,24 @@ def _remote_roles(
     for role, address in pairs:
         roles.setdefault(role, []).append(address)
     with Cluster.from_config(config, roles, timeout=min(config.cluster.timeout, PROBE_TIMEOUT_S)) as probe:
-        down = [f"{role} {address}" for role, address, st in probe.stats() if isinstance(st, VaultError)]
-    kv_down = [d for d in down if d.startswith(KV_COLD)]
-    if KV_COLD in roles and not kv_down:
+        down = [(role, address) for role, address, st in probe.stats() if isinstance(st, VaultError)]
+    if KV_COLD in roles and all(role != KV_COLD for role, _ in down):
         return _reachable_roles(roles, down, need_ssm, warnings)
+    named = ", ".join(f"{role} {address}" for role, address in down)
     if settings.mode != "auto":
         raise BenchError(
-            f"vaults unreachable ({', '.join(down)}); without --vaults / --use-config-vaults the run "
-            "starts its own"
+            f"vaults unreachable ({named}); without --vaults / --use-config-vaults the run starts its own"
         )
     if config.source != BUILTIN:
-        warnings.append(
-            f"configured vaults unreachable ({', '.join(down)}): started vaults on loopback instead"
-        )
+        warnings.append(f"configured vaults unreachable ({named}): started vaults on loopback instead")
     return None
 
 
 def _reachable_roles(
-    roles: dict[str, list[str]], down: list[str], need_ssm: bool, warnings: list[str]
+    roles: dict[str, list[str]], down: list[tuple[str, str]], need_ssm: bool, warnings: list[str]
 ) -> dict[str, list[str]]:
     """Every ``kv_cold`` vault (all answered) and the ``ssm_cold`` ones that answered."""
-    live_ssm = [a for a in roles.get(SSM_COLD, []) if f"{SSM_COLD} {a}" not in down]
+    live_ssm = [a for a in roles.get(SSM_COLD, []) if (SSM_COLD, a) not in down]
     if down:
         warnings.append("some ssm_cold vaults are unreachable; state goes to the reachable ones")
     elif need_ssm and not live_ssm:
