@@ -361,6 +361,11 @@ class _Ledger:
         self.count[tenant] += sign
         self.population += sign
         self.total += charge
+        self.count_retention(tenant, entry, sign)
+
+    def count_retention(self, tenant: str, entry: _Index, sign: int = 1) -> None:
+        """Only the per-class and protected figures an entry's retention record adds (or takes away)."""
+        charge = sign * entry.charge
         if entry.ext is None:
             return
         if entry.ext.source:
@@ -602,6 +607,7 @@ class Store:
 
     def _load_retention(self) -> None:
         """Protected and per-class bytes of every tenant, from the index (what an entry's tail says)."""
+        ledger = self._ledger()
         with self._env.begin(buffers=True) as txn:
             for t in self._tenants.values():
                 with txn.cursor(db=t.index) as cur:
@@ -609,19 +615,8 @@ class Store:
                         if len(raw) <= _INDEX.size:
                             continue
                         with contextlib.suppress(ValueError):
-                            self._count_loaded(t, _Index.unpack(raw))
-
-    @staticmethod
-    def _count_loaded(t: _Tenant, entry: _Index) -> None:
-        ext = entry.ext
-        if ext is None:
-            return
-        if ext.source:
-            t.classes[ext.source] += entry.charge
-            t.class_keys[ext.source] += 1
-        if ext.protected:
-            t.protected += entry.charge
-            t.class_protected[ext.source] += entry.charge
+                            ledger.count_retention(t.name, _Index.unpack(raw))
+        self._commit(ledger)
 
     def _rank(self, entry: _Index) -> bytes:
         ext = entry.ext
