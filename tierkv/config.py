@@ -458,15 +458,7 @@ def with_overrides(cfg: Config, section: str, **values: Any) -> Config:
     if not given:
         return cfg
     current = getattr(cfg, section)
-    fields = _fields(type(current))
-    hints = typing.get_type_hints(type(current))
-    coerced = {}
-    for key, value in given.items():
-        dotted = f"{section}.{key}"
-        if key not in fields:
-            raise ConfigError("command line", dotted, "unknown setting")
-        coerced[key] = _field_value(fields[key], hints[key], value, "command line", dotted)
-    new = dataclasses.replace(current, **coerced)
+    new = dataclasses.replace(current, **_coerced(type(current), given, "command line", section))
     _run_validate(new, "command line", section)
     flags = cfg.flags | {f"{section}.{key}" for key in given}
     return dataclasses.replace(cfg, **{section: new}, flags=flags)
@@ -503,17 +495,22 @@ def _run_validate(obj: object, source: str, key: str) -> None:
 def _build(cls: type[T], data: Mapping[str, Any], source: str, prefix: str) -> T:
     if not isinstance(data, Mapping):
         raise ConfigError(source, prefix or "<root>", f"expected a table, got {_describe(data)}")
+    obj = cls(**_coerced(cls, data, source, prefix))
+    _run_validate(obj, source, prefix or "<root>")
+    return obj
+
+
+def _coerced(cls: type, data: Mapping[str, Any], source: str, prefix: str) -> dict[str, Any]:
+    """``data``'s values checked and converted against the fields of ``cls`` (a file's or the flags')."""
     fields = _fields(cls)
     hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if key not in fields:
             raise ConfigError(source, dotted, f"unknown key (expected one of: {', '.join(sorted(fields))})")
-        kwargs[key] = _field_value(fields[key], hints[key], value, source, dotted)
-    obj = cls(**kwargs)
-    _run_validate(obj, source, prefix or "<root>")
-    return obj
+        out[key] = _field_value(fields[key], hints[key], value, source, dotted)
+    return out
 
 
 def _field_value(field: dataclasses.Field[Any], tp: Any, value: Any, source: str, key: str) -> Any:
