@@ -142,6 +142,19 @@ def test_a_corrupt_blob_is_rejected_counted_and_deleted(damage) -> None:  # type
     assert got.rejected == 0 and got.failed == [1], "once deleted it is a plain miss"
 
 
+def test_many_corrupt_blobs_in_one_restore_log_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    storage, tier, _ = stored(6, KV)
+    space = storage.blobs[("kv_cold", NS)]
+    for key in keys(6)[1:]:
+        space[key] = b"not a blob"
+    out = np.zeros((6, *SHAPE), dtype=np.float32)
+    with caplog.at_level("WARNING", logger="tierkv.tiering.pipeline"):
+        got = tier.restore(KV, keys(6), KV.expect(SHAPE, TOKENS), out.__getitem__)
+    assert got.rejected == 5 and storage.calls["delete"] == 1
+    (record,) = caplog.records
+    assert "5 of 6 blobs rejected" in record.getMessage() and "block 1:" in record.getMessage()
+
+
 def test_a_blob_with_an_unexpected_header_is_corrupt() -> None:
     storage, tier, _ = stored(2, KV)
     out = np.zeros((2, *SHAPE), dtype=np.float32)

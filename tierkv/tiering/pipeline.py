@@ -164,9 +164,12 @@ class ColdTier(Generic[A]):
         result.get_s = time.perf_counter() - t
         result.fetched_bytes = sum(len(b) for b in blobs if b is not None)
         t = time.perf_counter()
-        corrupt = self._decode(blobs, keys, expect, out, result, leading_only)
+        corrupt, why = self._decode(blobs, keys, expect, out, result, leading_only)
         result.decode_s = time.perf_counter() - t
         if corrupt:
+            logger.warning(
+                "%s: %d of %d blobs rejected and deleted (first: %s)", spec.role, len(corrupt), len(keys), why
+            )
             self.storage.delete(spec.namespace, corrupt, role=spec.role)
         return result
 
@@ -178,15 +181,17 @@ class ColdTier(Generic[A]):
         out: Callable[[int], A],
         result: Restored,
         leading_only: bool,
-    ) -> list[bytes]:
-        """Decode into ``out`` and fill ``result``; returns the keys of the blobs that failed verification."""
+    ) -> tuple[list[bytes], str]:
+        """Decode into ``out`` and fill ``result``; returns the keys of the blobs that failed verification
+        and why the first of them failed (logged once per restore, not once per blob)."""
         corrupt: list[bytes] = []
+        why = ""
         for i, blob in enumerate(blobs):
             if blob is not None:
                 try:
                     self.arrays.decode_into(blob, out(len(result.decoded)), _nth(expect, i))
                 except TierKVError as exc:
-                    logger.warning("block %d of %d rejected: %s", i, len(blobs), exc)
+                    why = why or f"block {i}: {exc}"
                     corrupt.append(keys[i])
                     result.rejected += 1
                 else:
@@ -196,7 +201,7 @@ class ColdTier(Generic[A]):
             result.gone.append(keys[i])
             if leading_only:
                 break
-        return corrupt
+        return corrupt, why
 
 
 def _nth(expect: Expect | Sequence[Expect], i: int) -> Expect:
