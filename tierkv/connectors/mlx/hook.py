@@ -34,7 +34,7 @@ import numpy.typing as npt
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from tierkv.codec import DTYPES, Buffer, LayerGroup, decode, encode
+from tierkv.codec import DTYPES, Buffer, LayerGroup
 from tierkv.connectors.mlx.layout import (
     LayerSpec,
     MlxLayout,
@@ -50,6 +50,7 @@ from tierkv.connectors.mlx.layout import (
 from tierkv.connectors.mlx.states import LayerState, read_state, rebuild, to_numpy
 from tierkv.keys import Namespace, block_keys
 from tierkv.retention import BlockMeta, Layout, Retention, block_meta
+from tierkv.tiering.arrays import NumpyArrays
 from tierkv.tiering.pipeline import Block, ColdTier, Restored, StoreTally
 from tierkv.tiering.spec import Expect, StreamSpec
 from tierkv.tiering.storage import Storage
@@ -66,23 +67,14 @@ SNAPSHOT_TRIES: Final = 3
 
 
 class NumpyBlobs:
-    """The pipeline's ``Arrays`` for numpy arrays of any blob dtype (``uint16`` meaning bfloat16)."""
+    """The pipeline's ``Arrays`` for numpy arrays of any blob dtype: :class:`NumpyArrays` with the dtype
+    taken from each array (``uint16`` meaning bfloat16), as one model's cache mixes dtypes."""
 
     def encode(self, block: npt.NDArray[Any], codec: str, tokens: int, layer_group: LayerGroup) -> bytes:
-        array = np.ascontiguousarray(block)
-        return encode(array, codec=codec, tokens=tokens, layer_group=layer_group, dtype=blob_dtype(array))
+        return NumpyArrays(blob_dtype(block)).encode(block, codec, tokens, layer_group)
 
     def decode_into(self, blob: Buffer, out: npt.NDArray[Any], expect: Expect) -> None:
-        decode(
-            blob,
-            out=out,
-            out_dtype=blob_dtype(out),
-            expect_shape=expect.shape,
-            expect_dtype=expect.dtype,
-            expect_codec=expect.codec,
-            expect_tokens=expect.tokens,
-            expect_layer_group=expect.layer_group,
-        )
+        NumpyArrays(blob_dtype(out)).decode_into(blob, out, expect)
 
 
 class ManifestBlobs(NumpyBlobs):
