@@ -73,7 +73,6 @@ def bulk_records(
 ) -> list[tuple[int, bytes]]:
     """One raw tierkv-bulk/1 exchange: the (kind, payload) records up to END or ERROR (or EOF).
     ``half_close`` ends the sending side, so a request cut short is not waited for."""
-    records = []
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         # The vault may answer a bad request with ERROR and close before all of it is sent or before the
         # half-close: what it sent is still there to read.
@@ -82,15 +81,21 @@ def bulk_records(
         if half_close:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_WR)
-        stream = sock.makefile("rb")
-        while True:
-            try:
-                head = stream.read(bulk.RECORD.size)
-            except ConnectionResetError:  # closed on a request it would not read further
-                return records
-            if len(head) < bulk.RECORD.size:
-                return records
-            kind, length = bulk.RECORD.unpack(head)
-            records.append((kind, stream.read(length)))
-            if kind in (bulk.END, bulk.ERROR):
-                return records
+        return read_records(sock)
+
+
+def read_records(sock: socket.socket) -> list[tuple[int, bytes]]:
+    """The (kind, payload) records of one reply on an open connection, up to END or ERROR (or EOF)."""
+    records = []
+    stream = sock.makefile("rb")
+    while True:
+        try:
+            head = stream.read(bulk.RECORD.size)
+        except ConnectionResetError:  # closed on a request it would not read further
+            return records
+        if len(head) < bulk.RECORD.size:
+            return records
+        kind, length = bulk.RECORD.unpack(head)
+        records.append((kind, stream.read(length)))
+        if kind in (bulk.END, bulk.ERROR):
+            return records

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -11,22 +10,10 @@ import pytest
 
 from tests.conftest import VaultFactory
 from tests.processes import stopped
+from tests.vault.rawcalls import bulk_records
 from tierkv import VaultClient
 from tierkv.errors import AuthError, VaultUnavailable
 from tierkv.wire import FrameDecoder, bulk, pb
-
-
-def raw_batch_get(port: int, request: bytes) -> list[tuple[int, bytes]]:
-    """Speak tierkv-bulk/1 by hand: returns the (kind, payload) records up to END or ERROR."""
-    records = []
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(request)
-        stream = sock.makefile("rb")
-        while True:
-            kind, length = bulk.RECORD.unpack(stream.read(bulk.RECORD.size))
-            records.append((kind, stream.read(length)))
-            if kind in (bulk.END, bulk.ERROR):
-                return records
 
 
 def test_bulk_port_speaks_the_documented_protocol(vault_factory: VaultFactory) -> None:
@@ -37,7 +24,7 @@ def test_bulk_port_speaks_the_documented_protocol(vault_factory: VaultFactory) -
         port = c.stats().bulk_port
     assert port > 0
     request = pb.BatchGetRequest(namespace=b"ns", keys=[b"a", b"gone", b"big"]).SerializeToString()
-    records = raw_batch_get(port, bulk.encode_request(None, request))
+    records = bulk_records(port, bulk.encode_request(None, request))
     assert records[-1] == (bulk.END, b"")
     decoder = FrameDecoder(max_item_bytes=1 << 30)
     got = {}
@@ -69,7 +56,7 @@ def test_garbage_on_the_bulk_port_is_invalid_argument(vault_factory: VaultFactor
     with VaultClient(v.address) as c:
         c.put(b"ns", {b"k": b"v"})
         port = c.stats().bulk_port
-    [(kind, payload)] = raw_batch_get(port, garbage)
+    [(kind, payload)] = bulk_records(port, garbage)
     assert kind == bulk.ERROR and bulk.parse_error(payload)[0] == "INVALID_ARGUMENT"
     with VaultClient(v.address) as c:
         assert c.get(b"ns", [b"k"]) == [b"v"]
@@ -83,7 +70,7 @@ def test_bulk_port_requires_the_token(vault_factory: VaultFactory) -> None:
         port = c.stats().bulk_port
         assert c.get(b"ns", [b"k"]) == [b"v"] and c.bulk_port is not None
     request = pb.BatchGetRequest(namespace=b"ns", keys=[b"k"]).SerializeToString()
-    [(kind, payload)] = raw_batch_get(port, bulk.encode_request("wrong", request))
+    [(kind, payload)] = bulk_records(port, bulk.encode_request("wrong", request))
     assert kind == bulk.ERROR and bulk.parse_error(payload)[0] == "UNAUTHENTICATED"
     with VaultClient(v.address, token="s3cret") as c:
         assert c.get(b"ns", [b"k"]) == [b"v"]

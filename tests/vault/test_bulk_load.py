@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import VaultFactory
-from tests.vault.rawcalls import bulk_records, put, stats
+from tests.vault.rawcalls import bulk_records, put, read_records, stats
 from tierkv.wire import bulk, pb
 
 
@@ -99,7 +99,7 @@ def test_many_idle_bulk_connections_do_not_lock_out_a_new_client(vault_factory: 
         assert bulk_records(port, request)[-1][0] == bulk.END
         for s in idle[:5]:  # the old connections still work too
             s.sendall(request)
-            assert read_reply(s)[-1][0] == bulk.END
+            assert read_records(s)[-1][0] == bulk.END
 
 
 def test_at_the_cap_the_longest_idle_connection_makes_room(
@@ -128,18 +128,8 @@ def idle_connections(port: int, request: bytes, n: int) -> Iterator[list[socket.
             s = socket.create_connection(("127.0.0.1", port), timeout=10)
             idle.append(s)
             s.sendall(request)
-            assert read_reply(s)[-1][0] == bulk.END
+            assert read_records(s)[-1][0] == bulk.END
         yield idle
     finally:
         for s in idle:
             s.close()
-
-
-def read_reply(sock: socket.socket) -> list[tuple[int, bytes]]:
-    records = []
-    stream = sock.makefile("rb")
-    while True:
-        kind, length = bulk.RECORD.unpack(stream.read(bulk.RECORD.size))
-        records.append((kind, stream.read(length)))
-        if kind in (bulk.END, bulk.ERROR):
-            return records
