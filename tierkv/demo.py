@@ -21,7 +21,7 @@ from rich.table import Table
 from tierkv.bench.shapes import SHAPES
 from tierkv.client.cluster import Cluster
 from tierkv.codec import LayerGroup, decode, encode
-from tierkv.config import Config, config_from_dict
+from tierkv.config import Config, load_config, to_toml
 from tierkv.keys import Namespace, block_keys
 from tierkv.roles import Role, role_for
 from tierkv.status import cluster_status, human_bytes, status_table
@@ -64,19 +64,10 @@ def run_demo(state_dir: Path, console: Console, *, tokens: int = 4096, block_tok
         for role, vp in vaults.items():
             vp.start()
             console.print(f"  {role:9} tierkv vault on {vp.address}  (LMDB in {vp.path})")
-        cfg = config_from_dict(
-            {
-                "cluster": {
-                    "kv_cold": {"host": "127.0.0.1", "port": vaults[Role.KV_COLD].port},
-                    "ssm_cold": {"host": "127.0.0.1", "port": vaults[Role.SSM_COLD].port},
-                }
-            },
-            source=str(state_dir / "tierkv.toml"),
-        )
-        (state_dir / "tierkv.toml").write_text(
-            f'[cluster.kv_cold]\nhost = "127.0.0.1"\nport = {vaults[Role.KV_COLD].port}\n'
-            f'[cluster.ssm_cold]\nhost = "127.0.0.1"\nport = {vaults[Role.SSM_COLD].port}\n'
-        )
+        cluster = {str(role): {"host": "127.0.0.1", "port": v.port} for role, v in vaults.items()}
+        config_file = state_dir / "tierkv.toml"
+        config_file.write_text(to_toml({"cluster": cluster}))
+        cfg = load_config(config_file)
         console.rule("[bold]2. tierkv status (over RPC)")
         console.print(status_table(cluster_status(cfg), f"tierkv status ({cfg.source})"))
         result = _workload(cfg, console, shape_name=shape.name, tokens=tokens, block_tokens=block_tokens)
