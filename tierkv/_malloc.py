@@ -27,14 +27,24 @@ TRIM_THRESHOLD = 512 * 1024 * 1024
 
 
 @functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, looked up once (``find_library`` runs ``ldconfig``); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+@functools.cache
 def tune_malloc() -> bool:
     """Apply the thresholds once; True if they are in force (False off glibc or when disabled)."""
-    if os.environ.get("TIERKV_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+    if os.environ.get("TIERKV_MALLOC_TUNING", "1") == "0" or (libc := _libc()) is None:
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    except AttributeError:
         return False
     ok = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     log.debug("malloc tuning %s", "applied" if ok else "refused")
@@ -47,10 +57,8 @@ def trim_heap() -> bool:
     The raised trim threshold above keeps memory for reuse between batches; after a burst (many large
     requests at once) a long-running process calls this so its RSS falls back.
     """
-    if not sys.platform.startswith("linux"):
-        return False
+    libc = _libc()
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.malloc_trim(0))
-    except (OSError, AttributeError):
+        return libc is not None and bool(libc.malloc_trim(0))
+    except AttributeError:
         return False
