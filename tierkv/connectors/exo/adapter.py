@@ -117,7 +117,7 @@ class _Tiering:
     def restore(self, model: Any, prompt: Any, matched: int) -> Prepared | None:
         """The vaults' longest prefix of ``prompt`` when it beats ``matched`` on every rank, else None."""
         tier = self.tier_for(model)
-        if tier is None or (len(prompt) - 1) // tier.block_size * tier.block_size <= matched:
+        if tier is None or tier.reachable(len(prompt)) <= matched:
             return None
         prepared: Prepared | None = None
         try:

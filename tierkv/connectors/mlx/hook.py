@@ -210,9 +210,12 @@ class MlxTier:
         """
         prepared = self.restore(prompt)
         if self.layout.has_snapshots:
-            last = (len(prepared.tokens) - 1) // self.block_size * self.block_size
-            self._prefill_to_boundaries(prepared, last)
+            self._prefill_to_boundaries(prepared, self.reachable(len(prepared.tokens)))
         return prepared
+
+    def reachable(self, prompt_tokens: int) -> int:
+        """The most tokens of a prompt a restore can give: whole blocks, short of its last token."""
+        return (prompt_tokens - 1) // self.block_size * self.block_size
 
     def restore(self, prompt: Sequence[int] | Any) -> Prepared:
         """Like :meth:`prepare` without the prefill: only what the vaults give back is in the cache."""

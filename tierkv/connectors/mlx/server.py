@@ -68,8 +68,7 @@ class TieredPromptCache(LRUPromptCache):  # type: ignore[misc]
     def fetch_nearest_cache(self, model: Any, tokens: list[int]) -> tuple[Any, list[int]]:
         cache, rest = super().fetch_nearest_cache(model, tokens)
         tier = self.tier_for(model)
-        reachable = (len(tokens) - 1) // tier.block_size * tier.block_size if tier is not None else 0
-        if tier is None or len(tokens) - len(rest) >= reachable:
+        if tier is None or len(tokens) - len(rest) >= tier.reachable(len(tokens)):
             return cache, rest
         try:
             prepared = tier.restore(tokens)
