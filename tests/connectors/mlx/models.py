@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from functools import cache
 from pathlib import Path
@@ -90,8 +90,13 @@ def _mamba() -> Any:
 def tiny_model(family: str, dtype: str = "float32") -> Any:
     """A random model (seeded), its weights scaled up so greedy decoding does not repeat one token."""
     mx.random.seed(7)
-    model = {"llama": lambda: _llama(False), "llama_swa": lambda: _llama(True)}.get(family)
-    model = model() if model else {"qwen3_next": _qwen3_next, "mamba": _mamba}[family]()
+    builders: dict[str, Callable[[], Any]] = {
+        "llama": lambda: _llama(False),
+        "llama_swa": lambda: _llama(True),
+        "qwen3_next": _qwen3_next,
+        "mamba": _mamba,
+    }
+    model = builders[family]()
     weights = [
         (k, (v * 4 if v.ndim == 2 else v).astype(getattr(mx, dtype)))
         for k, v in tree_flatten(model.parameters())
