@@ -95,6 +95,11 @@ def probe(python: str, site_dir: str | None = None) -> dict[str, object]:
     return result
 
 
+def _ours(pth: Path) -> bool:
+    """Whether ``pth`` is the file :func:`install` writes."""
+    return pth.is_file() and pth.read_text() == PTH_LINE
+
+
 def _target(python: str | None, site_dir: str | None) -> tuple[str, Path, dict[str, object]]:
     exe = python or sys.executable
     info = probe(exe, site_dir)
@@ -109,7 +114,7 @@ def install(python: str | None = None, site_dir: str | None = None) -> Path:
             f"tierkv is not importable by {exe} ({info['tierkv']}); pip install tierkv[mlx] there"
         )
     pth = site / PTH_NAME
-    if pth.exists() and pth.read_text() != PTH_LINE:
+    if pth.exists() and not _ours(pth):
         raise InstallError(f"{pth} exists and was not written by tierkv; not overwriting it")
     pth.write_text(PTH_LINE)
     return pth
@@ -121,7 +126,7 @@ def uninstall(python: str | None = None, site_dir: str | None = None) -> Path | 
     pth = site / PTH_NAME
     if not pth.exists():
         return None
-    if pth.read_text() != PTH_LINE:
+    if not _ours(pth):
         raise InstallError(f"{pth} was not written by tierkv (its content differs); not removing it")
     pth.unlink()
     return pth
@@ -135,7 +140,7 @@ def status(python: str | None = None, site_dir: str | None = None) -> Status:
     return Status(
         python=exe,
         site_dir=str(site),
-        installed=(site / PTH_NAME).is_file() and (site / PTH_NAME).read_text() == PTH_LINE,
+        installed=_ours(site / PTH_NAME),
         tierkv_error=str(info.get("tierkv") or ""),
         exo_error=str(info.get("exo") or ""),
         version=str(version) if version is not None else None,
