@@ -18,6 +18,7 @@ from typing import Generic
 
 from tierkv.codec import Buffer
 from tierkv.errors import TierKVError
+from tierkv.limits import HOOK_PUT_BYTES
 from tierkv.retention import BlockMeta
 from tierkv.tiering.arrays import A, Arrays
 from tierkv.tiering.batches import byte_batches
@@ -26,7 +27,7 @@ from tierkv.tiering.storage import Storage, put_tagged
 
 logger = logging.getLogger(__name__)
 
-MAX_PUT_BYTES = 32 * 1024 * 1024
+MAX_PUT_BYTES = HOOK_PUT_BYTES
 """Blobs per put call are capped at this many bytes (well under the vaults' message limits)."""
 
 Block = tuple[bytes, A, int]

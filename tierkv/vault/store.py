@@ -46,6 +46,7 @@ from typing import Any
 import lmdb
 import xxhash
 
+from tierkv.limits import check_namespace
 from tierkv.retention.classes import BlockMeta
 from tierkv.vault.entrymeta import ClassBook, ClassUsage, EntryMeta, Ghosts, expiry_of
 from tierkv.vault.files import OnDamage, VaultDirectory, disk_full_message
@@ -147,9 +148,7 @@ class _Index:
 
 
 def full_key(namespace: bytes, key: bytes) -> bytes:
-    if len(namespace) > 255:
-        raise ValueError("namespace longer than 255 bytes")
-    return bytes((len(namespace),)) + namespace + key
+    return bytes((len(check_namespace(namespace)),)) + namespace + key
 
 
 def checksum(fkey: bytes, data: bytes | bytearray | memoryview) -> int:
