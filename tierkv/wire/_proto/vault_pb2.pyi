@@ -118,6 +118,7 @@ class BlockMeta(_message.Message):
     TTL_S_FIELD_NUMBER: _builtins.int
     PROTECTED_FIELD_NUMBER: _builtins.int
     PARENT_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     """source class name (e.g. "axioms", "tools", "generation"); at most 64 bytes"""
     importance: _builtins.float
@@ -128,6 +129,8 @@ class BlockMeta(_message.Message):
     """never evicted while the tenant's protected bytes fit under its cap"""
     parent: _builtins.bytes
     """key of the block before it in its chain (empty for a chain's first block)"""
+    tokens: _builtins.bytes
+    """optional: the block's token ids, little-endian int32, so a warm start can"""
     def __init__(
         self,
         *,
@@ -136,10 +139,11 @@ class BlockMeta(_message.Message):
         ttl_s: _builtins.float = ...,
         protected: _builtins.bool = ...,
         parent: _builtins.bytes = ...,
+        tokens: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["importance", b"importance", "parent", b"parent", "protected", b"protected", "source", b"source", "ttl_s", b"ttl_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["importance", b"importance", "parent", b"parent", "protected", b"protected", "source", b"source", "tokens", b"tokens", "ttl_s", b"ttl_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -791,3 +795,175 @@ class InspectReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InspectReply: _TypeAlias = InspectReply  # noqa: Y015
+
+@_typing.final
+class SuccessorsRequest(_message.Message):
+    """Successors: the blocks most likely fetched next after a chain, for prefetch. The vault learns them
+    from stored parent keys (the most-hit continuations) and from co-access (chains the same tenant
+    fetched within a short window of each other, weighted by how often). Reads nothing from disk.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_KEYS_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.bytes
+    max_bytes: _builtins.int
+    """bound on the summed size of the suggestions; 0 = the vault's default"""
+    max_keys: _builtins.int
+    """bound on their count; 0 = the vault's default"""
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """the chain just fetched, in chain order"""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.bytes = ...,
+        keys: _abc.Iterable[_builtins.bytes] | None = ...,
+        max_bytes: _builtins.int = ...,
+        max_keys: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "max_bytes", b"max_bytes", "max_keys", b"max_keys", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SuccessorsRequest: _TypeAlias = SuccessorsRequest  # noqa: Y015
+
+@_typing.final
+class Successor(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    key: _builtins.bytes
+    size: _builtins.int
+    """blob bytes"""
+    score: _builtins.float
+    """higher = more likely; suggestions come best first"""
+    def __init__(
+        self,
+        *,
+        key: _builtins.bytes = ...,
+        size: _builtins.int = ...,
+        score: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "score", b"score", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Successor: _TypeAlias = Successor  # noqa: Y015
+
+@_typing.final
+class SuccessorsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUCCESSORS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def successors(self) -> _containers.RepeatedCompositeFieldContainer[Global___Successor]: ...
+    def __init__(
+        self,
+        *,
+        successors: _abc.Iterable[Global___Successor] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["successors", b"successors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SuccessorsReply: _TypeAlias = SuccessorsReply  # noqa: Y015
+
+@_typing.final
+class HottestRequest(_message.Message):
+    """Hottest: a tenant's most-hit chains with what a warm start needs to replay them (their token ids,
+    where the blocks were stored with them). A user asks for its own tenant; an admin may name one.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.bytes
+    limit: _builtins.int
+    """at most this many chains; 0 = the vault's default"""
+    tenant: _builtins.str
+    """admin only"""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.bytes = ...,
+        limit: _builtins.int = ...,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "namespace", b"namespace", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HottestRequest: _TypeAlias = HottestRequest  # noqa: Y015
+
+@_typing.final
+class HotChain(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEYS_FIELD_NUMBER: _builtins.int
+    HITS_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    hits: _builtins.float
+    """decayed hit count of the chain's last block"""
+    source: _builtins.str
+    """the source class of its first block ("" when untagged)"""
+    tokens: _builtins.bytes
+    """the chain's token ids, little-endian int32; empty if not stored"""
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """root first"""
+
+    def __init__(
+        self,
+        *,
+        keys: _abc.Iterable[_builtins.bytes] | None = ...,
+        hits: _builtins.float = ...,
+        source: _builtins.str = ...,
+        tokens: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "keys", b"keys", "source", b"source", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HotChain: _TypeAlias = HotChain  # noqa: Y015
+
+@_typing.final
+class HottestReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHAINS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def chains(self) -> _containers.RepeatedCompositeFieldContainer[Global___HotChain]:
+        """hottest first"""
+
+    def __init__(
+        self,
+        *,
+        chains: _abc.Iterable[Global___HotChain] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chains", b"chains"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HottestReply: _TypeAlias = HottestReply  # noqa: Y015
