@@ -315,6 +315,10 @@ class RetentionConfig:
     weights: ContextWeights = ContextWeights()
     classes: ClassTable = dataclasses.field(default_factory=default_class_table)
     ttl_s: TTLSettings = TTLSettings()
+    warm_tokens: bool = False
+    """The engine hooks send each stored block's token ids (even without a layout) so ``tierkv snapshot``
+    and ``tierkv warm`` can replay the hottest prefixes; off: the ids are the prompt's text to whoever
+    reads the vault (README, "Warm start")."""
 
 
 def retention_from_config(config: Config) -> Retention:
@@ -322,7 +326,7 @@ def retention_from_config(config: Config) -> Retention:
     r = config.retention
     classes = {n: RetentionClass(n, c.importance, c.durability, c.protected) for n, c in r.classes.items()}
     ttl = {d: getattr(r.ttl_s, d.value) or None for d in Durability}
-    return Retention(classes=classes, ttl_s=ttl)
+    return Retention(classes=classes, ttl_s=ttl, warm_tokens=r.warm_tokens)
 
 
 @dataclasses.dataclass(frozen=True)

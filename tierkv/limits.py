@@ -31,6 +31,8 @@ HOOK_PUT_BYTES: Final = 32 * MiB
 """Engine hooks hand the cluster puts of at most this many bytes (bounds memory of encoded blobs)."""
 MAX_BULK_REQUEST_BYTES: Final = 64 * MiB
 """The largest request header the bulk port reads."""
+MAX_BLOCK_TOKEN_BYTES: Final = 64 * KiB
+"""The token ids a block may carry in its metadata (int32 each; a vault refuses more)."""
 
 
 def check_namespace(namespace: bytes) -> bytes:
@@ -52,6 +54,7 @@ __all__ = [
     "FRAME_BYTES",
     "HOOK_PUT_BYTES",
     "MAX_BATCH_BYTES",
+    "MAX_BLOCK_TOKEN_BYTES",
     "MAX_BULK_REQUEST_BYTES",
     "MAX_ITEM_BYTES",
     "MAX_KEYS_PER_CALL",

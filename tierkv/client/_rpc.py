@@ -13,7 +13,15 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from tierkv.client.types import ClassStats, EntryInfo, EntryStatus, NamespaceInfo, TenantStats, VaultStats
+from tierkv.client.types import (
+    ClassStats,
+    EntryInfo,
+    EntryStatus,
+    HotChain,
+    NamespaceInfo,
+    TenantStats,
+    VaultStats,
+)
 from tierkv.config import TLSConfig
 from tierkv.errors import (
     AuthError,
@@ -23,7 +31,7 @@ from tierkv.errors import (
     VaultUnavailable,
 )
 from tierkv.limits import CLIENT_BATCH_BYTES, FRAME_BYTES, MAX_MESSAGE_BYTES
-from tierkv.retention.classes import BlockMeta
+from tierkv.retention.classes import BlockMeta, unpack_tokens
 from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb
 from tierkv.wire.framing import FOUND, Buffer
 
@@ -221,6 +229,14 @@ def entry_from_reply(r: pb.InspectReply, address: str) -> EntryInfo:
         children=r.children,
         parent=r.parent,
     )
+
+
+def chain_from_reply(c: pb.HotChain, address: str) -> HotChain:
+    try:
+        tokens = unpack_tokens(c.tokens)
+    except ValueError as exc:
+        raise VaultError(f"Hottest reply: {exc}", address=address) from None
+    return HotChain(keys=tuple(c.keys), hits=c.hits, source=c.source, tokens=tokens)
 
 
 def namespace_from_reply(n: pb.NamespaceStats) -> NamespaceInfo:

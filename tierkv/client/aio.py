@@ -12,7 +12,7 @@ from tierkv.client._rpc import Items, Metas, as_bytes
 from tierkv.client.base import ClientBase, open_async_transport
 from tierkv.client.calls import Exchange, Op
 from tierkv.client.transport import Request
-from tierkv.client.types import EntryInfo, NamespaceInfo, VaultStats
+from tierkv.client.types import EntryInfo, HotChain, NamespaceInfo, VaultStats
 from tierkv.errors import VaultError
 from tierkv.wire.framing import Buffer
 
@@ -64,6 +64,11 @@ class AsyncVaultClient(ClientBase):
         self, namespace: bytes, key: bytes, *, tenant: str = "", timeout: float | None = None
     ) -> EntryInfo:
         return await self._run(self.calls.inspect(namespace, key, tenant, timeout))
+
+    async def hottest(
+        self, namespace: bytes, *, limit: int = 0, tenant: str = "", timeout: float | None = None
+    ) -> list[HotChain]:
+        return await self._run(self.calls.hottest(namespace, limit, tenant, timeout))
 
     async def stats(self) -> VaultStats:
         return await self._run(self.calls.stats())

@@ -25,6 +25,7 @@ from tierkv.client._rpc import (
     Items,
     Metas,
     batch_bytes,
+    chain_from_reply,
     entry_from_reply,
     keys_request,
     namespace_from_reply,
@@ -38,6 +39,7 @@ from tierkv.client.transport import (
     DELETE,
     FLUSH,
     HEALTH,
+    HOTTEST,
     INSPECT,
     LIST_NAMESPACES,
     PREFIX_LOOKUP,
@@ -45,7 +47,7 @@ from tierkv.client.transport import (
     STATS,
     Request,
 )
-from tierkv.client.types import EntryInfo, NamespaceInfo, VaultStats
+from tierkv.client.types import EntryInfo, HotChain, NamespaceInfo, VaultStats
 from tierkv.errors import VaultError
 from tierkv.wire import pb
 from tierkv.wire.framing import Buffer
@@ -124,6 +126,13 @@ class Calls:
         request = pb.InspectRequest(namespace=namespace, key=key, tenant=tenant).SerializeToString()
         raw = yield Request(INSPECT, request, self.options.deadline(timeout))
         return entry_from_reply(parse_reply(pb.InspectReply, raw, self.address), self.address)
+
+    def hottest(self, namespace: bytes, limit: int, tenant: str, timeout: float | None) -> Op[list[HotChain]]:
+        """The namespace's most-hit chains, hottest first (``limit`` 0: the vault's default)."""
+        request = pb.HottestRequest(namespace=namespace, limit=limit, tenant=tenant).SerializeToString()
+        raw = yield Request(HOTTEST, request, self.options.deadline(timeout))
+        reply = parse_reply(pb.HottestReply, raw, self.address)
+        return [chain_from_reply(c, self.address) for c in reply.chains]
 
     def stats(self) -> Op[VaultStats]:
         raw = yield Request(STATS, b"", self.options.deadline())

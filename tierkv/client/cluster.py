@@ -32,7 +32,7 @@ from tierkv.client._rpc import Items, Metas, as_bytes
 from tierkv.client.breaker import CircuitBreaker
 from tierkv.client.metrics import ClusterMetrics
 from tierkv.client.sharding import Rendezvous
-from tierkv.client.types import VaultStats
+from tierkv.client.types import HotChain, VaultStats
 from tierkv.client.vault import VaultClient
 from tierkv.config import Config, TLSConfig
 from tierkv.errors import VaultError
@@ -45,6 +45,8 @@ T = TypeVar("T")
 KV_COLD = Role.KV_COLD
 """Kept importable from here for older callers; the role lives in :mod:`tierkv.roles`."""
 SSM_COLD = Role.SSM_COLD
+DEFAULT_HOTTEST = 32
+"""Chains :meth:`Cluster.hottest` returns when not told (the vault's own default)."""
 Work = Callable[[VaultClient, float | None], T]
 """One vault's share of a call: given its client and the seconds left (None: the client's own deadline)."""
 
@@ -317,6 +319,27 @@ class Cluster:
         )
         return sum(n for n in done.values() if n is not FAILED)
 
+    def hottest(
+        self, namespace: bytes, *, limit: int = 0, tenant: str = "", role: str = KV_COLD
+    ) -> list[HotChain]:
+        """The namespace's most-hit chains on every vault of ``role``, merged hottest first (a replicated
+        chain once); at most ``limit`` (0: 32). A failed vault adds nothing. Each vault walks only the
+        blocks it holds: with keys sharded over several vaults a chain is cut where its blocks change
+        vault, and such a piece comes without token ids."""
+        resolved = self._resolve(role)
+        work = {
+            v: partial(_hottest, namespace=namespace, limit=limit, tenant=tenant)
+            for v in range(len(self._members[resolved]))
+        }
+        done = self._fan_out(resolved, "hottest", work, self._deadline())
+        merged: dict[tuple[bytes, ...], HotChain] = {}
+        for chains in done.values():
+            for c in [] if chains is FAILED else chains:
+                if c.keys not in merged or c.hits > merged[c.keys].hits:
+                    merged[c.keys] = c
+        ordered = sorted(merged.values(), key=lambda c: c.hits, reverse=True)
+        return ordered[: limit or DEFAULT_HOTTEST]
+
     def stats(self) -> list[tuple[str, str, VaultStats | VaultError]]:
         """(role, address, stats or the error) for every vault, asked in parallel, breakers ignored."""
         jobs = []
@@ -425,6 +448,12 @@ def _prefix_lookup(
     client: VaultClient, timeout: float | None, *, namespace: bytes, keys: Sequence[bytes]
 ) -> int:
     return client.prefix_lookup(namespace, keys, timeout=timeout)
+
+
+def _hottest(
+    client: VaultClient, timeout: float | None, *, namespace: bytes, limit: int, tenant: str
+) -> list[HotChain]:
+    return client.hottest(namespace, limit=limit, tenant=tenant, timeout=timeout)
 
 
 def _delete(client: VaultClient, timeout: float | None, *, namespace: bytes, keys: Sequence[bytes]) -> int:

@@ -35,6 +35,7 @@ STATS = f"/{SERVICE}/Stats"
 FLUSH = f"/{SERVICE}/Flush"
 LIST_NAMESPACES = f"/{SERVICE}/ListNamespaces"
 INSPECT = f"/{SERVICE}/Inspect"
+HOTTEST = f"/{SERVICE}/Hottest"
 HEALTH = "/grpc.health.v1.Health/Check"
 
 _CLIENT_STREAMING = {PUT}
@@ -167,6 +168,7 @@ __all__ = [
     "DELETE",
     "FLUSH",
     "HEALTH",
+    "HOTTEST",
     "INSPECT",
     "LIST_NAMESPACES",
     "PREFIX_LOOKUP",

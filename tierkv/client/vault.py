@@ -19,7 +19,7 @@ from tierkv.client.base import ClientBase, open_transport
 from tierkv.client.bulk import BulkFirst
 from tierkv.client.calls import Exchange, Op
 from tierkv.client.transport import Request
-from tierkv.client.types import EntryInfo, NamespaceInfo, VaultStats
+from tierkv.client.types import EntryInfo, HotChain, NamespaceInfo, VaultStats
 from tierkv.errors import VaultError
 from tierkv.wire.framing import Buffer
 
@@ -86,6 +86,13 @@ class VaultClient(ClientBase):
     ) -> EntryInfo:
         """One entry's size, blob head and retention record, without counting as a read."""
         return self._run(self.calls.inspect(namespace, key, tenant, timeout))
+
+    def hottest(
+        self, namespace: bytes, *, limit: int = 0, tenant: str = "", timeout: float | None = None
+    ) -> list[HotChain]:
+        """The namespace's most-hit chains with their token ids, hottest first (``limit`` 0: the vault's
+        default, 32); ``tenant`` (admin only) asks about that tenant's namespace. Not a read."""
+        return self._run(self.calls.hottest(namespace, limit, tenant, timeout))
 
     def stats(self) -> VaultStats:
         return self._run(self.calls.stats())

@@ -14,6 +14,8 @@ from tierkv.retention.classes import (
     Durability,
     Retention,
     RetentionClass,
+    pack_tokens,
+    unpack_tokens,
 )
 from tierkv.retention.layout import (
     GENERATION,
@@ -22,6 +24,7 @@ from tierkv.retention.layout import (
     LayoutError,
     as_chunks,
     block_meta,
+    chain_meta,
     keyed,
     parse_layout,
     tag_blocks,
@@ -43,9 +46,12 @@ __all__ = [
     "RetentionClass",
     "as_chunks",
     "block_meta",
+    "chain_meta",
     "keyed",
+    "pack_tokens",
     "parse_layout",
     "tag_blocks",
+    "unpack_tokens",
     "with_generation",
     "with_parents",
 ]

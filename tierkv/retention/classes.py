@@ -12,9 +12,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Mapping
+import struct
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
+
+from tierkv.limits import MAX_BLOCK_TOKEN_BYTES
 
 
 class Durability(str, enum.Enum):
@@ -103,7 +106,9 @@ class BlockMeta:
 
     ``ttl_s`` None means no expiry; ``parent`` is the key of the block before it in its chain (empty for a
     chain's first block), which lets the vault count how many stored chains pass through a block.
-    ``source`` empty means untagged: the vault treats the block as it always did.
+    ``source`` empty means untagged: the vault treats the block as it always did. ``tokens`` are the
+    block's token ids (sent only where ``[retention] warm_tokens`` asks for them), so a warm start can
+    replay the chain through an engine; they never make a block tagged.
     """
 
     source: str = ""
@@ -112,9 +117,12 @@ class BlockMeta:
     ttl_s: float | None = None
     protected: bool = False
     parent: bytes = b""
+    tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check_importance(self.importance)
+        if len(self.tokens) * 4 > MAX_BLOCK_TOKEN_BYTES:
+            raise ValueError(f"more than {MAX_BLOCK_TOKEN_BYTES // 4} token ids in one block")
         if self.ttl_s is not None and not (math.isfinite(self.ttl_s) and 0 < self.ttl_s <= MAX_TTL_S):
             raise ValueError(f"ttl_s must be a positive number of seconds or None, got {self.ttl_s!r}")
         check_source(self.source)
@@ -132,12 +140,33 @@ class BlockMeta:
 UNTAGGED: Final = BlockMeta()
 
 
+def pack_tokens(tokens: Sequence[int]) -> bytes:
+    """Token ids as the wire and the vault keep them: little-endian int32; ValueError when one is not."""
+    try:
+        return struct.pack(f"<{len(tokens)}i", *tokens)
+    except struct.error as exc:
+        raise ValueError(f"token ids must be 32-bit integers: {exc}") from None
+
+
+def unpack_tokens(raw: bytes | memoryview) -> tuple[int, ...]:
+    """The ids :func:`pack_tokens` packed; ValueError when ``raw`` is not whole int32s or too long."""
+    if len(raw) % 4 or len(raw) > MAX_BLOCK_TOKEN_BYTES:
+        raise ValueError(f"token ids must be whole int32s, at most {MAX_BLOCK_TOKEN_BYTES} bytes")
+    return struct.unpack(f"<{len(raw) // 4}i", raw)
+
+
 @dataclasses.dataclass(frozen=True)
 class Retention:
-    """The class table and time-to-live rules a deployment uses (from ``[retention]`` of tierkv.toml)."""
+    """The class table and time-to-live rules a deployment uses (from ``[retention]`` of tierkv.toml).
+
+    ``warm_tokens``: the hooks send each stored block's token ids with it (even without a layout), so
+    ``tierkv snapshot`` / ``tierkv warm`` can replay the hottest chains. Off by default: the ids are the
+    prompt's text to anyone who can read the vault, and an untagged store then stays exactly as it was.
+    """
 
     classes: Mapping[str, RetentionClass] = dataclasses.field(default_factory=lambda: dict(DEFAULT_CLASSES))
     ttl_s: Mapping[Durability, float | None] = dataclasses.field(default_factory=lambda: dict(DEFAULT_TTL_S))
+    warm_tokens: bool = False
 
     def meta(
         self,
@@ -180,4 +209,6 @@ __all__ = [
     "check_importance",
     "check_source",
     "importance_of_priority",
+    "pack_tokens",
+    "unpack_tokens",
 ]

@@ -142,9 +142,15 @@ def _durability(entry: Mapping[str, Any], where: str) -> Durability | None:
 
 
 def tag_blocks(
-    chunks: Sequence[Chunk], n_blocks: int, block_size: int, retention: Retention | None = None
+    chunks: Sequence[Chunk],
+    n_blocks: int,
+    block_size: int,
+    retention: Retention | None = None,
+    *,
+    tokens: Sequence[int] | None = None,
 ) -> list[BlockMeta]:
-    """Metadata of each of the first ``n_blocks`` full blocks: the most protective overlapping chunk's."""
+    """Metadata of each of the first ``n_blocks`` full blocks: the most protective overlapping chunk's,
+    with the block's own ids out of ``tokens`` (the chain's token ids) when they are given."""
     rules = retention or Retention()
     metas = [
         rules.meta(c.source, importance=c.importance, durability=c.durability, protected=c.protected)
@@ -154,7 +160,10 @@ def tag_blocks(
     for b in range(n_blocks):
         lo, hi = b * block_size, (b + 1) * block_size
         over = [m for c, m in zip(chunks, metas, strict=True) if c.start < hi and c.stop > lo]
-        out.append(max(over, key=BlockMeta.protection) if over else UNTAGGED)
+        meta = max(over, key=BlockMeta.protection) if over else UNTAGGED
+        if tokens is not None:
+            meta = dataclasses.replace(meta, tokens=tuple(tokens[lo:hi]))
+        out.append(meta)
     return out
 
 
@@ -200,18 +209,46 @@ def block_meta(
     offsets: Sequence[tuple[int, int]] | None = None,
     prompt_tokens: int | None = None,
     first_parent: bytes = b"",
+    tokens: Sequence[int] | None = None,
 ) -> dict[bytes, BlockMeta]:
     """The metadata of the blocks ``keys`` (one chain, block ``i`` holding tokens ``[i*block_size,
     (i+1)*block_size)``) under ``layout``: tag_blocks + with_parents, keyed by block key.
 
     Every block gets an entry, so the vault learns the whole chain; blocks no chunk covers stay untagged
     but keep their parent. With ``prompt_tokens`` the tokens from there on are tagged ``generation``.
-    ``first_parent`` is the key before ``keys[0]`` when the chain is a continuation.
+    ``first_parent`` is the key before ``keys[0]`` when the chain is a continuation; ``tokens`` (the
+    chain's token ids from its first block on) gives each block its own ids.
     """
     chunks = as_chunks(layout, offsets)
     if prompt_tokens is not None:
         chunks = with_generation(chunks, prompt_tokens, len(keys) * block_size)
-    return keyed(tag_blocks(chunks, len(keys), block_size, retention), keys, first_parent)
+    metas = tag_blocks(chunks, len(keys), block_size, retention, tokens=tokens)
+    return keyed(metas, keys, first_parent)
+
+
+def chain_meta(
+    keys: Sequence[bytes],
+    block_size: int,
+    retention: Retention | None = None,
+    *,
+    layout: Layout | None = None,
+    tokens: Sequence[int] | None = None,
+    prompt_tokens: int | None = None,
+    first_parent: bytes = b"",
+) -> dict[bytes, BlockMeta] | None:
+    """What an engine hook stores with a chain: :func:`block_meta` of its layout, with each block's token
+    ids when ``retention.warm_tokens`` asks for them (then a chain without a layout gets untagged entries
+    with parents and ids). None when there is neither: the store is untagged, exactly as it always was.
+    ``prompt_tokens`` (where generation starts) only counts with a layout."""
+    rules = retention or Retention()
+    ids = tokens if rules.warm_tokens else None
+    if layout is None and ids is None:
+        return None
+    if layout is None:
+        return block_meta(keys, [], block_size, rules, first_parent=first_parent, tokens=ids)
+    return block_meta(
+        keys, layout, block_size, rules, prompt_tokens=prompt_tokens, first_parent=first_parent, tokens=ids
+    )
 
 
 __all__ = [
@@ -222,6 +259,7 @@ __all__ = [
     "LayoutError",
     "as_chunks",
     "block_meta",
+    "chain_meta",
     "keyed",
     "parse_layout",
     "tag_blocks",

@@ -23,6 +23,7 @@ from tierkv.limits import MAX_BATCH_BYTES, MAX_ITEM_BYTES, MAX_KEYS_PER_CALL, Mi
 from tierkv.retention.classes import BlockMeta
 from tierkv.vault.auth import Principal
 from tierkv.vault.calls import Calls
+from tierkv.vault.hottest import hottest
 from tierkv.vault.reply import BatchGetReply
 from tierkv.vault.status import Abort, Status, invalid
 from tierkv.vault.store import Lookup, Store, StoreFullError
@@ -211,6 +212,15 @@ class VaultService:
             reply.source, reply.importance, reply.protected = meta.source, meta.importance, meta.protected
             reply.expiry, reply.expired = meta.expiry, meta.expired(time.time())
             reply.hits, reply.children, reply.parent = meta.hits, meta.sharing, meta.parent
+        return reply
+
+    def hottest(self, who: Principal, request: pb.HottestRequest) -> pb.HottestReply:
+        """A namespace's most-hit chains with their token ids (:mod:`tierkv.vault.hottest`); not a read."""
+        _check_keys(request.namespace, [])
+        tenant = self._tenant(who, request.tenant)
+        reply = pb.HottestReply()
+        for c in hottest(self.store, request.namespace, tenant=tenant, limit=request.limit):
+            reply.chains.add(keys=c.keys, hits=c.hits, source=c.source, tokens=c.tokens)
         return reply
 
     # -- helpers -----------------------------------------------------------------------------------

@@ -8,13 +8,17 @@ Four LMDB databases live in one environment:
 ``order``  policy rank + full key → empty; the eviction order, lowest first (protected entries are not
            in it: eviction never sees them)
 ``expiry`` expiry time (ms) + full key → empty; entries with a time to live, soonest first
+``tokens`` full key → the block's token ids (little-endian int32), for entries stored with them (warm
+           starts, :mod:`tierkv.vault.hottest`); apart from the index so that the records eviction and
+           scans read stay small, and written, replaced and deleted with the entry in its transaction
 ``meta``   bookkeeping: used bytes, entry count, logical clock, policy name
 
 A full key is ``len(namespace) ‖ namespace ‖ key``. An entry is charged ``len(namespace) + len(key) +
-len(blob)`` bytes against ``max_bytes``. A Put batch is written in write transactions of at most
-``max_bytes / 16`` bytes (one for most batches); each makes its own room by evicting from the front of
-``order`` before each write and stores the new totals in ``meta`` in the same transaction: the budget holds
-at every commit and the accounting is exactly as durable as the data.
+len(blob)`` (+ its token ids' bytes) against ``max_bytes``. A Put batch is written in write transactions
+of at most ``max_bytes / 16`` bytes (one for most batches); each makes its own room by evicting from the
+front of ``order`` before each write and stores the new totals in ``meta`` in the same transaction: the
+budget holds at every commit and the accounting is exactly as durable as the data.
+
 
 Reads never open a write transaction: a hit is recorded in memory and the new recency is written by the
 next Put or by the maintenance thread (so recency is approximate by at most one maintenance interval).
@@ -47,7 +51,7 @@ import lmdb
 import xxhash
 
 from tierkv.limits import check_namespace
-from tierkv.retention.classes import BlockMeta
+from tierkv.retention.classes import BlockMeta, pack_tokens
 from tierkv.vault.entrymeta import ClassBook, ClassUsage, EntryMeta, Ghosts, expiry_of
 from tierkv.vault.files import OnDamage, VaultDirectory, disk_full_message
 from tierkv.vault.policy import ContextPolicy, EntryInfo, EvictionPolicy, LRUPolicy
@@ -223,6 +227,7 @@ class _Tenant:
     index: Any
     order: Any
     expiry: Any
+    tokens: Any = None
     quota: int = 0
     used: int = 0
     count: int = 0
@@ -241,6 +246,17 @@ class _Tenant:
     @property
     def meta_suffix(self) -> bytes:
         return b"/" + self.name.encode()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChainEntry:
+    """One entry as a warm start sees it: its key, its parent's, its decayed hits, recency and class."""
+
+    key: bytes
+    parent: bytes
+    hits: float
+    clock: int
+    source: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -511,7 +527,7 @@ class Store:
         initial = map_size or self._max_map_size
         self._env = self._directory.open_env(
             map_size=initial,
-            max_dbs=1 + 4 * MAX_TENANTS,
+            max_dbs=1 + 5 * MAX_TENANTS,
             sync=sync_mode == "durable",
             metasync=sync_mode == "durable",
             max_readers=256,
@@ -554,11 +570,13 @@ class Store:
         for name in names:
             check_tenant(name)
             prefix = b"" if name == DEFAULT_TENANT else name.encode() + b"/"
-            data, index, order, expiry = (
-                self._env.open_db(prefix + part) for part in (b"data", b"index", b"order", b"expiry")
+            data, index, order, expiry, tokens = (
+                self._env.open_db(prefix + part)
+                for part in (b"data", b"index", b"order", b"expiry", b"tokens")
             )
+
             quota = max(0, int(quotas.get(name, 0)))
-            tenants[name] = _Tenant(name, data, index, order, expiry, quota=quota)
+            tenants[name] = _Tenant(name, data, index, order, expiry, tokens, quota=quota)
         return tenants
 
     def _tenant(self, name: str) -> _Tenant:
@@ -751,7 +769,8 @@ class Store:
     def _put_one(self, txn: lmdb.Transaction, ledger: _Ledger, owner: _Tenant, item: _Prepared) -> bool:
         """Write one entry after making room for it; False when it cannot fit (the item is rejected)."""
         fkey, data, priority, meta = item
-        charge = len(fkey) - 1 + len(data)
+        tokens = pack_tokens(meta.tokens) if meta is not None and meta.tokens else b""
+        charge = len(fkey) - 1 + len(data) + len(tokens)
         if charge > min(self.max_bytes, owner.quota or self.max_bytes):
             return False
         old = self._drop(txn, ledger, owner, fkey)
@@ -761,6 +780,8 @@ class Store:
         entry = _Index(charge, ledger.clock, priority, checksum(fkey, data))
         entry.ext = self._entry_meta(ledger, owner, charge, meta, old)
         txn.put(fkey, data, db=owner.data)
+        if tokens:
+            txn.put(fkey, tokens, db=owner.tokens)
         self._write_index(txn, ledger, owner, fkey, entry)
         if entry.ext is not None and entry.ext.expiry:
             txn.put(_expiry_key(entry.ext.expiry, fkey), b"", db=owner.expiry)
@@ -933,7 +954,7 @@ class Store:
             deleted = 0
             with self._env.begin(write=True) as txn:
                 for t in targets:
-                    for db in (t.data, t.index, t.order, t.expiry):
+                    for db in (t.data, t.index, t.order, t.expiry, t.tokens):
                         txn.drop(db, delete=False)
                     deleted += ledger.clear(t.name)
                 self._save_meta(txn, ledger)
@@ -975,6 +996,7 @@ class Store:
             txn.delete(self._rank(entry) + fkey, db=owner.order)
         txn.delete(fkey, db=owner.index)
         txn.delete(fkey, db=owner.data)
+        txn.delete(fkey, db=owner.tokens)
         ledger.remove(owner.name, entry)
         ext = entry.ext
         if ext is not None and ext.expiry:
@@ -1095,6 +1117,41 @@ class Store:
             if scan.truncated:
                 return found, True
         return found, False
+
+    def chain_entries(
+        self, namespace: bytes, *, tenant: str = DEFAULT_TENANT, limit: int = SCAN_SLICE
+    ) -> list[ChainEntry]:
+        """Entries of ``namespace`` that have a retention record (at most ``limit``, of the first ``limit``
+        index records), with their decayed hits (reads not yet written included) and parent. Reads the
+        index in short read transactions; for :mod:`tierkv.vault.hottest`, not the serving path."""
+        owner = self._tenant(tenant)
+        prefix = full_key(namespace, b"")
+        with self._touch_lock:
+            pending = {f: n for (name, f), n in self._touches.items() if name == owner.name and n}
+        out: list[ChainEntry] = []
+        start: bytes | None = prefix
+        budget = limit
+        while start is not None and budget > 0:
+            with self._rw.shared(), self._env.begin(buffers=True) as txn, txn.cursor(db=owner.index) as cur:
+                rows = _index_slice(cur, start, prefix, min(budget, SCAN_SLICE))
+            budget -= len(rows)
+            start = rows[-1][0] + b"\x00" if len(rows) == SCAN_SLICE else None
+            for fkey, raw in rows:
+                with contextlib.suppress(ValueError):
+                    entry = _Index.unpack(raw)
+                    if entry.ext is not None:
+                        hits = self._decayed(entry, self._clock) + pending.get(fkey, 0)
+                        ext = entry.ext
+                        out.append(ChainEntry(fkey[len(prefix) :], ext.parent, hits, entry.clock, ext.source))
+        return out
+
+    def tokens_of(
+        self, namespace: bytes, keys: Sequence[bytes], *, tenant: str = DEFAULT_TENANT
+    ) -> list[bytes | None]:
+        """The token ids stored with each key (packed int32), None where there are none."""
+        owner = self._tenant(tenant)
+        with self._rw.shared(), self._env.begin() as txn:
+            return [txn.get(full_key(namespace, k), db=owner.tokens) for k in keys]
 
     # -- recency -----------------------------------------------------------------------------------
 
@@ -1264,6 +1321,18 @@ def _unpack_lenient(raw: bytes | memoryview) -> _Index:
         return _Index.unpack(raw)
     except ValueError:
         return _Index(*_INDEX.unpack_from(raw)) if len(raw) >= _INDEX.size else _Index(0, 0, 0, 0)
+
+
+def _index_slice(cur: lmdb.Cursor, start: bytes, prefix: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+    """Up to ``limit`` (full key, index record) pairs from ``start`` on that begin with ``prefix``."""
+    rows: list[tuple[bytes, bytes]] = []
+    if not cur.set_range(start):
+        return rows
+    for fkey, raw in cur.iternext():
+        if len(rows) >= limit or bytes(fkey[: len(prefix)]) != prefix:
+            break
+        rows.append((bytes(fkey), bytes(raw)))
+    return rows
 
 
 def _get_u64(txn: lmdb.Transaction, db: Any, key: bytes) -> int:

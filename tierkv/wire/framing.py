@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from google.protobuf.message import DecodeError
 
 from tierkv.limits import MAX_KEY_BYTES, MAX_NAMESPACE_BYTES
-from tierkv.retention.classes import BlockMeta
+from tierkv.retention.classes import BlockMeta, pack_tokens, unpack_tokens
 from tierkv.wire._proto import vault_pb2 as pb
 
 Buffer = bytes | bytearray | memoryview
@@ -65,6 +65,7 @@ def meta_to_pb(meta: BlockMeta) -> pb.BlockMeta:
         ttl_s=meta.ttl_s or 0.0,
         protected=meta.protected,
         parent=meta.parent,
+        tokens=pack_tokens(meta.tokens) if meta.tokens else b"",
     )
 
 
@@ -79,6 +80,7 @@ def meta_from_pb(m: pb.BlockMeta) -> BlockMeta:
             ttl_s=m.ttl_s or None,
             protected=m.protected,
             parent=m.parent,
+            tokens=unpack_tokens(m.tokens),
         )
     except ValueError as exc:
         raise FrameError(f"bad block metadata: {exc}") from None
