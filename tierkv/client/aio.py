@@ -12,7 +12,7 @@ from tierkv.client._rpc import Items, Metas, as_bytes
 from tierkv.client.base import ClientBase, open_async_transport
 from tierkv.client.calls import Exchange, Op
 from tierkv.client.transport import Request
-from tierkv.client.types import EntryInfo, HotChain, NamespaceInfo, VaultStats
+from tierkv.client.types import EntryInfo, HotChain, NamespaceInfo, Successor, VaultStats
 from tierkv.errors import VaultError
 from tierkv.wire.framing import Buffer
 
@@ -69,6 +69,19 @@ class AsyncVaultClient(ClientBase):
         self, namespace: bytes, *, limit: int = 0, tenant: str = "", timeout: float | None = None
     ) -> list[HotChain]:
         return await self._run(self.calls.hottest(namespace, limit, tenant, timeout))
+
+    async def successors(
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        *,
+        max_bytes: int = 0,
+        max_keys: int = 0,
+        timeout: float | None = None,
+    ) -> list[Successor]:
+        """The blocks the vault expects to be fetched after the chain ``keys`` (the caller's tenant's
+        only), best first, within ``max_bytes`` and ``max_keys`` (0: the vault's defaults)."""
+        return await self._run(self.calls.successors(namespace, keys, max_bytes, max_keys, timeout))
 
     async def stats(self) -> VaultStats:
         return await self._run(self.calls.stats())

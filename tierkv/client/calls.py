@@ -45,9 +45,10 @@ from tierkv.client.transport import (
     PREFIX_LOOKUP,
     PUT,
     STATS,
+    SUCCESSORS,
     Request,
 )
-from tierkv.client.types import EntryInfo, HotChain, NamespaceInfo, VaultStats
+from tierkv.client.types import EntryInfo, HotChain, NamespaceInfo, Successor, VaultStats
 from tierkv.errors import VaultError
 from tierkv.wire import pb
 from tierkv.wire.framing import Buffer
@@ -133,6 +134,17 @@ class Calls:
         raw = yield Request(HOTTEST, request, self.options.deadline(timeout))
         reply = parse_reply(pb.HottestReply, raw, self.address)
         return [chain_from_reply(c, self.address) for c in reply.chains]
+
+    def successors(
+        self, namespace: bytes, keys: Sequence[bytes], max_bytes: int, max_keys: int, timeout: float | None
+    ) -> Op[list[Successor]]:
+        """The blocks the vault expects to be fetched after the chain ``keys``, best first."""
+        request = pb.SuccessorsRequest(
+            namespace=namespace, keys=list(keys), max_bytes=max_bytes, max_keys=max_keys
+        ).SerializeToString()
+        raw = yield Request(SUCCESSORS, request, self.options.deadline(timeout))
+        reply = parse_reply(pb.SuccessorsReply, raw, self.address)
+        return [Successor(s.key, s.size, s.score) for s in reply.successors]
 
     def stats(self) -> Op[VaultStats]:
         raw = yield Request(STATS, b"", self.options.deadline())

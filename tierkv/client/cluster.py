@@ -32,7 +32,7 @@ from tierkv.client._rpc import Items, Metas, as_bytes
 from tierkv.client.breaker import CircuitBreaker
 from tierkv.client.metrics import ClusterMetrics
 from tierkv.client.sharding import Rendezvous
-from tierkv.client.types import HotChain, VaultStats
+from tierkv.client.types import HotChain, Successor, VaultStats
 from tierkv.client.vault import VaultClient
 from tierkv.config import Config, TLSConfig
 from tierkv.errors import VaultError
@@ -235,13 +235,14 @@ class Cluster:
         return len(acked)
 
     def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD
+        self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD, *, timeout: float | None = None
     ) -> list[Buffer | None]:
-        """A blob or None per key, within one timeout: one BatchGet per vault asked; with replication,
-        the next owner of a key is asked when the previous one failed, missed or is slow (see the module)."""
+        """A blob or None per key, within one timeout (the cluster's, or ``timeout`` seconds): one BatchGet
+        per vault asked; with replication, the next owner of a key is asked when the previous one failed,
+        missed or is slow (see the module)."""
         resolved = self._resolve(role)
         read = _Read(namespace, keys, [self._owners(resolved, k) for k in keys])
-        deadline = self._deadline()
+        deadline = self._deadline() if timeout is None else time.monotonic() + timeout
         if self.replication == 1 or len(self._members[resolved]) == 1:
             wave = read.wave(range(len(keys)))
             got = self._fan_out(resolved, "get", {v: read.work(idx) for v, idx in wave.items()}, deadline)
@@ -339,6 +340,32 @@ class Cluster:
                     merged[c.keys] = c
         ordered = sorted(merged.values(), key=lambda c: c.hits, reverse=True)
         return ordered[: limit or DEFAULT_HOTTEST]
+
+    def successors(
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        role: str = KV_COLD,
+        *,
+        max_bytes: int = 0,
+        max_keys: int = 0,
+        timeout: float | None = None,
+    ) -> list[Successor]:
+        """The blocks the role's vaults expect to be fetched after the chain ``keys``, best first, merged
+        over every vault (each knows the blocks it stores) within ``max_bytes`` and ``max_keys`` (0: the
+        vaults' defaults); a vault that fails or is slow adds nothing. Within ``timeout`` seconds (default:
+        the cluster's)."""
+        if not keys:
+            return []
+        resolved = self._resolve(role)
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        work = partial(_successors, namespace=namespace, keys=keys, max_bytes=max_bytes, max_keys=max_keys)
+        answers = self._fan_out(
+            resolved, "successors", dict.fromkeys(range(len(self._members[resolved])), work), deadline
+        )
+        return merge_successors(
+            [a for a in answers.values() if a is not FAILED], max_bytes=max_bytes, max_keys=max_keys
+        )
 
     def stats(self) -> list[tuple[str, str, VaultStats | VaultError]]:
         """(role, address, stats or the error) for every vault, asked in parallel, breakers ignored."""
@@ -442,6 +469,36 @@ def _get_buffers(
     client: VaultClient, timeout: float | None, *, namespace: bytes, keys: Sequence[bytes]
 ) -> list[Buffer | None]:
     return client.get_buffers(namespace, keys, timeout=timeout)
+
+
+def _successors(
+    client: VaultClient,
+    timeout: float | None,
+    *,
+    namespace: bytes,
+    keys: Sequence[bytes],
+    max_bytes: int,
+    max_keys: int,
+) -> list[Successor]:
+    return client.successors(namespace, keys, max_bytes=max_bytes, max_keys=max_keys, timeout=timeout)
+
+
+def merge_successors(
+    answers: Iterable[Sequence[Successor]], *, max_bytes: int, max_keys: int
+) -> list[Successor]:
+    """Several vaults' suggestions as one: best score first, each key once, within the bounds (0: none)."""
+    out: list[Successor] = []
+    seen: set[bytes] = set()
+    total = 0
+    for s in sorted((s for a in answers for s in a), key=lambda s: -s.score):
+        if s.key in seen:
+            continue
+        if (max_keys and len(out) >= max_keys) or (max_bytes and total + s.size > max_bytes):
+            break
+        seen.add(s.key)
+        out.append(s)
+        total += s.size
+    return out
 
 
 def _prefix_lookup(

@@ -35,6 +35,7 @@ STATS = f"/{SERVICE}/Stats"
 FLUSH = f"/{SERVICE}/Flush"
 LIST_NAMESPACES = f"/{SERVICE}/ListNamespaces"
 INSPECT = f"/{SERVICE}/Inspect"
+SUCCESSORS = f"/{SERVICE}/Successors"
 HOTTEST = f"/{SERVICE}/Hottest"
 HEALTH = "/grpc.health.v1.Health/Check"
 
@@ -174,6 +175,7 @@ __all__ = [
     "PREFIX_LOOKUP",
     "PUT",
     "STATS",
+    "SUCCESSORS",
     "AsyncGrpcTransport",
     "AsyncTransport",
     "GrpcTransport",

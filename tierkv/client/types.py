@@ -120,6 +120,16 @@ class NamespaceInfo:
     head: bytes
 
 
+@dataclasses.dataclass(frozen=True)
+class Successor:
+    """A block the vault expects to be fetched next (``Successors``): its key, blob size and score (higher
+    is likelier; a vault answers best first)."""
+
+    key: bytes
+    size: int
+    score: float
+
+
 class EntryStatus(str, enum.Enum):
     FOUND = "found"
     MISSING = "missing"

@@ -19,7 +19,7 @@ from tierkv.client.base import ClientBase, open_transport
 from tierkv.client.bulk import BulkFirst
 from tierkv.client.calls import Exchange, Op
 from tierkv.client.transport import Request
-from tierkv.client.types import EntryInfo, HotChain, NamespaceInfo, VaultStats
+from tierkv.client.types import EntryInfo, HotChain, NamespaceInfo, Successor, VaultStats
 from tierkv.errors import VaultError
 from tierkv.wire.framing import Buffer
 
@@ -93,6 +93,19 @@ class VaultClient(ClientBase):
         """The namespace's most-hit chains with their token ids, hottest first (``limit`` 0: the vault's
         default, 32); ``tenant`` (admin only) asks about that tenant's namespace. Not a read."""
         return self._run(self.calls.hottest(namespace, limit, tenant, timeout))
+
+    def successors(
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        *,
+        max_bytes: int = 0,
+        max_keys: int = 0,
+        timeout: float | None = None,
+    ) -> list[Successor]:
+        """The blocks the vault expects to be fetched after the chain ``keys`` (the caller's tenant's
+        only), best first, within ``max_bytes`` and ``max_keys`` (0: the vault's defaults)."""
+        return self._run(self.calls.successors(namespace, keys, max_bytes, max_keys, timeout))
 
     def stats(self) -> VaultStats:
         return self._run(self.calls.stats())

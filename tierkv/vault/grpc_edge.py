@@ -33,6 +33,7 @@ def handler(service: VaultService) -> grpc.GenericRpcHandler[Any, Any]:
             service, "ListNamespaces", pb.ListNamespacesRequest, service.list_namespaces
         ),
         "Inspect": _unary(service, "Inspect", pb.InspectRequest, service.inspect),
+        "Successors": _unary(service, "Successors", pb.SuccessorsRequest, service.successors),
         "Hottest": _unary(service, "Hottest", pb.HottestRequest, service.hottest),
     }
     methods: dict[str, grpc.RpcMethodHandler[Any, Any]] = {

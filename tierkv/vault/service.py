@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
@@ -27,6 +27,13 @@ from tierkv.vault.hottest import hottest
 from tierkv.vault.reply import BatchGetReply
 from tierkv.vault.status import Abort, Status, invalid
 from tierkv.vault.store import Lookup, Store, StoreFullError
+from tierkv.vault.successors import (
+    DEFAULT_SUGGEST_BYTES,
+    DEFAULT_SUGGEST_KEYS,
+    MAX_SUGGEST_KEYS,
+    SuccessorLearner,
+    split_full_key,
+)
 from tierkv.wire import FrameDecoder, FrameError, pb
 
 M = TypeVar("M", bound=Message)
@@ -47,8 +54,19 @@ class Limits:
 class VaultService:
     """The methods of one vault over one store. ``bulk_port`` is what Stats advertises (0: none)."""
 
-    def __init__(self, store: Store, *, role: str, limits: Limits, calls: Calls, bulk_port: int = 0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        role: str,
+        limits: Limits,
+        calls: Calls,
+        bulk_port: int = 0,
+        successors: SuccessorLearner | None = None,
+    ) -> None:
         self.store = store
+        self.learner = successors or SuccessorLearner()
+        store.on_drop = self._forget
         self.role = role
         self.limits = limits
         self.calls = calls
@@ -90,6 +108,12 @@ class VaultService:
             )
         except StoreFullError as exc:
             raise Abort(Status.RESOURCE_EXHAUSTED, str(exc)) from exc
+        skip = set(outcome.rejected)
+        self.learner.stored(
+            who.tenant,
+            decoder.namespace or b"",
+            ((key, len(data), metas[i]) for i, (key, data, _) in enumerate(items) if i not in skip),
+        )
         nbytes = decoder.total_bytes
         if nbytes >= LARGE_CALL_BYTES:
             self.calls.memory.trim_soon()
@@ -106,6 +130,7 @@ class VaultService:
         """The reply to send; the caller iterates its frames and closes it (see :mod:`.reply`)."""
         keys = _check_keys(request.namespace, request.keys)
         reader = self.store.reader(who.tenant)
+        self.learner.fetched(who.tenant, request.namespace, keys)
         return BatchGetReply(reader, request.namespace, keys, frame_bytes=self.limits.frame_bytes)
 
     def finish_batch_get(self, reply: BatchGetReply) -> None:
@@ -133,7 +158,9 @@ class VaultService:
             if not who.admin:
                 raise Abort(Status.PERMISSION_DENIED, "flushing every namespace needs the admin role")
             tenant = self._tenant(who, request.tenant) if request.tenant else None
-            return pb.FlushReply(deleted=self.store.flush(b"", tenant=tenant))
+            deleted = self.store.flush(b"", tenant=tenant)
+            self.learner.forget_tenant(tenant)
+            return pb.FlushReply(deleted=deleted)
         if not request.namespace:
             raise invalid("Flush needs a namespace (or all_namespaces = true to empty every namespace)")
         tenant = self._tenant(who, request.tenant)
@@ -223,7 +250,26 @@ class VaultService:
             reply.chains.add(keys=c.keys, hits=c.hits, source=c.source, tokens=c.tokens)
         return reply
 
+    def successors(self, who: Principal, request: pb.SuccessorsRequest) -> pb.SuccessorsReply:
+        """The caller's likely next blocks after a chain (its own tenant's only); reads nothing from disk."""
+        keys = _check_keys(request.namespace, request.keys)
+        if not keys:
+            raise invalid("Successors needs the chain just fetched (at least one key)")
+        max_keys = min(request.max_keys or DEFAULT_SUGGEST_KEYS, MAX_SUGGEST_KEYS)
+        max_bytes = request.max_bytes or DEFAULT_SUGGEST_BYTES
+        found = self.learner.successors(
+            who.tenant, request.namespace, keys, max_bytes=max_bytes, max_keys=max_keys
+        )
+        reply = pb.SuccessorsReply()
+        for s in found:
+            reply.successors.add(key=s.key, size=s.size, score=s.score)
+        return reply
+
     # -- helpers -----------------------------------------------------------------------------------
+
+    def _forget(self, dropped: Sequence[tuple[str, bytes]]) -> None:
+        """The store removed these (tenant, full key) entries: they are no longer suggested."""
+        self.learner.forget((tenant, *split_full_key(fkey)) for tenant, fkey in dropped)
 
     def _tenant(self, who: Principal, requested: str) -> str:
         """The tenant a call acts in: the caller's own, or (admin only) the one it names."""

@@ -359,6 +359,7 @@ class _Ledger:
         self.evicted: Counter[str] = Counter()
         self.overflow: Counter[str] = Counter()
         self.ghosts: list[tuple[str, bytes, str]] = []
+        self.dropped: list[tuple[str, bytes]] = []
 
     @property
     def protected_total(self) -> int:
@@ -544,6 +545,8 @@ class Store:
         self._counter_lock = threading.Lock()
         self.classes = ClassBook()
         self._ghosts = Ghosts()
+        self.on_drop: Callable[[Sequence[tuple[str, bytes]]], None] | None = None
+        """Told (tenant, full key) of every entry a committed transaction removed (prefetch hints)."""
         self._overflow_logged = 0.0
         self._clock = self._load_meta()
         self._load_retention()
@@ -676,6 +679,8 @@ class Store:
                 t.class_protected = +ledger.class_protected[t.name]
         if ledger.ghosts:
             self._ghosts.add(ledger.ghosts)
+        if ledger.dropped and self.on_drop is not None:
+            self.on_drop(ledger.dropped)
         if ledger.overflow:
             self._log_overflow(ledger.overflow)
 
@@ -998,6 +1003,7 @@ class Store:
         txn.delete(fkey, db=owner.data)
         txn.delete(fkey, db=owner.tokens)
         ledger.remove(owner.name, entry)
+        ledger.dropped.append((owner.name, fkey))
         ext = entry.ext
         if ext is not None and ext.expiry:
             txn.delete(_expiry_key(ext.expiry, fkey), db=owner.expiry)

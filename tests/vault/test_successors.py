@@ -1,0 +1,189 @@
+"""Successors: the vault's prefetch hints, learned from stored parent keys and from co-access.
+
+The daemon tests use real vault processes on loopback; the bounds are a hypothesis property of the
+learner itself (the same object the daemon runs), driven with a fake clock so the window is exact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import VaultFactory
+from tests.vault.rawcalls import code_of, unary
+from tierkv.client import VaultClient
+from tierkv.retention import BlockMeta
+from tierkv.vault.successors import NODE_BYTES, SuccessorLearner
+from tierkv.wire import pb
+
+NS = b"ns-successors"
+BLOB = b"x" * 100
+
+
+def k(name: str) -> bytes:
+    return name.encode().ljust(8, b".")
+
+
+def store_chain(c: VaultClient, names: list[str], parent: str = "") -> None:
+    """Put a chain, each block naming the one before it (the first names ``parent``)."""
+    parents = [parent, *names[:-1]]
+    c.put(
+        NS,
+        {k(n): BLOB for n in names},
+        meta={k(n): BlockMeta(parent=k(p) if p else b"") for n, p in zip(names, parents, strict=True)},
+    )
+
+
+def keys_of(found: list) -> list[str]:  # type: ignore[type-arg]
+    return [s.key.decode().rstrip(".") for s in found]
+
+
+def test_continuations_follow_the_most_hit_child(vault_factory: VaultFactory) -> None:
+    v = vault_factory()
+    with VaultClient(v.address, timeout=10) as c:
+        store_chain(c, ["root", "sys"])
+        store_chain(c, ["a1", "a2"], parent="sys")  # two continuations of the same prefix
+        store_chain(c, ["b1", "b2"], parent="sys")
+        for _ in range(3):
+            c.get(NS, [k("root"), k("sys"), k("b1"), k("b2")])
+        c.get(NS, [k("root"), k("sys"), k("a1")])
+        found = c.successors(NS, [k("root"), k("sys")])
+        assert keys_of(found) == ["b1", "b2"]  # the most-hit path, walked down; a1 lost
+        assert found[0].size == len(BLOB) and found[0].score >= found[1].score > 0  # b2 is b1's only child
+        # bounds: one key, or too few bytes for even one
+        assert keys_of(c.successors(NS, [k("root"), k("sys")], max_keys=1)) == ["b1"]
+        assert c.successors(NS, [k("root"), k("sys")], max_bytes=len(BLOB) - 1) == []
+        # deleted keys are forgotten: the walk now takes the other child
+        assert c.delete(NS, [k("b1")]) == 1
+        assert keys_of(c.successors(NS, [k("root"), k("sys")])) == ["a1", "a2"]
+
+
+def test_co_accessed_chains_are_suggested_by_how_often(vault_factory: VaultFactory) -> None:
+    v = vault_factory()
+    with VaultClient(v.address, timeout=10) as c:
+        for name in ("rules", "tools", "memo"):
+            store_chain(c, [name + "1", name + "2"])
+        rules = [k("rules1"), k("rules2")]
+        for _ in range(2):
+            c.get(NS, rules)
+            c.get(NS, [k("tools1"), k("tools2")])
+        c.get(NS, rules)
+        c.get(NS, [k("memo1"), k("memo2")])
+        found = c.successors(NS, rules)
+        assert keys_of(found) == ["tools1", "tools2", "memo1", "memo2"]
+        assert found[0].score > found[2].score
+        # a fetch of exactly what was suggested is a prefetch: it teaches nothing
+        c.get(NS, [k("memo1"), k("memo2")])
+        c.get(NS, [k("memo1"), k("memo2")])
+        assert keys_of(c.successors(NS, rules))[:2] == ["tools1", "tools2"]
+
+
+def test_a_tenant_sees_only_its_own_successors(vault_factory: VaultFactory, tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("tok-a alpha user\ntok-b beta user\n")
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(f'[auth]\ntoken_file = "{tokens}"\n')
+    v = vault_factory(extra_args=["--config", str(cfg)])
+    with (
+        VaultClient(v.address, timeout=10, token="tok-a") as a,
+        VaultClient(v.address, timeout=10, token="tok-b") as b,
+    ):
+        store_chain(a, ["r", "s"])
+        a.get(NS, [k("r"), k("s")])
+        assert keys_of(a.successors(NS, [k("r")])) == ["s"]
+        assert b.successors(NS, [k("r")]) == []
+
+
+def test_garbage_successors_requests_are_invalid_and_the_vault_keeps_serving(
+    vault_factory: VaultFactory,
+) -> None:
+    v = vault_factory()
+    bad = [
+        b"\xff\xfe\xfd",
+        pb.SuccessorsRequest(namespace=NS).SerializeToString(),  # no keys
+        pb.SuccessorsRequest(namespace=NS, keys=[b""]).SerializeToString(),
+        pb.SuccessorsRequest(namespace=b"n" * 1000, keys=[b"k"]).SerializeToString(),
+    ]
+    with grpc.insecure_channel(v.address) as ch:
+        for payload in bad:
+            assert code_of(unary, ch, "Successors", payload) is grpc.StatusCode.INVALID_ARGUMENT, payload
+        ok = pb.SuccessorsReply.FromString(
+            unary(ch, "Successors", pb.SuccessorsRequest(namespace=NS, keys=[b"k"]).SerializeToString())
+        )
+        assert list(ok.successors) == []
+    assert v.stop() == 0
+    assert "Traceback" not in v.log_file.read_text()
+
+
+# -- the learner's bounds (a property) ---------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+events = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "get", "drop", "ask", "tick"]),
+        st.lists(st.integers(min_value=0, max_value=30), min_size=1, max_size=6),
+        st.sampled_from(["t1", "t2"]),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=events,
+    max_entries=st.integers(min_value=1, max_value=20),
+    max_keys=st.integers(min_value=1, max_value=8),
+)
+def test_the_learner_stays_within_its_bounds_and_suggests_only_stored_keys(
+    ops: list[tuple[str, list[int], str]], max_entries: int, max_keys: int
+) -> None:
+    clock = Clock()
+    learner = SuccessorLearner(
+        window_s=5.0, max_entries=max_entries, max_bytes=max_entries * 600, clock=clock, wall=clock
+    )
+    stored: dict[tuple[str, bytes], int] = {}
+    for op, ids, tenant in ops:
+        keys = [b"key%d" % i for i in ids]
+        if op == "put":
+            learner.stored(
+                tenant,
+                NS,
+                [
+                    (key, 10 + i, BlockMeta(parent=b"key%d" % (i - 1) if i else b""))
+                    for key, i in zip(keys, ids, strict=True)
+                ],
+            )
+            stored.update({(tenant, key): 10 + i for key, i in zip(keys, ids, strict=True)})
+        elif op == "get":
+            learner.fetched(tenant, NS, keys)
+        elif op == "drop":
+            learner.forget((tenant, NS, key) for key in keys)
+            for key in keys:
+                stored.pop((tenant, key), None)
+        elif op == "tick":
+            clock.now += ids[0]
+        else:
+            found = learner.successors(tenant, NS, keys, max_keys=max_keys, max_bytes=40 * max_keys)
+            assert len(found) <= max_keys and sum(s.size for s in found) <= 40 * max_keys
+            assert len({s.key for s in found}) == len(found) and not {s.key for s in found} & set(keys)
+            for s in found:
+                assert stored.get((tenant, s.key)) == s.size  # only what this tenant still stores
+            assert [s.score for s in found] == sorted((s.score for s in found), reverse=True)
+        assert learner.entries <= max_entries
+        assert 0 <= learner.used_bytes <= max_entries * 600
+
+
+def test_the_learner_refuses_bounds_it_cannot_keep() -> None:
+    with pytest.raises(ValueError):
+        SuccessorLearner(max_bytes=NODE_BYTES - 1)
