@@ -449,6 +449,71 @@ def _show_status(cfg: Config, nodes: list[NodeStatus], *, as_json: bool, watchin
 
 
 @app.command()
+def snapshot(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Write the snapshot here.")] = Path(
+        "tierkv-snapshot.json"
+    ),
+    config: ConfigOpt = None,
+    vault: VaultOpt = None,
+    tenant: TenantOpt = "",
+    limit: Annotated[int, typer.Option(min=1, help="At most N prefixes per tenant and namespace.")] = 32,
+    timeout: AdminTimeout = ADMIN_TIMEOUT_S,
+) -> None:
+    """Record the hottest prefixes (with their token ids) of every tenant and namespace on the kv_cold
+    vaults, for `tierkv warm`. Blocks carry token ids only with [retention] warm_tokens = true."""
+    from tierkv.warm import take_snapshot
+
+    cfg, _ = _admin_setup(config, vault)
+    snap = take_snapshot(cfg, vaults=vault or (), tenant=tenant, limit=limit, timeout=timeout)
+    snap.write(output)
+    tokens = sum(len(p.tokens) for p in snap.prefixes)
+    out.print(f"{len(snap.prefixes)} prefixes ({tokens} tokens) written to {output}", highlight=False)
+    if snap.skipped:
+        out.print(f"{snap.skipped} hot chains without token ids skipped (warm_tokens off when stored?)")
+    for line in snap.errors:
+        err.print(f"[red]{escape(line)}[/red]", soft_wrap=True)
+    if snap.errors:
+        raise typer.Exit(1)
+
+
+@app.command()
+def warm(
+    engine_api: Annotated[str, typer.Option("--engine-api", help="The engine's OpenAI API base URL.")],
+    snapshot_file: Annotated[Path, typer.Option("--snapshot", help="A file from `tierkv snapshot`.")] = Path(
+        "tierkv-snapshot.json"
+    ),
+    model: Annotated[str, typer.Option(help="Model name to send (default: the engine's first).")] = "",
+    timeout: Annotated[float, typer.Option(min=0.001, help="Per-request deadline in seconds.")] = 120.0,
+) -> None:
+    """Replay a snapshot's prefixes into a freshly started engine as one-token requests, so its
+    connector restores them into the GPU cache; prints each request's time and the total."""
+    from tierkv.warm import SnapshotError, engine_model, load_snapshot, replay
+
+    try:
+        snap = load_snapshot(snapshot_file)
+    except SnapshotError as exc:
+        _fail(exc, "snapshot error")
+    try:
+        name = model or engine_model(engine_api, timeout)
+    except (OSError, ValueError) as exc:
+        _fail(exc, f"engine {engine_api}", code=1)
+
+    def show(r: Any) -> None:
+        state = "ok" if r.ok else f"[red]failed[/red] {escape(r.error)}"
+        p = r.prefix
+        out.print(
+            f"{p.tenant} {p.namespace.hex()[:12]} {len(p.tokens)} tokens: {r.seconds * 1000:.1f} ms {state}"
+        )
+
+    done = replay(snap.prefixes, engine_api, model=name, timeout=timeout, progress=show)
+    total = sum(r.seconds for r in done)
+    failed = sum(not r.ok for r in done)
+    out.print(f"warmed {len(done) - failed} of {len(done)} prefixes in {total:.2f} s", highlight=False)
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
 def demo(
     state_dir: Annotated[
         str, typer.Option(help="Where the demo vaults keep their LMDB files.")
