@@ -25,7 +25,7 @@ from tierkv.connectors.vllm.hints import HINT_ACTION, RequestLayouts, raw_layout
 from tierkv.connectors.vllm.plan import KV, GroupPlan, StepJobs, StoreJob, make_topology
 from tierkv.connectors.vllm.scheduler import SchedulerSide
 from tierkv.connectors.vllm.stats import Counters
-from tierkv.retention import GENERATION, BlockMeta, block_meta
+from tierkv.retention import GENERATION, BlockMeta, Retention, block_meta
 from tierkv.tiering import MemoryStorage
 
 BS = 16
@@ -62,6 +62,7 @@ class FakeRequest:
     num_computed_tokens: int = 0
     kv_transfer_params: dict[str, Any] | None = None
     kv_hints: Envelope | None = None
+    all_token_ids: list[int] = dataclasses.field(default_factory=list)
 
 
 def hinted(layout: object, *, action_type: str = HINT_ACTION, version: str = "1") -> Envelope:
@@ -167,6 +168,31 @@ def test_a_request_without_a_layout_or_with_a_bad_one_is_stored_untagged() -> No
     assert plain.meta is None and rejected.meta is None
     assert [r.key for r in rejected.refs] == KEYS[:3]
     assert scheduler.counters.totals()["layouts_rejected"] == 1
+    scheduler.shutdown()
+
+
+def test_warm_tokens_give_every_stored_block_its_token_ids_with_or_without_a_layout() -> None:
+    topo = make_topology([GroupPlan(0, KV, BS, ("l0",))], [], BS)
+    ns = hashlib.sha256(b"hints").digest()
+    scheduler = SchedulerSide(
+        topo,
+        {topo.streams[0]: [ns]},
+        MemoryStorage,
+        lambda r: KEYS[: r.num_tokens // BS],
+        retention=Retention(warm_tokens=True),
+    )
+    ids = list(range(100, 100 + 5 * BS))
+    plain = finish(scheduler, FakeRequest("a", 3 * BS + 2, 3 * BS + 2, all_token_ids=ids[: 3 * BS + 2]))
+    assert plain.meta is not None and list(plain.meta) == KEYS[:3]
+    assert [m.tokens for m in plain.meta.values()] == [tuple(ids[i * BS : (i + 1) * BS]) for i in range(3)]
+    assert [m.parent for m in plain.meta.values()] == [b"", *KEYS[:2]]
+    assert not any(m.tagged for m in plain.meta.values())
+    tagged = FakeRequest(
+        "b", 5 * BS, 40, kv_transfer_params={"tierkv": {"layout": LAYOUT}}, all_token_ids=ids
+    )
+    job = finish(scheduler, tagged)
+    assert job.meta is not None and job.meta[KEYS[0]].source == "axioms"
+    assert job.meta[KEYS[2]].tokens == tuple(ids[2 * BS : 3 * BS])
     scheduler.shutdown()
 
 

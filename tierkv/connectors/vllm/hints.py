@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tierkv.connectors.vllm.stats import Counters
-from tierkv.retention import BlockMeta, Chunk, LayoutError, Retention, as_chunks, block_meta
+from tierkv.retention import BlockMeta, Chunk, LayoutError, Retention, as_chunks, chain_meta
 
 logger = logging.getLogger(__name__)
 
@@ -94,11 +94,15 @@ class RequestLayouts:
     def block_meta(
         self, chunks: list[Chunk] | None, request: Any, keys: Sequence[bytes], block_size: int
     ) -> dict[bytes, BlockMeta] | None:
-        """Metadata of every block of the request's chain (tokens past the prompt are ``generation``)."""
-        if chunks is None or not keys:
+        """Metadata of every block of the request's chain (tokens past the prompt are ``generation``),
+        with each block's token ids under ``[retention] warm_tokens``; None when there is neither."""
+        if not keys or (chunks is None and not self.retention.warm_tokens):
             return None
-        prompt = int(request.num_prompt_tokens)
-        return block_meta(keys, chunks, block_size, self.retention, prompt_tokens=prompt)
+        tokens = list(request.all_token_ids) if self.retention.warm_tokens else None
+        prompt = int(request.num_prompt_tokens) if chunks is not None else None
+        return chain_meta(
+            keys, block_size, self.retention, layout=chunks, tokens=tokens, prompt_tokens=prompt
+        )
 
     def _reject(self, request_id: str, reason: str) -> None:
         self.counters.add("layouts_rejected")
