@@ -13,8 +13,10 @@ default ("fail") such a request ends with an error instead. Either way a failed 
 
 vLLM builds two instances: the SCHEDULER one decides (:mod:`.scheduler`), each WORKER one moves bytes
 (:mod:`.worker`); they share nothing but the :class:`TierKVMetadata` vLLM passes from one to the other
-every step. A request's prompt layout (``kv_transfer_params`` or a ``kv_hints`` action, see
-:mod:`.hints`) rides in the store jobs as block metadata, its classes from ``[retention]`` of tierkv.toml.
+every step. The scheduler one also keeps the GPU prefix-cache blocks of protected prompt prefixes out of
+eviction, within a cap, by holding a reference on them (:mod:`.protect`). A request's prompt layout
+(``kv_transfer_params`` or a ``kv_hints`` action, see :mod:`.hints`) rides in the store jobs as block
+metadata, its classes from ``[retention]`` of tierkv.toml.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from tierkv.connectors.vllm.layout import (
 )
 from tierkv.connectors.vllm.metrics import TierKVPromMetrics, TierKVStats
 from tierkv.connectors.vllm.plan import KV, STATE, GroupPlan, StepJobs, Stream, Topology, make_topology
+from tierkv.connectors.vllm.protect import GpuProtector, request_candidates
 from tierkv.connectors.vllm.scheduler import SchedulerSide
 from tierkv.connectors.vllm.settings import ConnectorSettings
 from tierkv.connectors.vllm.stats import Counters
@@ -66,6 +69,7 @@ if TYPE_CHECKING:
     )
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.outputs import KVConnectorOutput
@@ -159,9 +163,13 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         hash_block_size = kv_cache_config.hash_block_size or cache.hash_block_size or cache.block_size
         self.topology = classify_groups(kv_cache_config, hash_block_size)
         self.identity = self._make_identity(vllm_config, kv_cache_config)
+        self._group_block_sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         self._events: ColdEvents | None = None
+        self._protect = GpuProtector(
+            self.settings.gpu_protect_fraction, self.settings.gpu_protect_watermark, self.counters
+        )
         if role == KVConnectorRole.SCHEDULER:
             if transfer.kv_load_failure_policy != "recompute":
                 logger.warning(
@@ -324,6 +332,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return self._worker.take_load_errors()
 
     def shutdown(self) -> None:
+        self._protect.release_all()
         if self._worker is not None:
             self._worker.shutdown()
         if self._scheduler is not None:
@@ -349,6 +358,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         state = getattr(scheduler_output, "kv_connector_block_state", None)
         offers = state.boundary_state_offloads if state is not None else {}
         idle = scheduler_output.total_num_scheduled_tokens == 0
+        self._protect.relieve()
         return TierKVMetadata(self.scheduler.take_jobs(offers), idle=idle)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
@@ -359,20 +369,40 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         )
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        return self.scheduler.finished(request, (block_ids,)), None
+        return self.request_finished_all_groups(request, (block_ids,))
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
+        if self._protect.enabled:
+            side = self.scheduler
+            offered = request_candidates(
+                side.layout(request),
+                request.num_prompt_tokens,
+                block_ids,
+                self._group_block_sizes,
+                self.topology.block_size,
+                side.layouts.retention,
+            )
+            self._protect.protect(offered)
         return self.scheduler.finished(request, block_ids), None
 
+    def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
+        """Hot-tier protection holds references in this pool (:mod:`.protect`)."""
+        if self._scheduler is not None and self.settings.gpu_protect_fraction > 0:
+            self._protect.bind(gpu_block_pool)
+
     def has_pending_block_frees(self) -> bool:
-        """Blocks held for stores come back soon: vLLM may wait for them instead of preempting."""
+        """Blocks held for stores come back soon, and vLLM asks this just before it preempts: held
+        protected blocks are released then, so vLLM waits a step for them instead of preempting."""
+        return self._pending_stores() or self._protect.make_room()
+
+    def _pending_stores(self) -> bool:
         return self._scheduler is not None and self._scheduler.pending_stores > 0
 
     def has_pending_push_work(self) -> bool:
-        """Keep the engine stepping until held blocks are released (their stores reported done)."""
-        return self.has_pending_block_frees()
+        """Keep the engine stepping until blocks kept for stores are released (stores reported done)."""
+        return self._pending_stores()
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         """Cold-tier ``BlockStored`` / ``BlockRemoved`` (medium ``STORAGE``) with ``kv_events: true``."""

@@ -3,7 +3,8 @@
 vLLM sums the :class:`TierKVStats` of every worker and of the scheduler each step, logs the reduced
 values ("KV Transfer metrics: ...") and feeds them to :class:`TierKVPromMetrics`, which exports one
 counter per :data:`~tierkv.connectors.vllm.stats.COUNTERS` entry as ``tierkv_connector_<name>_total``
-(hit rate = ``lookup_hit_tokens`` over vLLM's own prompt-token counters).
+(hit rate = ``lookup_hit_tokens`` over vLLM's own prompt-token counters), plus the gauge
+:data:`HELD_GAUGE` of GPU blocks held for protected prefixes.
 """
 
 from __future__ import annotations
@@ -41,7 +42,13 @@ _HELP = {
     "layouts_rejected": "Malformed prompt layouts ignored (the request was served and stored untagged)",
     "kv_events": "Cold-tier KV events (BlockStored / BlockRemoved, medium STORAGE) queued for vLLM",
     "kv_events_dropped": "Cold-tier KV events dropped because their bounded queue was full",
+    "gpu_protect_holds": "GPU prefix-cache blocks of protected prefixes held out of eviction",
+    "gpu_protect_releases": "Held GPU blocks released (pressure, cap displacement, reset, shutdown)",
+    "gpu_protect_pressure_releases": "Held GPU blocks released because free blocks fell below the watermark",
+    "gpu_protect_skipped": "Protected GPU blocks not held (cap reached or free blocks below the watermark)",
 }
+HELD_GAUGE = "tierkv_connector_gpu_protect_held_blocks"
+"""Blocks held now: ``gpu_protect_holds`` minus ``gpu_protect_releases``, kept as a gauge."""
 
 
 class TierKVStats(KVConnectorStats):  # type: ignore[misc]
@@ -79,12 +86,25 @@ class TierKVPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
             )
             for engine, values in per_engine_labelvalues.items():
                 self._children[(engine, name)] = metric.labels(*values)
+        held = self._gauge_cls(
+            name=HELD_GAUGE,
+            documentation="GPU prefix-cache blocks tierkv holds for protected prefixes",
+            multiprocess_mode="mostrecent",
+            labelnames=labelnames,
+        )
+        self._held = {engine: held.labels(*values) for engine, values in per_engine_labelvalues.items()}
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for name, value in transfer_stats_data.items():
             child = self._children.get((engine_idx, name))
             if child is not None and value:
                 child.inc(value)
+        held = self._held.get(engine_idx)
+        change = int(transfer_stats_data.get("gpu_protect_holds", 0)) - int(
+            transfer_stats_data.get("gpu_protect_releases", 0)
+        )
+        if held is not None and change:
+            held.inc(change)
 
 
-__all__ = ["TierKVPromMetrics", "TierKVStats"]
+__all__ = ["HELD_GAUGE", "TierKVPromMetrics", "TierKVStats"]

@@ -111,13 +111,16 @@ class SchedulerSide:
         self._requests[request.request_id] = request
         self._chunks[request.request_id] = self.layouts.chunks(request)
 
+    def layout(self, request: Any) -> list[Chunk] | None:
+        """The request's prompt layout, as read when it arrived (None: it has none)."""
+        rid = request.request_id
+        return self._chunks[rid] if rid in self._chunks else self.layouts.chunks(request)
+
     def _meta(
         self, request: Any, keys: Sequence[bytes], refs: Sequence[BlockRef]
     ) -> dict[bytes, BlockMeta] | None:
         """The metadata of the blocks ``refs`` store, when the request came with a layout."""
-        rid = request.request_id
-        chunks = self._chunks[rid] if rid in self._chunks else self.layouts.chunks(request)
-        meta = self.layouts.block_meta(chunks, request, keys, self.topology.block_size)
+        meta = self.layouts.block_meta(self.layout(request), request, keys, self.topology.block_size)
         if meta is None:
             return None
         return {r.key: meta[r.key] for r in refs if r.key in meta}

@@ -34,7 +34,9 @@ class ConnectorSettings:
     """Everything the connector reads from its extra config, validated once at start-up.
 
     ``kv_cold``, ``ssm_cold`` and ``timeout`` come from tierkv.toml unless given inline; ``config`` is
-    that file (token from ``[auth]``, TLS from ``[tls]``).
+    that file (token from ``[auth]``, TLS from ``[tls]``). ``gpu_protect_fraction`` caps the GPU blocks
+    held for protected prefixes (0 = off) and ``gpu_protect_watermark`` is the fraction of free blocks
+    below which they are released (:mod:`tierkv.connectors.vllm.protect`).
     """
 
     config_path: str = ""
@@ -53,6 +55,8 @@ class ConnectorSettings:
     lookup_threads: int = setting(2, minimum=1)
     kv_events: bool = False
     max_queued_events: int = setting(10000, minimum=1)
+    gpu_protect_fraction: float = setting(0.1, minimum=0.0, maximum=0.5)
+    gpu_protect_watermark: float = setting(0.1, minimum=0.0, maximum=0.5)
     config: Config = dataclasses.field(default=Config(), metadata={"internal": True})
 
     @classmethod

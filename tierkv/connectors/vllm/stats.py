@@ -29,6 +29,10 @@ COUNTERS: tuple[str, ...] = (
     "layouts_rejected",
     "kv_events",
     "kv_events_dropped",
+    "gpu_protect_holds",
+    "gpu_protect_releases",
+    "gpu_protect_pressure_releases",
+    "gpu_protect_skipped",
 )
 """Every counter the connector reports, in a fixed order.
 
@@ -40,7 +44,9 @@ fetch, checksum, header or decode failed and were handed back to vLLM for recomp
 ``stores_dropped``: store jobs refused because the bounded queue was full (back-pressure);
 ``snapshot_blocks``: recurrent-state snapshots taken mid-request; ``layouts``: requests whose prompt layout
 tags their stored blocks, ``layouts_rejected``: malformed layouts ignored (scheduler); ``kv_events``:
-cold-tier KV events queued, ``kv_events_dropped``: events refused because their queue was full.
+cold-tier KV events queued, ``kv_events_dropped``: events refused because their queue was full;
+``gpu_protect_*``: GPU prefix-cache blocks of protected prefixes held, released (all, and those released
+for lack of free blocks) and not held (cap or pressure), see :mod:`tierkv.connectors.vllm.protect`.
 """
 
 
