@@ -24,6 +24,7 @@ from tierkv.codec import int8 as int8_codec
 from tierkv.codec.bits import convert
 from tierkv.codec.header import (
     CODECS,
+    DTYPES,
     FLAG_EXCEPTIONS,
     BlobHeader,
     Buffer,
@@ -47,6 +48,8 @@ def resolve_dtype(dtype: DTypeArg) -> DTypeInfo:
     if isinstance(dtype, str):
         return dtype_info(dtype)
     np_dtype = np.dtype(dtype)
+    if np_dtype == np.uint8:
+        return DTYPES["uint8"]
     if np_dtype.kind != "f":
         raise CodecError(f"dtype {np_dtype} is not a float dtype; pass dtype='bfloat16' for bfloat16 bits")
     return dtype_info(np_dtype.name)
@@ -55,6 +58,8 @@ def resolve_dtype(dtype: DTypeArg) -> DTypeInfo:
 def source_info(array: npt.NDArray[Any], dtype: DTypeArg | None) -> DTypeInfo:
     """The blob dtype of ``array``: its own float dtype, or bfloat16 where ``dtype`` says so for uint16."""
     if dtype is None:
+        if array.dtype == np.uint8:
+            return DTYPES["uint8"]
         if array.dtype.kind != "f":
             raise CodecError(
                 f"cannot encode {array.dtype} arrays; pass dtype='bfloat16' for uint16 bfloat16 bits"
@@ -145,6 +150,8 @@ def encode(
     if not isinstance(array, np.ndarray):
         raise CodecError(f"encode takes a numpy array, got {type(array).__name__} (torch: use encode_tensor)")
     info = source_info(array, dtype)
+    if codec == "int8" and not info.is_float:
+        raise CodecError(f"the int8 codec quantizes floats; {info.name} values are stored raw")
     size, group = check_encode_args(codec, array.shape, group_size, tokens, layer_group)
     values = np.ascontiguousarray(array).reshape(-1)
     little = values.dtype.newbyteorder("<")
@@ -229,7 +236,10 @@ def verify(blob: Buffer) -> BlobHeader:
 def output_storage(header: BlobHeader, out_dtype: DTypeArg | None) -> DTypeInfo:
     """The dtype decode produces: ``out_dtype``, else the blob dtype for raw and float32 for int8."""
     if out_dtype is not None:
-        return resolve_dtype(out_dtype)
+        target = resolve_dtype(out_dtype)
+        if target is not header.dtype_info and not (target.is_float and header.dtype_info.is_float):
+            raise CodecError(f"{header.dtype} values cannot be decoded as {target.name}")
+        return target
     return header.dtype_info if header.codec == "raw" else dtype_info("float32")
 
 

@@ -96,7 +96,8 @@ class DTypeInfo:
     ``uint16``); ``bits`` is the unsigned integer of the same width and ``abs_mask`` clears the sign bit,
     so the int8 codec finds group maxima with one integer max. A group whose largest magnitude bits
     reach ``raw_bits`` is stored raw: inf and NaN, and for float32/bfloat16 also magnitudes of 2**127 and
-    more, where ``q * scale`` could round past the largest finite float.
+    more, where ``q * scale`` could round past the largest finite float. ``uint8`` is opaque bytes
+    (packed formats such as quantized KV caches): raw only, never converted to another dtype.
     """
 
     name: str
@@ -105,6 +106,7 @@ class DTypeInfo:
     bits: np.dtype[Any]
     abs_mask: int
     raw_bits: int
+    is_float: bool = True
 
     @property
     def itemsize(self) -> int:
@@ -116,6 +118,7 @@ DTYPES: Final[Mapping[str, DTypeInfo]] = MappingProxyType(
         "float32": DTypeInfo("float32", 1, np.dtype("<f4"), np.dtype("<u4"), 0x7FFF_FFFF, 0x7F00_0000),
         "float16": DTypeInfo("float16", 2, np.dtype("<f2"), np.dtype("<u2"), 0x7FFF, 0x7C00),
         "bfloat16": DTypeInfo("bfloat16", 3, np.dtype("<u2"), np.dtype("<u2"), 0x7FFF, 0x7F00),
+        "uint8": DTypeInfo("uint8", 4, np.dtype("u1"), np.dtype("u1"), 0xFF, 0x100, is_float=False),
     }
 )
 """Value dtypes a blob can carry, by canonical name."""
@@ -303,6 +306,8 @@ def _known_ids(
         ) from exc
     if flags & ~KNOWN_FLAGS or reserved:
         raise CodecError(f"unknown header flags {flags:#06x} / reserved {reserved:#06x}; newer writer?")
+    if ids[0] is Codec.INT8 and not ids[1].is_float:
+        raise CorruptBlobError(f"an int8 payload cannot hold {ids[1].name} values")
     return ids
 
 

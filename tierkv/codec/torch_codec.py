@@ -330,6 +330,8 @@ def decode_tensor(
         expect_layer_group=expect_layer_group,
     )
     target = header.dtype if dtype is None else dtype_name(dtype)
+    if target not in TORCH_DTYPES or header.dtype not in TORCH_DTYPES:
+        raise CodecError(f"{header.dtype} blobs do not decode to torch tensors (float dtypes only)")
     torch_dtype = TORCH_DTYPES[target]
     dev = torch.device(device) if out is None else out.device
     if out is not None and (tuple(out.shape) != header.shape or out.dtype != torch_dtype):
