@@ -18,6 +18,22 @@ from typing import Any
 CAPACITY = 2
 """Entries held before ``_evict_if_needed`` evicts (EXO: memory use above ``EXO_MEMORY_THRESHOLD``)."""
 
+KV_CACHE_BITS: int | None = None
+CACHE_GROUP_SIZE = 32
+"""EXO's ``constants``: with ``KV_CACHE_BITS`` set, ``make_kv_cache`` builds quantized layers."""
+
+
+def make_kv_cache(model: Any) -> list[Any]:
+    """EXO's cache factory: the model's own caches, else per layer a ``KVCache`` or, with
+    ``KV_CACHE_BITS``, a ``QuantizedKVCache``."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+
+    if hasattr(model, "make_cache"):
+        return make_prompt_cache(model)
+    if KV_CACHE_BITS is None:
+        return [KVCache() for _ in model.layers]
+    return [QuantizedKVCache(group_size=CACHE_GROUP_SIZE, bits=KV_CACHE_BITS) for _ in model.layers]
+
 
 class CacheSnapshot:
     def __init__(self, states: list[Any], token_count: int) -> None:
@@ -72,15 +88,13 @@ class KVPrefixCache:
         self._last_used.append(self._access_counter)
 
     def get_kv_cache(self, model: Any, prompt_tokens: Any, media_regions: Any = None) -> Any:
-        from mlx_lm.models.cache import make_prompt_cache
-
         best, length = None, 0
         for i, cached in enumerate(self.prompts):
             n = _prefix(prompt_tokens, cached)
             if n > length:
                 best, length = i, n
         if best is None:
-            return make_prompt_cache(model), prompt_tokens, None, False
+            return make_kv_cache(model), prompt_tokens, None, False
         exact = length >= len(prompt_tokens) - 1
         held = max(getattr(c, "offset", 0) for c in self.caches[best])
         target = min(held, len(prompt_tokens) - 1 if exact else length)
@@ -88,7 +102,7 @@ class KVPrefixCache:
         if has_non_kv_caches(self.caches[best]):
             usable = [s for s in self._snapshots[best] or () if s.token_count <= target]
             if not usable:
-                return make_prompt_cache(model), prompt_tokens, None, False
+                return make_kv_cache(model), prompt_tokens, None, False
             snapshot = max(usable, key=lambda s: s.token_count)
             target = snapshot.token_count
         cache = deepcopy(self.caches[best])

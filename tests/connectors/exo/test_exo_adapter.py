@@ -92,17 +92,32 @@ def test_no_vault_data_is_a_plain_miss() -> None:
     assert got.same_as(run(model, ids)) and index is None and reused == 0
 
 
-def test_quantized_exo_cache_leaves_the_adapter_off(
+def test_quantized_exo_cache_is_tiered_through_exos_own_cache_factory(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = tiny_model("llama")
-    monkeypatch.setattr(standin, "KV_CACHE_BITS", 8, raising=False)
+    model = tiny_model("qwen2_hd32")
+    monkeypatch.setattr(standin, "KV_CACHE_BITS", 4)
+    cls = tiered_prefix_cache(standin, storage=lambda: cluster, block_size=BLOCK)
+    writer = cls(None)
+    first = prompt(70, seed=1)
+    for seed in (1, 2, 3):  # the third insert evicts the first
+        _serve(writer, model, prompt(70, seed=seed))
+    assert writer._tierkv.tier is not None and writer._tierkv.tier.layout.quantized
+    follow_up = [*first, *prompt(20, seed=4)]
+    got, index, reused = _serve(cls(None), model, follow_up)
+    assert reused == 64 and index == 0
+    assert got.same_as(run(model, follow_up, standin.make_kv_cache(model)))
+
+
+def test_quantized_exo_without_a_cache_factory_leaves_the_adapter_off(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tiny_model("llama_hd32")
+    monkeypatch.setattr(standin, "KV_CACHE_BITS", 4)
+    monkeypatch.delattr(standin, "make_kv_cache")
     cache = tiered_prefix_cache(standin, storage=lambda: cluster, block_size=BLOCK)(None)
-    for seed in (1, 2, 3):
-        _serve(cache, model, prompt(70, seed=seed))
-    got, index, reused = _serve(cache, model, prompt(70, seed=1))
+    cache._tierkv.tier_for(model)
     assert cache._tierkv.disabled and cache._tierkv.tier is None
-    assert index is None and reused == 0 and got.same_as(run(model, prompt(70, seed=1)))
 
 
 def test_ranks_get_their_own_namespace_and_must_agree() -> None:

@@ -73,6 +73,37 @@ class RotatingKVCache(_Base):
         self.keep, self.max_size, self.offset, self._idx = map(int, v)
 
 
+class QuantizedKVCache(_Base):
+    step = 256
+
+    def __init__(self, group_size: int = 64, bits: int = 8) -> None:
+        self.keys: Any = None
+        self.values: Any = None
+        self.offset = 0
+        self.group_size = group_size
+        self.bits = bits
+
+    @property
+    def state(self) -> Any:
+        cut = (
+            tuple(a[..., : self.offset, :] for a in self.keys),
+            tuple(a[..., : self.offset, :] for a in self.values),
+        )
+        return cut
+
+    @state.setter
+    def state(self, v: Any) -> None:
+        self.keys, self.values = v
+
+    @property
+    def meta_state(self) -> Any:
+        return tuple(map(str, (self.step, self.offset, self.group_size, self.bits)))
+
+    @meta_state.setter
+    def meta_state(self, v: Any) -> None:
+        self.step, self.offset, self.group_size, self.bits = map(int, v)
+
+
 class ArraysCache(_Base):
     def __init__(self, size: int) -> None:
         self.cache: list[Any] = [None] * size
@@ -95,6 +126,10 @@ def from_current(cache: Any) -> Any:
         twin = ArraysCache(len(cache.cache))
         twin.cache = list(cache.cache)
         return twin
+    if name == "QuantizedKVCache":
+        q = QuantizedKVCache(cache.group_size, cache.bits)
+        q.keys, q.values, q.offset = cache.keys, cache.values, cache.offset
+        return q
     if name == "RotatingKVCache":
         rot = RotatingKVCache(cache.max_size, cache.keep)
         rot.keys, rot.values, rot.offset, rot._idx = cache.keys, cache.values, cache.offset, cache._idx

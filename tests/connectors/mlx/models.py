@@ -13,13 +13,13 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.generate import generate_step
-from mlx_lm.models import llama, mamba, qwen3_next
+from mlx_lm.models import llama, mamba, qwen2, qwen3_next
 
 VOCAB = 256
 FAMILIES = ("llama", "llama_swa", "qwen3_next", "mamba")
 
 
-def _llama(sliding: bool) -> Any:
+def _llama(sliding: bool, heads: int = 4) -> Any:
     layers = ["sliding_attention", "full_attention"] * 2 if sliding else None
     return llama.Model(
         llama.ModelArgs(
@@ -27,12 +27,29 @@ def _llama(sliding: bool) -> Any:
             hidden_size=64,
             num_hidden_layers=4,
             intermediate_size=128,
-            num_attention_heads=4,
+            num_attention_heads=heads,
             num_key_value_heads=2,
             rms_norm_eps=1e-5,
             vocab_size=VOCAB,
             layer_types=layers,
             sliding_window=24 if sliding else None,
+        )
+    )
+
+
+def _qwen2() -> Any:
+    # No make_cache of its own (unlike llama): engines that build their own caches, such as EXO with
+    # KV_CACHE_BITS, quantize its layers. head_dim 32, the smallest mx.quantize group size.
+    return qwen2.Model(
+        qwen2.ModelArgs(
+            model_type="qwen2",
+            hidden_size=64,
+            num_hidden_layers=4,
+            intermediate_size=128,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            vocab_size=VOCAB,
         )
     )
 
@@ -93,6 +110,9 @@ def tiny_model(family: str, dtype: str = "float32") -> Any:
     builders: dict[str, Callable[[], Any]] = {
         "llama": lambda: _llama(False),
         "llama_swa": lambda: _llama(True),
+        # head_dim 32: the smallest mx.quantize group size, for QuantizedKVCache layers
+        "llama_hd32": lambda: _llama(False, heads=2),
+        "qwen2_hd32": _qwen2,
         "qwen3_next": _qwen3_next,
         "mamba": _mamba,
     }

@@ -96,9 +96,9 @@ def test_legacy_rebuild_continues_generation_when_put_back_into_current_classes(
 
 def test_unsupported_caches_are_refused_with_their_name() -> None:
     model = tiny_model("llama")
-    quantized = [mlx_cache.QuantizedKVCache() for _ in model.layers]
-    with pytest.raises(LayoutError, match="QuantizedKVCache is not supported"):
-        probe(model, quantized)
+    concatenating = [mlx_cache.ConcatenateKVCache() for _ in model.layers]
+    with pytest.raises(LayoutError, match="ConcatenateKVCache is not supported"):
+        probe(model, concatenating)
     batched = mlx_cache.make_prompt_cache(model)
     model(mx.array([prompt(8), prompt(8, seed=1)]), cache=batched)
     with pytest.raises(LayoutError, match="batch 1"):
@@ -245,3 +245,62 @@ def test_kv_blocks_split_and_join_back_exactly(
         assert np.array_equal(state.arrays[1], v[:, :, : blocks * block_size])
     tail = list(kv_blocks(layout, cache, blocks - 1, blocks, block_size))
     assert len(tail) == 1 and np.array_equal(tail[0], stacked[-1])
+
+
+# ---------------------------------------------------------------------------- quantized KV (QuantizedKVCache)
+
+
+def _quantized(model: Any, bits: int = 4) -> list[Any]:
+    return [mlx_cache.QuantizedKVCache(group_size=32, bits=bits) for _ in model.layers]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_state_round_trips_bit_for_bit_in_both_apis(bits: int) -> None:
+    model = tiny_model("llama_hd32")
+    cache = _quantized(model, bits)
+    model(mx.array(prompt(40))[None], cache=cache)
+    state = read_state(cache[0])
+    assert state.kind == "QuantizedKVCache" and state.ints == (40, 32, bits)
+    assert [a.dtype for a in state.arrays] == [np.uint32, np.float32, np.float32] * 2
+    assert all(a.shape[2] == 40 for a in state.arrays)  # cut from mlx-lm's 256-token buffer
+    twin = legacy_api.from_current(cache[0])
+    _same_state(read_state(twin), state)
+    back_legacy = rebuild(legacy_api.QuantizedKVCache(), state)
+    assert type(back_legacy) is legacy_api.QuantizedKVCache and back_legacy.meta_state == twin.meta_state
+    rebuilt = [rebuild(t, read_state(c)) for t, c in zip(_quantized(model, bits), cache, strict=True)]
+    rest = prompt(48)[40:]
+    assert run(model, rest, rebuilt).same_as(run(model, rest, cache))
+
+
+def test_quantized_restore_is_bit_identical_to_a_full_quantized_prefill() -> None:
+    model = tiny_model("llama_hd32")
+    storage = MemoryStorage()
+    writer = MlxTier(model, storage, block_size=16, make_cache=_quantized, codec="int8")
+    assert writer.layout.quantized and writer.layout.kv_dtype == "uint8"
+    assert writer.kv_spec.kv_codec == "raw"  # packed values are stored as they are
+    ids = prompt(70, seed=1)
+    prepared = writer.prepare(ids)
+    writer.store(prepared, run(model, prepared.remaining.tolist(), prepared.cache).tokens)
+    plain = MlxTier(model, storage, block_size=16)
+    assert plain.namespace != writer.namespace and plain.prepare(ids).restored == 0
+    follow_up = [*ids, *prompt(20, seed=4)]
+    reader = MlxTier(model, storage, block_size=16, make_cache=_quantized)
+    restored = reader.prepare(follow_up)
+    assert restored.restored == 64 and restored.rejected == 0
+    assert all(type(c).__name__ == "QuantizedKVCache" for c in restored.cache)
+    got = run(model, restored.remaining.tolist(), restored.cache)
+    assert got.same_as(run(model, follow_up, _quantized(model)))
+    fp32_block = 4 * 2 * 16 * (32 + 32) * 4
+    assert restored.fetched_bytes < 4 * fp32_block / 4  # 4-bit values with fp32 scales and biases
+
+
+def test_quantized_layout_refuses_mixed_layers_and_foreign_kinds() -> None:
+    model = tiny_model("llama_hd32")
+    mixed = [*_quantized(model)[:2], *mlx_cache.make_prompt_cache(model)[2:]]
+    with pytest.raises(LayoutError, match="mixes KVCache and QuantizedKVCache"):
+        probe(model, mixed)
+    tier = MlxTier(model, MemoryStorage(), block_size=16, make_cache=_quantized)
+    plain = mlx_cache.make_prompt_cache(model)
+    model(mx.array(prompt(40))[None], cache=plain)
+    with pytest.raises(LayoutError, match="holds a KVCache, the layout has QuantizedKVCache"):
+        list(kv_blocks(tier.layout, plain, 0, 2, 16))

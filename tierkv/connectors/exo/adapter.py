@@ -76,15 +76,17 @@ class _Tiering:
     def tier_for(self, model: Any) -> MlxTier | None:
         if self.disabled or (self.tier is not None and model is self.model):
             return self.tier
-        bits = getattr(self.module, "KV_CACHE_BITS", None)
-        if bits is not None:  # EXO would hold QuantizedKVCache layers, which the mlx-lm hook does not store
-            log.warning("tierkv EXO adapter off: EXO quantizes its KV cache (KV_CACHE_BITS=%s)", bits)
+        # EXO's own cache factory: with KV_CACHE_BITS set it builds QuantizedKVCache layers.
+        make_cache = getattr(self.module, "make_kv_cache", None)
+        if make_cache is None and getattr(self.module, "KV_CACHE_BITS", None) is not None:
+            log.warning("tierkv EXO adapter off: EXO quantizes its KV cache but has no make_kv_cache")
             self.disabled = True
             return None
         from tierkv.connectors.mlx.hook import MlxTier
 
+        options = {"make_cache": make_cache, **self.options}
         try:
-            self.tier = MlxTier(model, self.storage_factory(), tenant=rank_tenant(self.group), **self.options)
+            self.tier = MlxTier(model, self.storage_factory(), tenant=rank_tenant(self.group), **options)
         except (TierKVError, ValueError) as exc:
             log.warning("tierkv EXO adapter off for this model: %s", exc)
             self.disabled, self.tier = True, None

@@ -24,7 +24,7 @@ import hashlib
 import logging
 import struct
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Final
 
@@ -149,8 +149,10 @@ class MlxTier:
 
     ``storage`` is any :class:`~tierkv.tiering.storage.Storage` (``open_cluster(config)`` for the
     vaults). ``model_id`` names the weights (a hub id or path); left out, a fingerprint of the weights
-    is used. ``codec`` is the KV codec (``raw`` or ``int8``); snapshots are always raw. ``retention`` is
-    the class table a prompt layout given to :meth:`store` is tagged by.
+    is used. ``codec`` is the KV codec (``raw`` or ``int8``); snapshots and quantized KV are always raw.
+    ``retention`` is the class table a prompt layout given to :meth:`store` is tagged by. ``make_cache``
+    builds an empty prompt cache for the model (mlx-lm's ``make_prompt_cache`` unless given): pass the
+    engine's own when it differs, e.g. ``QuantizedKVCache`` layers, which are stored bit for bit.
     """
 
     def __init__(
@@ -164,6 +166,7 @@ class MlxTier:
         tenant: str = "",
         snapshot_every: int = 4,
         retention: Retention | None = None,
+        make_cache: Callable[[Any], list[Any]] | None = None,
     ) -> None:
         if block_size < 2 or snapshot_every < 1:
             raise ValueError(
@@ -173,7 +176,11 @@ class MlxTier:
         self.block_size = block_size
         self.snapshot_every = snapshot_every
         self.retention = retention or Retention()
-        self.layout = probe(model, make_prompt_cache(model))
+        self.make_cache = make_cache or make_prompt_cache
+        self.layout = probe(model, self.make_cache(model))
+        if self.layout.quantized and codec != "raw":
+            log.info("quantized KV layers are stored as they are: the %s codec does not apply", codec)
+            codec = "raw"
         dtype = self.layout.kv_dtype or self.layout.state_dtype
         self.namespace = Namespace.from_config(
             _config(model),
@@ -220,7 +227,7 @@ class MlxTier:
     def restore(self, prompt: Sequence[int] | Any) -> Prepared:
         """Like :meth:`prepare` without the prefill: only what the vaults give back is in the cache."""
         tokens = [int(t) for t in (prompt.tolist() if hasattr(prompt, "tolist") else prompt)]
-        prepared = Prepared(tokens, make_prompt_cache(self.model))
+        prepared = Prepared(tokens, self.make_cache(self.model))
         limit = (len(tokens) - 1) // self.block_size
         if limit > 0:
             self._restore(prepared, limit)

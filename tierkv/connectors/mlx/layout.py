@@ -4,6 +4,8 @@
   one array ``[kv_layers, kv_heads, block_size, k_dim + v_dim]`` (K and V joined on the last axis, so
   models whose K and V widths differ need no second layout), layer group ``ATTENTION`` → ``kv_cold``.
   A prefix is restored block by block and shared with every request that starts with it.
+  Quantized layers (``QuantizedKVCache``: packed ``uint32`` values with scales and biases) are cut the
+  same way, each token's six arrays side by side as bytes (``uint8``), so a restore is bit for bit.
 - **Snapshots**: the other layers (``RotatingKVCache`` sliding windows, ``ArraysCache`` SSM / linear
   attention state) cannot be cut along tokens, so their whole state is kept at block boundaries: one
   *manifest* blob (float32, exact integers) that lists every snapshot layer's kind, integers and array
@@ -30,6 +32,7 @@ from tierkv.connectors.mlx.states import (
     INT_FIELDS,
     KINDS,
     KV,
+    QUANTIZED,
     ROTATING,
     LayerState,
     LayoutError,
@@ -84,17 +87,35 @@ class MlxLayout:
     kv_dtype: str = ""
     state_dtype: str = ""
     """dtype of the first snapshot array (the namespace dtype of models without full attention)."""
+    quant: tuple[int, int] = (0, 0)
+    """(group_size, bits) when the full-attention layers are ``QuantizedKVCache``."""
+    parts: tuple[tuple[str, int], ...] = ()
+    """Quantized layers only: each array's numpy dtype and values per token, keys' three then values'."""
 
     @property
     def has_kv(self) -> bool:
         return bool(self.kv_layers)
 
     @property
+    def quantized(self) -> bool:
+        return self.quant != (0, 0)
+
+    @property
+    def kv_kind(self) -> str:
+        return QUANTIZED if self.quantized else KV
+
+    @property
     def has_snapshots(self) -> bool:
         return bool(self.snapshots)
 
     def kv_block_shape(self, block_size: int) -> tuple[int, int, int, int]:
-        return (len(self.kv_layers), self.kv_heads, block_size, self.k_dim + self.v_dim)
+        width = sum(self.part_bytes) if self.quantized else self.k_dim + self.v_dim
+        return (len(self.kv_layers), self.kv_heads, block_size, width)
+
+    @property
+    def part_bytes(self) -> tuple[int, ...]:
+        """Bytes per token of each quantized array."""
+        return tuple(np.dtype(dtype).itemsize * n for dtype, n in self.parts)
 
     @property
     def manifest_len(self) -> int:
@@ -104,6 +125,8 @@ class MlxLayout:
     def describe(self) -> str:
         """The layout part of the namespace: anything that changes what a blob means is in it."""
         kv = f"kv{len(self.kv_layers)}x{self.kv_heads}x{self.k_dim}+{self.v_dim}:{self.kv_dtype}"
+        if self.quantized:
+            kv += f"q{self.quant[1]}g{self.quant[0]}[" + ",".join(f"{d}x{n}" for d, n in self.parts) + "]"
         snaps = ",".join(f"{s.index}{s.kind[0]}{s.arrays}w{s.max_size}k{s.keep}" for s in self.snapshots)
         return f"{LAYOUT_VERSION}/{kv}/snap[{snaps}]:{self.state_dtype}"
 
@@ -113,13 +136,39 @@ def probe(model: Any, cache: Sequence[Any]) -> MlxLayout:
     kinds = tuple(kind_of(c) for c in cache)
     model(mx.array([[0]]), cache=list(cache))
     states = [read_state(c) for c in cache]
-    kv_layers = tuple(i for i, k in enumerate(kinds) if k == KV)
-    snapshots = tuple(_snapshot_layer(i, c, states[i]) for i, c in enumerate(cache) if kinds[i] != KV)
+    kv_layers = tuple(i for i, k in enumerate(kinds) if k in (KV, QUANTIZED))
+    snapshots = tuple(_snapshot_layer(i, c, states[i]) for i, c in enumerate(cache) if i not in kv_layers)
     state_dtype = blob_dtype(states[snapshots[0].index].arrays[0]) if snapshots else ""
     if not kv_layers:
         return MlxLayout(kinds, (), snapshots, state_dtype=state_dtype)
+    kv_kinds = {kinds[i] for i in kv_layers}
+    if len(kv_kinds) > 1:
+        raise LayoutError("the cache mixes KVCache and QuantizedKVCache layers; quantize all or none")
+    if kv_kinds == {QUANTIZED}:
+        return _quantized_layout(kinds, kv_layers, snapshots, [states[i] for i in kv_layers], state_dtype)
     heads, k_dim, v_dim, dtype = _kv_geometry([states[i] for i in kv_layers])
     return MlxLayout(kinds, kv_layers, snapshots, heads, k_dim, v_dim, dtype, state_dtype)
+
+
+def _quantized_layout(
+    kinds: tuple[str, ...],
+    kv_layers: tuple[int, ...],
+    snapshots: tuple[SnapshotLayer, ...],
+    states: Sequence[LayerState],
+    state_dtype: str,
+) -> MlxLayout:
+    """The layout of quantized full-attention layers, which must all agree to stack in a block."""
+    shapes = {
+        (s.arrays[0].shape[1], s.ints[1:], tuple((a.dtype.name, a.shape[3]) for a in s.arrays))
+        for s in states
+    }
+    if len(shapes) != 1:
+        raise LayoutError(f"quantized layers differ in heads, (group_size, bits) or arrays: {shapes}")
+    ((heads, (group_size, bits), parts),) = shapes
+    k_dim, v_dim = parts[0][1] * 32 // bits, parts[3][1] * 32 // bits
+    return MlxLayout(
+        kinds, kv_layers, snapshots, heads, k_dim, v_dim, "uint8", state_dtype, (group_size, bits), parts
+    )
 
 
 def _snapshot_layer(index: int, cache: Any, state: LayerState) -> SnapshotLayer:
@@ -149,8 +198,13 @@ def kv_blocks(
     """The KV block arrays ``start .. stop-1`` of a filled prompt cache (one layer read at a time)."""
     joined = []
     for i in layout.kv_layers:
-        keys, values = read_state(cache[i]).arrays
-        joined.append(np.concatenate([keys[0], values[0]], axis=-1))
+        state = read_state(cache[i])
+        if state.kind != layout.kv_kind:
+            raise LayoutError(f"layer {i} holds a {state.kind}, the layout has {layout.kv_kind}")
+        rows = (
+            [a[0].view(np.uint8) for a in state.arrays] if layout.quantized else [a[0] for a in state.arrays]
+        )
+        joined.append(np.concatenate(rows, axis=-1))
     for b in range(start, stop):
         s, e = b * block_size, (b + 1) * block_size
         yield np.stack([j[:, s:e] for j in joined])
@@ -163,10 +217,22 @@ def kv_states(layout: MlxLayout, blocks: npt.NDArray[Any]) -> list[LayerState]:
     out = []
     for layer in range(len(layout.kv_layers)):
         joined = blocks[:, layer].transpose(1, 0, 2, 3).reshape(1, heads, tokens, width)
+        if layout.quantized:
+            out.append(_quantized_state(layout, joined, tokens))
+            continue
         keys = np.ascontiguousarray(joined[..., : layout.k_dim])
         values = np.ascontiguousarray(joined[..., layout.k_dim :])
         out.append(LayerState(KV, (keys, values), (tokens,)))
     return out
+
+
+def _quantized_state(layout: MlxLayout, joined: npt.NDArray[Any], tokens: int) -> LayerState:
+    """One quantized layer's six arrays back from its bytes per token."""
+    arrays, start = [], 0
+    for (dtype, _), size in zip(layout.parts, layout.part_bytes, strict=True):
+        arrays.append(np.ascontiguousarray(joined[..., start : start + size]).view(dtype))
+        start += size
+    return LayerState(QUANTIZED, tuple(arrays), (tokens, *layout.quant))
 
 
 # ------------------------------------------------------------------------------------------- snapshots

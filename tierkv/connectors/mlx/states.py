@@ -7,6 +7,10 @@ mlx-lm changed how a cache exposes itself between releases:
 - **<= 0.31** (EXO pins a 0.31 fork): ``state`` holds only the arrays, cut to ``offset``; scalars are
   strings in ``meta_state``; rebuilt with ``cls.from_state(state, meta_state)``.
 
+``QuantizedKVCache`` keeps keys and values as ``(packed uint32, scales, biases)`` triples; its state
+is the six arrays (keys' three, then values') and ``(offset, group_size, bits)`` — in 0.31's
+``meta_state`` as ``(step, offset, group_size, bits)``.
+
 A :class:`LayerState` is the same for both: the arrays (as numpy, bfloat16 as ``uint16`` bits, cut to
 the tokens they cover) and the integers of one layer's cache. The API is told apart by whether the
 cache class has ``meta_state``. Only single-sequence caches are read (batch 1, no padding): those are
@@ -30,10 +34,17 @@ log = logging.getLogger(__name__)
 KV: Final = "KVCache"
 ROTATING: Final = "RotatingKVCache"
 ARRAYS: Final = "ArraysCache"
-KINDS: Final = (KV, ROTATING, ARRAYS)
-"""Cache classes the hook understands; a model with any other layer cache is refused."""
+QUANTIZED: Final = "QuantizedKVCache"
+KINDS: Final = (KV, ROTATING, ARRAYS, QUANTIZED)
+"""Cache classes the hook understands (their order numbers manifest entries: append only); a model
+with any other layer cache is refused."""
 
-INT_FIELDS: Final = {KV: ("offset",), ROTATING: ("offset", "keep", "max_size", "_idx"), ARRAYS: ()}
+INT_FIELDS: Final = {
+    KV: ("offset",),
+    ROTATING: ("offset", "keep", "max_size", "_idx"),
+    ARRAYS: (),
+    QUANTIZED: ("offset", "group_size", "bits"),
+}
 """The integers each kind carries, in :attr:`LayerState.ints` order."""
 
 
@@ -98,6 +109,8 @@ def read_state(cache: Any) -> LayerState:
         return _read_arrays(cache)
     if cache.keys is None:
         raise LayoutError(f"{kind} is empty")
+    if kind == QUANTIZED:
+        return _read_quantized(cache)
     if is_legacy(cache):
         keys, values = cache.state
         ints = _from_legacy_meta(cache.meta_state) if kind == ROTATING else (keys.shape[2],)
@@ -108,6 +121,20 @@ def read_state(cache: Any) -> LayerState:
     keys, values = keys[..., :offset, :], values[..., :offset, :]
     _batch_one((keys, values), kind)
     return LayerState(kind, (to_numpy(keys), to_numpy(values)), ints)
+
+
+def _read_quantized(cache: Any) -> LayerState:
+    """Six arrays cut to the offset: packed keys, key scales, key biases, then the same for values."""
+    if is_legacy(cache):
+        keys, values = cache.state
+        _, offset, group_size, bits = (int(x) for x in cache.meta_state)
+    else:
+        keys, values, offset, group_size, bits = cache.state
+    arrays = tuple(a[..., : int(offset), :] for a in (*keys, *values))
+    _batch_one(arrays, QUANTIZED)
+    return LayerState(
+        QUANTIZED, tuple(to_numpy(a) for a in arrays), (int(offset), int(group_size), int(bits))
+    )
 
 
 def _read_arrays(cache: Any) -> LayerState:
@@ -129,6 +156,8 @@ def rebuild(template: Any, state: LayerState) -> Any:
         cache = cls(len(arrays))
         cache.cache = arrays
         return cache
+    if state.kind == QUANTIZED:
+        return _rebuild_quantized(cls, arrays, state.ints, legacy=is_legacy(template))
     keys, values = arrays
     if is_legacy(template):
         meta: Any = ""
@@ -139,11 +168,21 @@ def rebuild(template: Any, state: LayerState) -> Any:
     return cls.from_state((keys, values, *state.ints))
 
 
+def _rebuild_quantized(cls: Any, arrays: list[Any], ints: tuple[int, ...], *, legacy: bool) -> Any:
+    offset, group_size, bits = ints
+    keys, values = tuple(arrays[:3]), tuple(arrays[3:])
+    if legacy:
+        step = getattr(cls, "step", 256)
+        return cls.from_state((keys, values), tuple(str(i) for i in (step, offset, group_size, bits)))
+    return cls.from_state((keys, values, offset, group_size, bits))
+
+
 __all__ = [
     "ARRAYS",
     "INT_FIELDS",
     "KINDS",
     "KV",
+    "QUANTIZED",
     "ROTATING",
     "LayerState",
     "LayoutError",
