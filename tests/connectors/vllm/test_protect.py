@@ -7,7 +7,6 @@ blocks is made against vLLM's own accounting: ``ref_cnt`` of each block and the 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,108 +16,41 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm builds .venv-vllm)")
 
-import torch
-from vllm import SamplingParams
-from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
-from vllm.utils.hashing import sha256
 from vllm.v1.core.block_pool import BlockPool
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
-from vllm.v1.structured_output import StructuredOutputManager
 
-from tests.conftest import VaultFactory
-from tests.connectors.vllm.engine import llama_config, transfer_config
-from tierkv.connectors.vllm.connector import TierKVConnector
+from tests.connectors.vllm import test_scheduler_vllm as base
+from tests.connectors.vllm.test_scheduler_vllm import BS, connector, kv_vault, model_dir, tokens
 from tierkv.connectors.vllm.protect import Candidate, GpuProtector
 from tierkv.connectors.vllm.stats import Counters
 from tierkv.vault.launcher import VaultProcess
 
 pytestmark = pytest.mark.vllm
 
-BS = 32
-EOS = 999
+__all__ = ["kv_vault", "model_dir"]  # fixtures shared with the scheduler tests
+
 POOL = 64
 SYSTEM_BLOCKS = 4
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("config-only")
-    (path / "config.json").write_text(json.dumps(llama_config()))
-    init_none_hash(sha256)
-    return path
-
-
-@pytest.fixture
-def kv_vault(vault_factory: VaultFactory) -> VaultProcess:
-    return vault_factory("kv")
-
-
 def make_scheduler(model: Path, address: str, **extra: Any) -> Scheduler:
-    """vLLM's scheduler over a pool of POOL blocks of BS tokens, with the connector's ``extra`` config."""
-    config = VllmConfig(
-        model_config=ModelConfig(model=str(model), dtype="float32", seed=0, skip_tokenizer_init=True),
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=8,
-            max_num_batched_tokens=512,
-            max_model_len=1024,
-            is_encoder_decoder=False,
-            enable_chunked_prefill=True,
-        ),
-        cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
-        kv_transfer_config=KVTransferConfig(**transfer_config({"kv_cold": address, "timeout": 1.0, **extra})),
-        device_config=DeviceConfig("cpu"),
-    )
-    config.cache_config.num_gpu_blocks = POOL
-    spec = FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=32, dtype=torch.float32)
-    kv_config = KVCacheConfig(
-        num_blocks=POOL, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]
-    )
-    return Scheduler(
-        vllm_config=config,
-        kv_cache_config=kv_config,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=BS,
-        log_stats=True,
-    )
-
-
-_ids = iter(range(10**6))
-
-
-def tokens(n: int, seed: int) -> list[int]:
-    return [(seed * 131 + i * 17) % 900 + 3 for i in range(n)]
+    """vLLM's scheduler over a pool of POOL blocks, one attention group, the connector's ``extra``."""
+    return base.make_scheduler(model, address, [base.attention(["l0"])], num_blocks=POOL, **extra)
 
 
 def make_request(prompt: list[int], max_tokens: int = 2, protected: int = 0) -> Request:
     """A request whose first ``protected`` tokens are tagged ``axioms`` (a protected class)."""
-    params = SamplingParams(max_tokens=max_tokens)
-    if protected:
-        layout = [{"tokens": [0, protected], "source": "axioms"}]
-        params.extra_args = {"kv_transfer_params": {"tierkv": {"layout": layout}}}
-    params.update_from_generation_config({}, EOS)
-    return Request(
-        request_id=f"r{next(_ids)}",
-        prompt_token_ids=prompt,
-        sampling_params=params,
-        pooling_params=None,
-        block_hasher=get_request_block_hasher(BS, sha256),
-    )
+    layout = [{"tokens": [0, protected], "source": "axioms"}]
+    params = {"tierkv": {"layout": layout}} if protected else None
+    return base.make_request(prompt, max_tokens, kv_transfer_params=params)
 
 
 def agent_request(agent: int, turn: int, max_tokens: int = 2) -> Request:
     """Agent ``agent``'s protected system prompt (SYSTEM_BLOCKS blocks) and a user turn of its own."""
     prompt = tokens(SYSTEM_BLOCKS * BS, seed=agent) + tokens(BS + 5, seed=1000 + 10 * agent + turn)
     return make_request(prompt, max_tokens, protected=SYSTEM_BLOCKS * BS)
-
-
-def connector(s: Scheduler) -> TierKVConnector:
-    assert isinstance(s.connector, TierKVConnector)
-    return s.connector
 
 
 def pool(s: Scheduler) -> BlockPool:
@@ -130,29 +62,15 @@ def protector(s: Scheduler) -> GpuProtector:
 
 
 def step(s: Scheduler, check: bool = True) -> SchedulerOutput:
-    """One engine step: schedule, then one sampled token per request; stores of finished requests done."""
-    out = s.schedule()
+    """One engine step, the stores of requests finished before it reported done."""
+    out = base.step(s, sending={rid for rid, r in s.requests.items() if r.is_finished()})
     if check:
         check_watermark(s)
-    ids = list(out.num_scheduled_tokens)
-    sent = {rid for rid, r in s.requests.items() if r.is_finished()}
-    s.update_from_output(
-        out,
-        ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=[[7] for _ in ids],
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=None,
-            kv_connector_output=KVConnectorOutput(finished_sending=sent),
-        ),
-    )
     return out
 
 
 def check_watermark(s: Scheduler) -> None:
-    """After a scheduling step, free blocks are at the watermark or no idle held block is left."""
+    """After a step, free blocks are at the watermark or no idle held block is left."""
     p, prot = pool(s), protector(s)
     idle = [b for b in prot.held_ids() if p.blocks[b].ref_cnt == 1]
     assert p.get_num_free_blocks() >= prot.low_water or not idle, "idle held blocks kept under pressure"
@@ -184,7 +102,7 @@ def prefix_hit(s: Scheduler, request: Request) -> int:
     while request.request_id not in out.num_scheduled_tokens:
         out = step(s)
     drain(s, [request])
-    return request.num_prompt_tokens - out.num_scheduled_tokens[request.request_id]
+    return int(request.num_prompt_tokens - out.num_scheduled_tokens[request.request_id])
 
 
 def system_blocks(s: Scheduler, agent: int) -> set[int]:

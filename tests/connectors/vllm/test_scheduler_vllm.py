@@ -80,7 +80,13 @@ def sliding() -> KVCacheGroupSpec:
 
 
 def make_scheduler(
-    model: Path, address: str, groups: list[KVCacheGroupSpec], *, align: bool = False, **extra: Any
+    model: Path,
+    address: str,
+    groups: list[KVCacheGroupSpec],
+    *,
+    align: bool = False,
+    num_blocks: int = 256,
+    **extra: Any,
 ) -> Scheduler:
     config = VllmConfig(
         model_config=ModelConfig(model=str(model), dtype="float32", seed=0, skip_tokenizer_init=True),
@@ -97,8 +103,8 @@ def make_scheduler(
         kv_transfer_config=KVTransferConfig(**transfer_config({"kv_cold": address, "timeout": 1.0, **extra})),
         device_config=DeviceConfig("cpu"),
     )
-    config.cache_config.num_gpu_blocks = 256
-    kv_config = KVCacheConfig(num_blocks=256, kv_cache_tensors=[], kv_cache_groups=groups)
+    config.cache_config.num_gpu_blocks = num_blocks
+    kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     return Scheduler(
         vllm_config=config,
         kv_cache_config=kv_config,
