@@ -13,7 +13,7 @@ import pytest
 from tierkv.connectors.vllm import settings as settings_module
 from tierkv.connectors.vllm.identity import TIERKV, Identity, KeyBook, choose_hash_scheme, make_identity
 from tierkv.connectors.vllm.plan import KV, GroupPlan, make_topology
-from tierkv.connectors.vllm.settings import KNOWN_KEYS, ConnectorSettings
+from tierkv.connectors.vllm.settings import KNOWN_KEYS, ConnectorSettings, load_failure_policy
 from tierkv.connectors.vllm.stats import Counters, merge
 from tierkv.errors import ConfigError
 from tierkv.keys import block_keys, wrap_engine_hashes
@@ -191,3 +191,14 @@ def test_counters_give_intervals_and_totals() -> None:
     with pytest.raises(KeyError):
         c.add("typo")
     assert merge({"a": 1}, {"a": 2, "b": 3}) == {"a": 3, "b": 3}
+
+
+@pytest.mark.parametrize(
+    ("load_failure", "configured", "runs"),
+    [("recompute", "fail", "recompute"), ("recompute", "recompute", "recompute"), ("engine", "fail", "fail")],
+)
+def test_a_failed_load_is_recomputed_unless_the_engine_policy_is_kept(
+    load_failure: str, configured: str, runs: str
+) -> None:
+    assert ConnectorSettings().load_failure == "recompute"
+    assert load_failure_policy(load_failure, configured) == runs  # type: ignore[arg-type]

@@ -8,8 +8,10 @@ Launch::
         "kv_connector_extra_config": {"config_path": "/etc/tierkv/tierkv.toml"}}'
 
 ``kv_role`` ``kv_both`` stores and restores; ``kv_producer`` only stores, ``kv_consumer`` only restores.
-``kv_load_failure_policy: recompute`` makes vLLM recompute a block whose load failed; with vLLM's
-default ("fail") such a request ends with an error instead. Either way a failed block is never used.
+A block that fails to load (evicted, lost or corrupt in the vaults, a vault down) is recomputed, never
+used and never an error: the connector runs the scheduler with ``kv_load_failure_policy: recompute``
+unless its extra config says ``"load_failure": "engine"`` (then vLLM's default, ``fail``, ends such a
+request with an error).
 
 vLLM builds two instances: the SCHEDULER one decides (:mod:`.scheduler`), each WORKER one moves bytes
 (:mod:`.worker`); they share nothing but the :class:`TierKVMetadata` vLLM passes from one to the other
@@ -54,7 +56,7 @@ from tierkv.connectors.vllm.metrics import TierKVPromMetrics, TierKVStats
 from tierkv.connectors.vllm.plan import KV, STATE, GroupPlan, StepJobs, Stream, Topology, make_topology
 from tierkv.connectors.vllm.protect import GpuProtector, request_candidates
 from tierkv.connectors.vllm.scheduler import SchedulerSide
-from tierkv.connectors.vllm.settings import ConnectorSettings
+from tierkv.connectors.vllm.settings import ConnectorSettings, load_failure_policy
 from tierkv.connectors.vllm.stats import Counters
 from tierkv.connectors.vllm.worker import GroupView, WorkerSide
 from tierkv.errors import ConfigError
@@ -171,12 +173,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             self.settings.gpu_protect_fraction, self.settings.gpu_protect_watermark, self.counters
         )
         if role == KVConnectorRole.SCHEDULER:
-            if transfer.kv_load_failure_policy != "recompute":
-                logger.warning(
-                    "kv_load_failure_policy=%r: a block that fails to load fails its request; "
-                    'set "kv_load_failure_policy": "recompute" to recompute it instead',
-                    transfer.kv_load_failure_policy,
-                )
+            self._choose_failure_policy(transfer)
             scheme = choose_hash_scheme(
                 self.settings.hash, str(cache.prefix_caching_hash_algo), os.environ.get("PYTHONHASHSEED")
             )
@@ -210,6 +207,27 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 scheme.split(":")[0],
                 ",".join(self.settings.kv_cold),
                 "on" if self.topology.restorable else f"off ({self.topology.unsupported})",
+            )
+
+    def _choose_failure_policy(self, transfer: Any) -> None:
+        """Set the scheduler's ``kv_load_failure_policy`` (read by vLLM right after this connector is
+        built) per :func:`~tierkv.connectors.vllm.settings.load_failure_policy`."""
+        configured = transfer.kv_load_failure_policy
+        policy = load_failure_policy(self.settings.load_failure, configured)
+        if policy != configured:
+            transfer.kv_load_failure_policy = policy
+            logger.info(
+                "kv_load_failure_policy %r -> %r: a block that fails to load from the vaults is recomputed "
+                '(set "load_failure": "engine" in kv_connector_extra_config to keep %r)',
+                configured,
+                policy,
+                configured,
+            )
+        elif policy != "recompute":
+            logger.warning(
+                "kv_load_failure_policy=%r and load_failure=engine: a block that fails to load fails its "
+                "request",
+                policy,
             )
 
     def _make_identity(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> Identity:

@@ -27,6 +27,7 @@ from tierkv.tiering.storage import Storage, open_cluster
 SOURCE = "kv_connector_extra_config"
 HashMode = Literal["auto", "engine", "tierkv"]
 LoadMode = Literal["async", "sync"]
+LoadFailure = Literal["recompute", "engine"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +37,9 @@ class ConnectorSettings:
     ``kv_cold``, ``ssm_cold`` and ``timeout`` come from tierkv.toml unless given inline; ``config`` is
     that file (token from ``[auth]``, TLS from ``[tls]``). ``gpu_protect_fraction`` caps the GPU blocks
     held for protected prefixes (0 = off) and ``gpu_protect_watermark`` is the fraction of free blocks
-    below which they are released (:mod:`tierkv.connectors.vllm.protect`).
+    below which they are released (:mod:`tierkv.connectors.vllm.protect`). ``load_failure``:
+    ``recompute`` (default) makes a block that fails to load from the vaults a cache miss whatever
+    vLLM's ``kv_load_failure_policy`` says (see :func:`load_failure_policy`); ``engine`` leaves vLLM's.
     """
 
     config_path: str = ""
@@ -57,6 +60,7 @@ class ConnectorSettings:
     max_queued_events: int = setting(10000, minimum=1)
     gpu_protect_fraction: float = setting(0.1, minimum=0.0, maximum=0.5)
     gpu_protect_watermark: float = setting(0.1, minimum=0.0, maximum=0.5)
+    load_failure: LoadFailure = "recompute"
     config: Config = dataclasses.field(default=Config(), metadata={"internal": True})
 
     @classmethod
@@ -81,8 +85,29 @@ class ConnectorSettings:
         return open_cluster(self.config, roles=roles, timeout=self.timeout)
 
 
+def load_failure_policy(load_failure: LoadFailure, configured: str) -> str:
+    """The ``kv_load_failure_policy`` the scheduler should run with.
+
+    vLLM's default, ``fail``, ends a request with an error when one of its blocks does not arrive. For a
+    cold tier that is the wrong contract: a vault that evicted, lost or corrupted a block between lookup
+    and load has a cache miss, not an error, and the block can be computed again. vLLM 0.32 offers no
+    per-connector say in this except the policy itself, which the scheduler reads from the shared
+    ``KVTransferConfig`` right after it builds the connector, so the scheduler-side connector sets it
+    to ``recompute`` there (logged), unless ``load_failure = "engine"`` keeps the user's choice.
+    """
+    return "recompute" if load_failure == "recompute" else configured
+
+
 KNOWN_KEYS = frozenset(
     f.name for f in dataclasses.fields(ConnectorSettings) if not f.metadata.get("internal")
 )
 
-__all__ = ["KNOWN_KEYS", "SOURCE", "ConnectorSettings", "HashMode", "LoadMode"]
+__all__ = [
+    "KNOWN_KEYS",
+    "SOURCE",
+    "ConnectorSettings",
+    "HashMode",
+    "LoadFailure",
+    "LoadMode",
+    "load_failure_policy",
+]
