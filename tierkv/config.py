@@ -210,6 +210,9 @@ class ClusterConfig:
     role: Role = Role.INFERENCE
     timeout: float = setting(2.0, positive=True)
     replication: int = setting(1, minimum=1)
+    prefetch_bytes: ByteSize = setting(ByteSize(0), minimum=0)
+    """Host memory for blocks prefetched after a restore (README, "Predictive prefetch"); 0 = off."""
+    prefetch_timeout_s: float = setting(0.5, positive=True)
     kv_cold: tuple[Endpoint, ...] = (Endpoint(),)
     ssm_cold: tuple[Endpoint, ...] = ()
 

@@ -26,7 +26,8 @@ class SessionSettings:
     tier; ``state_stride_blocks`` sets how often a hybrid model's recurrent state is snapshotted during
     prefill; ``max_inflight_stores`` bounds background store work; ``put_batch_bytes`` bounds one put;
     ``min_text_fraction`` is the shortest text match (as a fraction of the prompt) worth restoring;
-    ``model_id`` (``None``: a fingerprint of the weights) and ``tenant`` go into the namespace.
+    ``model_id`` (``None``: a fingerprint of the weights) and ``tenant`` go into the namespace;
+    ``prefetch_bytes`` (0: off) is the buffer for blocks prefetched after a restore (:mod:`.prefetch`).
     """
 
     codec: str = setting("raw", choices=CODECS)
@@ -38,6 +39,7 @@ class SessionSettings:
     min_text_fraction: float = setting(0.8, positive=True, maximum=1.0)
     model_id: str | None = None
     tenant: str = ""
+    prefetch_bytes: ByteSize = setting(ByteSize(0), minimum=0)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], source: str = "TieredSession") -> SessionSettings:

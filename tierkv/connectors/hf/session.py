@@ -112,7 +112,14 @@ class TieredSession:
         self.streams = Streams(model, self.blocks, settings.codec, identity, settings.tenant)
         self.namespace: bytes = self.streams.namespace.digest
         tier = (
-            None if cluster is None else ColdTier(cluster, TorchArrays(), max_put_bytes=self.put_batch_bytes)
+            None
+            if cluster is None
+            else ColdTier(
+                cluster,
+                TorchArrays(),
+                max_put_bytes=self.put_batch_bytes,
+                prefetch_bytes=settings.prefetch_bytes,  # restores take prefetched blocks first
+            )
         )
         self.writer = EvictWriter(tier, self.streams, self.blocks, settings.max_inflight_stores)
         self.hot: HotTier[HotPayload] = HotTier(settings.hot_bytes, on_evict=self.writer.on_evict)

@@ -79,6 +79,8 @@ class WorkerSide:
         load_threads: int = 2,
         counters: Counters | None = None,
         report: WorkerReport | None = None,
+        prefetch_bytes: int = 0,
+        prefetch_timeout_s: float = 0.5,
     ) -> None:
         self.topology = topology
         self.report = report
@@ -88,7 +90,10 @@ class WorkerSide:
         self.per_block_errors = len(topology.groups) == 1
         self._groups = {g.index: g for g in topology.groups}
         self._storage = LazyStorage(storage_factory)
-        self._tier: ColdTier[torch.Tensor] = ColdTier(self._storage, TorchArrays())
+        # loads run here, in the worker: prefetched blocks are served from this process's buffer
+        self._tier: ColdTier[torch.Tensor] = ColdTier(
+            self._storage, TorchArrays(), prefetch_bytes=prefetch_bytes, prefetch_timeout_s=prefetch_timeout_s
+        )
         self._specs = {s: StreamSpec(ns, s.layer_group, codec) for s, ns in self.namespaces.items()}
         self._expect: dict[Stream, Expect] = {
             s: self._specs[s].expect(v.block_shape, topology.block_size, dtype_name(v.dtype))
@@ -163,6 +168,7 @@ class WorkerSide:
         self._closed = True
         self._loads.shutdown(wait=True, cancel_futures=True)
         self._stores.shutdown(wait=True, cancel_futures=False)
+        self._tier.close()
         self._storage.close()
 
     # -- stores ------------------------------------------------------------------------------------
