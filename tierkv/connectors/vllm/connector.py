@@ -306,6 +306,8 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             load_threads=self.settings.load_threads,
             counters=self.counters,
             report=WorkerReport() if self.settings.kv_events else None,
+            prefetch_bytes=self.settings.config.cluster.prefetch_bytes,
+            prefetch_timeout_s=self.settings.config.cluster.prefetch_timeout_s,
         )
         logger.info("tierkv worker (tp %d, pp %d): %d stream(s) registered", tp_rank, pp_rank, len(views))
 
