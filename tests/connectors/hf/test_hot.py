@@ -88,3 +88,28 @@ def test_tokens_are_copied_and_frozen() -> None:
     assert entry.tokens[0] == 1
     with pytest.raises(ValueError):
         entry.tokens[0] = 5
+
+
+def test_eviction_follows_the_vaults_context_score_with_protected_prefixes_last() -> None:
+    evicted: list[HotEntry[str]] = []
+    hot: HotTier[str] = HotTier(400, on_evict=evicted.append)
+    hot.put([1], "pinned", 100, importance=0.2, protected=True)  # oldest and unimportant, but protected
+    hot.put([2], "generation", 100, importance=0.1)
+    hot.put([3], "context", 100, importance=0.5)
+    hot.put([4], "hit", 100, importance=0.5)
+    hot.put([5], "axioms", 100, importance=1.0)  # over budget: the lowest score goes
+    assert [e.payload for e in evicted] == ["generation"]
+    for _ in range(3):
+        hot.longest_prefix([4, 0])
+    assert [e.payload for e in hot.eviction_order()] == ["context", "hit", "axioms", "pinned"]
+    hot.put([6], "new", 300)  # a newcomer never hit scores below the hit entry and axioms
+    assert [e.payload for e in evicted] == ["generation", "context", "new"]
+    assert sorted(e.payload for e in hot.entries()) == ["axioms", "hit", "pinned"]
+
+
+def test_a_longer_entry_inherits_what_the_prefix_it_supersedes_knew() -> None:
+    hot: HotTier[str] = HotTier(1000)
+    hot.put([1, 2], "system", 10, importance=1.0, protected=True)
+    hot.longest_prefix([1, 2, 3])
+    entry = hot.put([1, 2, 3, 4], "turn", 10)
+    assert entry.protected and entry.importance == 1.0 and entry.hits > 0

@@ -1,11 +1,15 @@
-"""The hot tier: an in-process LRU of recent prefixes, bounded in bytes.
+"""The hot tier: an in-process cache of recent prefixes, bounded in bytes.
 
 Entries are keyed by their token ids and hold an opaque payload (the engine's KV for those tokens). A
 lookup returns the entry sharing the longest token prefix with a prompt, so one stored conversation
-serves every prompt that starts like it. When the byte budget is exceeded the least recently used
-entries are handed to ``on_evict`` (store-on-evict: the connector ships their blocks to the vaults);
-entries whose tokens are a prefix of a newer entry are dropped silently because the newer one covers
-them.
+serves every prompt that starts like it. When the byte budget is exceeded entries are handed to
+``on_evict`` (store-on-evict: the connector ships their blocks to the vaults) in the order the vault's
+``context`` policy would evict them — lowest :func:`~tierkv.vault.policy.context_score` first, from the
+entry's importance, decayed hits, size and age (in turnovers of the tier's own events; prefix sharing
+is 0: entries that share a prefix are merged into one) — and entries holding a protected block last.
+With equal importance and no hits that is least recently used first. Entries whose tokens are a prefix
+of a newer entry are dropped silently because the newer one covers them (it inherits their hits,
+importance and protection).
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+
+from tierkv.config import ContextWeights
+from tierkv.retention.classes import NEUTRAL_IMPORTANCE
+from tierkv.vault.policy import ContextPolicy, context_score
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +60,11 @@ class HotEntry(Generic[T]):
     payload: T
     nbytes: int
     _id: int = field(default=0, repr=False)
+    importance: float = NEUTRAL_IMPORTANCE
+    protected: bool = False
+    hits: float = 0.0
+    clock: int = 0
+    """The tier's event count at the entry's last put or hit (its age is measured from there)."""
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -61,17 +74,26 @@ UsableFn = Callable[[HotEntry[T], int], int]
 
 
 class HotTier(Generic[T]):
-    """Byte-bounded LRU of prefixes with longest-prefix lookup and an eviction callback.
+    """Byte-bounded prefixes with longest-prefix lookup and an eviction callback, evicted by the vault's
+    ``context`` score (``weights``: ``[retention.weights]``, default :class:`~tierkv.config.ContextWeights`).
 
     ``on_evict`` is called outside the lock, in the thread that caused the eviction; it must not block
     for long (the connector only enqueues the store).
     """
 
-    def __init__(self, capacity_bytes: int, on_evict: Callable[[HotEntry[T]], None] | None = None) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        on_evict: Callable[[HotEntry[T]], None] | None = None,
+        *,
+        weights: ContextWeights | None = None,
+    ) -> None:
         if capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
         self._capacity = capacity_bytes
         self._on_evict = on_evict
+        self._policy = ContextPolicy(weights)
+        self._clock = 0
         self._entries: OrderedDict[int, HotEntry[T]] = OrderedDict()
         self._bytes = 0
         self._next_id = 1
@@ -118,6 +140,9 @@ class HotTier(Generic[T]):
                     best, best_n = entry, n
             if best is not None:
                 self._entries.move_to_end(best._id)
+                self._clock += 1
+                best.hits = self._hits(best) + 1
+                best.clock = self._clock
         return best, best_n
 
     def superseded_by(self, tokens: Sequence[int] | npt.NDArray[np.integer]) -> list[HotEntry[T]]:
@@ -126,13 +151,28 @@ class HotTier(Generic[T]):
         with self._lock:
             return [e for e in self._entries.values() if self._is_prefix(e.tokens, query)]
 
+    def covers(self, tokens: Sequence[int] | npt.NDArray[np.integer]) -> bool:
+        """Some entry holds all of ``tokens`` (they are a prefix of its tokens); not a hit."""
+        query = as_tokens(tokens)
+        with self._lock:
+            return any(self._is_prefix(query, e.tokens) for e in self._entries.values())
+
     @staticmethod
     def _is_prefix(prefix: TokenArray, tokens: TokenArray) -> bool:
         n = int(prefix.shape[0])
         return n <= int(tokens.shape[0]) and common_prefix_len(prefix, tokens) == n
 
-    def put(self, tokens: Sequence[int] | npt.NDArray[np.integer], payload: T, nbytes: int) -> HotEntry[T]:
-        """Insert a prefix; drop the entries it supersedes and evict LRU entries over the budget.
+    def put(
+        self,
+        tokens: Sequence[int] | npt.NDArray[np.integer],
+        payload: T,
+        nbytes: int,
+        *,
+        importance: float = NEUTRAL_IMPORTANCE,
+        protected: bool = False,
+    ) -> HotEntry[T]:
+        """Insert a prefix (``importance`` and ``protected``: those of its most protective block); drop
+        the entries it supersedes and evict the lowest-scored entries over the budget.
 
         An entry larger than the whole budget is evicted at once (so it still reaches the cold tier).
         """
@@ -140,19 +180,45 @@ class HotTier(Generic[T]):
         arr.setflags(write=False)
         evicted: list[HotEntry[T]] = []
         with self._lock:
-            entry = HotEntry(tokens=arr, payload=payload, nbytes=nbytes, _id=self._next_id)
+            self._clock += 1
+            entry = HotEntry(arr, payload, nbytes, self._next_id, importance, protected, clock=self._clock)
             self._next_id += 1
             for old in [e for e in self._entries.values() if self._is_prefix(e.tokens, arr)]:
+                entry.hits = max(entry.hits, self._hits(old))
+                entry.importance = max(entry.importance, old.importance)
+                entry.protected = entry.protected or old.protected
                 self._remove(old)
             self._entries[entry._id] = entry
             self._bytes += nbytes
             while self._bytes > self._capacity and self._entries:
-                _, victim = self._entries.popitem(last=False)
-                self._bytes -= victim.nbytes
+                victim = min(self._entries.values(), key=self._rank)
+                self._remove(victim)
                 evicted.append(victim)
             self.evictions += len(evicted)
         self._hand_over(evicted)
         return entry
+
+    def _hits(self, entry: HotEntry[T]) -> float:
+        """The entry's hits now, decayed as the vault decays them."""
+        return self._policy.decayed_hits(entry.hits, self._clock - entry.clock, len(self._entries))
+
+    def _rank(self, entry: HotEntry[T]) -> tuple[bool, float, int]:
+        """Eviction order, lowest first: unprotected before protected, then the ``context`` score, then
+        the older entry."""
+        score = context_score(
+            self._policy.weights,
+            importance=entry.importance,
+            hits=self._hits(entry),
+            sharing=0,
+            size=entry.nbytes,
+            age=(self._clock - entry.clock) / max(1, len(self._entries)),
+        )
+        return (entry.protected, score, entry.clock)
+
+    def eviction_order(self) -> list[HotEntry[T]]:
+        """The entries in the order they would be evicted (first to go first)."""
+        with self._lock:
+            return sorted(self._entries.values(), key=self._rank)
 
     def discard(self, entry: HotEntry[T]) -> bool:
         """Remove ``entry`` without handing it to ``on_evict``; False if it was not present."""

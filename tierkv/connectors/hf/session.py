@@ -57,6 +57,7 @@ from tierkv.connectors.hf.textmatch import TextIndex, plan_from_index
 from tierkv.connectors.hf.writer import EvictWriter
 from tierkv.errors import ConfigError
 from tierkv.retention import BlockMeta, Chunk, Layout, Retention, as_chunks, tag_blocks, with_generation
+from tierkv.retention.classes import NEUTRAL_IMPORTANCE
 from tierkv.tiering import ColdTier, Storage, full_blocks
 from tierkv.tiering.checks import SessionSettings
 from tierkv.tiering.tensors import TorchArrays
@@ -215,6 +216,35 @@ class TieredSession:
             restored = self._restore(as_tokens(ids[0].cpu().numpy()), stats)
             return restored.cache, stats
 
+    def warm(self, limit: int = 32) -> int:
+        """Fill the hot tier from the vaults' hottest chains of this session's namespace (``Hottest``;
+        blocks carry token ids only under ``[retention] warm_tokens``): each is restored into an entry
+        as a request for it would be, without generating. Coldest first, so the hottest end up the most
+        recent. Returns how many chains were restored; 0 without vaults or with storage that cannot say
+        which chains are hot (anything but a :class:`~tierkv.client.cluster.Cluster`)."""
+        hottest = getattr(self.cluster, "hottest", None)
+        if hottest is None:
+            return 0
+        warmed = 0
+        for chain in reversed(hottest(self.namespace, limit=limit)):
+            if chain.tokens:
+                warmed += self._warm_one(list(chain.tokens))
+        return warmed
+
+    def _warm_one(self, ids: list[int]) -> int:
+        """Restore one chain (every full block: a restore leaves the last prompt token to compute, so it
+        is planned for the chain plus one token) into a hot entry; 1 if anything was restored, 0 also when
+        an entry already covers it."""
+        with self._lock:
+            if self.hot.covers(ids):
+                return 0
+            stats = GenerationStats(prompt_tokens=len(ids) + 1)
+            restored = self._restore(as_tokens([*ids, 0]), stats)
+            if stats.restored_tokens <= 0:
+                return 0
+            self._keep(torch.tensor(ids), restored.cache, restored, None)
+        return 1
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for background stores to finish; False if ``timeout`` passed first."""
         return self.writer.flush(timeout)
@@ -287,16 +317,22 @@ class TieredSession:
         stats.generated_tokens = int(sequences.shape[1] - ids.shape[1])
         stats.ttft_s = (timer.first_at or end) - start
         stats.total_s = end - start
-        meta = None if chunks is None else self._tags(chunks, len(tokens), int(sequences.shape[1]))
+        meta = self._tags(chunks, len(tokens), sequences[0])
         self._keep(sequences[0], cache, restored, meta)
         self.last_stats = stats
         return sequences
 
-    def _tags(self, chunks: list[Chunk], prompt_tokens: int, total_tokens: int) -> list[BlockMeta]:
-        """Each full block's metadata: the layout's chunks, and ``generation`` after the prompt."""
-        bs = self.block_size
-        tagged = with_generation(chunks, prompt_tokens, total_tokens)
-        return tag_blocks(tagged, full_blocks(total_tokens, bs), bs, self.retention)
+    def _tags(
+        self, chunks: list[Chunk] | None, prompt_tokens: int, sequence: torch.Tensor
+    ) -> list[BlockMeta] | None:
+        """Each full block's metadata: the layout's chunks, and ``generation`` after the prompt, with the
+        block's token ids under ``[retention] warm_tokens``; None when there is neither."""
+        ids = sequence.tolist() if self.retention.warm_tokens else None
+        if chunks is None and ids is None:
+            return None
+        bs, total = self.block_size, int(sequence.shape[0])
+        tagged = [] if chunks is None else with_generation(chunks, prompt_tokens, total)
+        return tag_blocks(tagged, full_blocks(total, bs), bs, self.retention, tokens=ids)
 
     def _keep(
         self, sequence: torch.Tensor, cache: Any, restored: RestoredCache, meta: list[BlockMeta] | None
@@ -316,7 +352,14 @@ class TieredSession:
             payload.states[length] = snapshot_states(self.layout, cache)
         for old in self.hot.superseded_by(tokens):
             payload.merge(old.payload)
-        self.hot.put(tokens, payload, payload.nbytes())
+        kept = [m for m in payload.meta or () if m.tagged]
+        self.hot.put(
+            tokens,
+            payload,
+            payload.nbytes(),
+            importance=max((m.importance for m in kept), default=NEUTRAL_IMPORTANCE),
+            protected=any(m.protected for m in kept),
+        )
 
     # ------------------------------------------------------------------------------------- restore
 
