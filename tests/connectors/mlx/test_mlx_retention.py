@@ -15,7 +15,7 @@ from tests.connectors.mlx.models import prompt, run, tiny_model
 from tierkv.client.cluster import Cluster
 from tierkv.client.vault import VaultClient
 from tierkv.connectors.mlx import MlxTier
-from tierkv.retention import GENERATION, LayoutError
+from tierkv.retention import GENERATION, LayoutError, Retention
 from tierkv.tiering import MemoryStorage
 from tierkv.tiering.storage import Storage
 
@@ -62,6 +62,21 @@ def test_without_a_layout_nothing_is_tagged_and_a_bad_layout_is_refused() -> Non
     assert any(storage.blobs.values()) and not any(storage.meta.values())
     with pytest.raises(LayoutError):
         store("llama", MemoryStorage(), [{"tokens": [3, 1]}])
+
+
+def test_warm_tokens_give_kv_blocks_their_ids_without_a_layout_and_snapshot_parts_none() -> None:
+    storage = MemoryStorage()
+    model = tiny_model("qwen3_next")
+    tier = MlxTier(model, storage, block_size=BLOCK, snapshot_every=1, retention=Retention(warm_tokens=True))
+    prepared = tier.prepare(prompt(40))
+    generated = run(model, prepared.remaining.tolist(), prepared.cache, new=30).tokens
+    tier.store(prepared, generated)
+    tokens = prepared.tokens + generated
+    keys = tier.kv_keys(tokens, 4)
+    meta = storage.meta[("kv_cold", tier.namespace.digest)]
+    assert [meta[k].tokens for k in keys] == [tuple(tokens[i * BLOCK : (i + 1) * BLOCK]) for i in range(4)]
+    assert [meta[k].parent for k in keys] == [b"", *keys[:3]] and not any(m.tagged for m in meta.values())
+    assert all(m.tokens == () for m in storage.meta[("ssm_cold", tier.namespace.digest)].values())
 
 
 def test_a_real_vault_counts_the_tagged_blocks_by_class(vault_factory: VaultFactory) -> None:

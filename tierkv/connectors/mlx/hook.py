@@ -49,7 +49,7 @@ from tierkv.connectors.mlx.layout import (
 )
 from tierkv.connectors.mlx.states import LayerState, read_state, rebuild, to_numpy
 from tierkv.keys import Namespace, block_keys
-from tierkv.retention import BlockMeta, Layout, Retention, block_meta
+from tierkv.retention import BlockMeta, Layout, Retention, chain_meta
 from tierkv.tiering.arrays import NumpyArrays
 from tierkv.tiering.pipeline import Block, ColdTier, Restored, StoreTally
 from tierkv.tiering.spec import Expect, StreamSpec
@@ -344,11 +344,14 @@ class MlxTier:
     def _meta(
         self, layout: Layout | None, tokens: Sequence[int], prompt: int
     ) -> dict[bytes, BlockMeta] | None:
-        """Each full block's metadata by KV key, in chain order (None without a layout)."""
-        if layout is None:
+        """Each full block's metadata by KV key, in chain order, with its token ids under ``[retention]
+        warm_tokens`` (None without a layout or the setting)."""
+        if layout is None and not self.retention.warm_tokens:
             return None
         keys = self.kv_keys(tokens, len(tokens) // self.block_size)
-        return block_meta(keys, layout, self.block_size, self.retention, prompt_tokens=prompt)
+        return chain_meta(
+            keys, self.block_size, self.retention, layout=layout, tokens=tokens, prompt_tokens=prompt
+        )
 
     def _snapshot_meta(
         self, meta: Mapping[bytes, BlockMeta] | None, items: Sequence[Block[Any]]
@@ -359,7 +362,7 @@ class MlxTier:
             return None
         keys = list(meta)
         return {
-            key: dataclasses.replace(meta[keys[position // self.block_size - 1]], parent=b"")
+            key: dataclasses.replace(meta[keys[position // self.block_size - 1]], parent=b"", tokens=())
             for key, _, position in items
         }
 
