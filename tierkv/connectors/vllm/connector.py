@@ -200,6 +200,8 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 retention=retention_from_config(self.settings.config),
                 events=self._events,
             )
+            if self._events is not None:
+                self._events.watch(self._scheduler.vault_hits)
             logger.info(
                 "tierkv connector: %d group(s), block size %d, keys %s, vaults %s, restores %s",
                 len(self.topology.groups),
@@ -357,6 +359,8 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             self._worker.shutdown()
         if self._scheduler is not None:
             self._scheduler.shutdown()
+        if self._events is not None:
+            self._events.close()
 
     # -- scheduler side ----------------------------------------------------------------------------
 

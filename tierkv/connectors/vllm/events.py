@@ -10,6 +10,11 @@ hashes and token ids, so the worker reports acknowledged and vanished keys in it
 ``build_connector_worker_meta()`` (:class:`TierKVWorkerMeta`, vLLM aggregates one per worker) and the
 scheduler turns them into events in ``update_connector_output()``. With several workers a block is
 announced once the first rank acknowledged it.
+
+A vault evicts without telling anyone, so :meth:`ColdEvents.watch` re-checks the announced runs in the
+background (a prefix lookup per run, a bounded number per pass) and announces the removal of what left;
+a lookup that misses during a request does the same at once. Events leave with vLLM's next engine step,
+so an idle replica's removals wait for its next request.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +32,19 @@ from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
 from tierkv.connectors.vllm.stats import Counters
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 MAX_ANNOUNCED = 1 << 18
 """Announced blocks remembered (to announce their removal); the oldest are forgotten first."""
+
+AUDIT_INTERVAL = 5.0
+"""Seconds between two background checks that announced blocks are still in the vaults."""
+
+AUDIT_RUNS = 256
+"""Announced runs checked per pass (one prefix lookup each), oldest checked first, round robin."""
+
+Hits = Callable[[list[bytes]], int]
+"""How many leading keys of a list the vaults hold (the scheduler's prefix lookup)."""
 
 
 @dataclass
@@ -104,6 +118,9 @@ class ColdEvents:
         self._queue: deque[KVCacheEvent] = deque()
         self._pending: dict[str, _Pending] = {}
         self._announced: OrderedDict[bytes, tuple[list[Any], int]] = OrderedDict()
+        self._runs: deque[list[bytes]] = deque(maxlen=MAX_ANNOUNCED)
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def expect(self, request: Any, group: int, positions: dict[bytes, int]) -> None:
         """A store of ``request``'s blocks (key → block position in ``group``) was queued."""
@@ -161,6 +178,7 @@ class ColdEvents:
             group_idx=pending.group,
         )
         by_key = {k: p for k, p in pending.positions.items() if first <= p <= run[-1]}
+        self._runs.append(sorted(by_key, key=by_key.__getitem__))
         for key, pos in by_key.items():
             self._announced[key] = (hashes[(pos - first) * r : (pos - first + 1) * r], pending.group)
             self._announced.move_to_end(key)
@@ -177,6 +195,50 @@ class ColdEvents:
                     hashes, group = entry
                     self._push(BlockRemoved(block_hashes=hashes, medium=MEDIUM_STORAGE, group_idx=group))
 
+    def audit(self, hits: Hits, max_runs: int = AUDIT_RUNS) -> int:
+        """Check up to ``max_runs`` announced runs against the vaults; announce what left. Blocks gone.
+
+        A run is cut at its first missing block: a restore reads leading blocks only, so what follows
+        a hole is unreachable too. A failed lookup checks nothing (the vaults may be back next pass).
+        """
+        with self._lock:
+            runs = [self._runs.popleft() for _ in range(min(max_runs, len(self._runs)))]
+        keep: list[list[bytes]] = []
+        lost: list[bytes] = []
+        for run in runs:
+            live = [k for k in run if k in self._announced]
+            if not live:
+                continue
+            try:
+                held = hits(live)
+            except Exception:  # a vault down: keep the run, retry next pass
+                log.debug("cold-tier audit lookup failed", exc_info=True)
+                held = len(live)
+            lost.extend(live[held:])
+            if held:
+                keep.append(live[:held])
+        with self._lock:
+            self._runs.extend(keep)
+        self.gone(lost)
+        return len(lost)
+
+    def watch(self, hits: Hits, interval: float = AUDIT_INTERVAL) -> None:
+        """Audit every ``interval`` seconds in a daemon thread until :meth:`close`."""
+        if self._watcher is not None:
+            return
+
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                self.audit(hits)
+
+        self._watcher = threading.Thread(target=loop, name="tierkv-cold-audit", daemon=True)
+        self._watcher.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+
     def _push(self, event: KVCacheEvent) -> None:
         if len(self._queue) >= self.max_queued:
             self.counters.add("kv_events_dropped")
@@ -192,4 +254,12 @@ class ColdEvents:
         return events
 
 
-__all__ = ["MAX_ANNOUNCED", "ColdEvents", "TierKVWorkerMeta", "WorkerReport"]
+__all__ = [
+    "AUDIT_INTERVAL",
+    "AUDIT_RUNS",
+    "MAX_ANNOUNCED",
+    "ColdEvents",
+    "Hits",
+    "TierKVWorkerMeta",
+    "WorkerReport",
+]

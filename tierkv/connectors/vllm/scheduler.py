@@ -160,6 +160,10 @@ class SchedulerSide:
         self.counters.add("lookup_hit_tokens", hits * self.topology.block_size)
         return hits
 
+    def vault_hits(self, keys: list[bytes]) -> int:
+        """Leading blocks of ``keys`` whose KV every rank's vaults hold (the cold-event audit's check)."""
+        return self._kv_hits(keys)
+
     def _kv_hits(self, keys: list[bytes]) -> int:
         hits = len(keys)
         for stream, namespaces in self.namespaces.items():
