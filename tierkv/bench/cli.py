@@ -418,6 +418,16 @@ def trace(
     max_seconds: MaxSeconds = 1800.0,
     state_dir: StateDir = None,
     vault_sync: VaultSync = "fast",
+    prefetch: Annotated[
+        str | None,
+        typer.Option(help="Also replay with and without predictive prefetch, with a buffer of this size."),
+    ] = None,
+    prefetch_gap_ms: Annotated[
+        float, typer.Option(help="Prefetch comparison: pause between requests (the engine's decode time).")
+    ] = 50.0,
+    prefetch_only: Annotated[
+        bool, typer.Option(help="Only the prefetch comparison (no policy runs).")
+    ] = False,
     seed: Seed = 0,
     json_out: JsonOut = None,
     verbose: Verbose = 0,
@@ -445,6 +455,9 @@ def trace(
             max_seconds=max_seconds,
             state_dir=state_dir,
             vault_sync=vault_sync,
+            prefetch=prefetch,
+            prefetch_gap_ms=prefetch_gap_ms,
+            prefetch_only=prefetch_only,
         )
         return run_trace(settings, console)
 

@@ -38,8 +38,8 @@ from tierkv.tiering.storage import LazyStorage
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S: Final = 0.5
-DEFAULT_MAX_KEYS: Final = 64
-FETCH_KEYS: Final = 16
+DEFAULT_MAX_KEYS: Final = 1024
+FETCH_KEYS: Final = 64
 """Keys per prefetch BatchGet: small, so a foreground restore waits at most one of them."""
 Slot = tuple[str, bytes, bytes]
 """(role, namespace, key) of a buffered blob."""

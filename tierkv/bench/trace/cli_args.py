@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tierkv.bench.runner import model_shape
 from tierkv.bench.trace.generate import TraceSpec
+from tierkv.bench.trace.prefetch import PrefetchSettings
 from tierkv.bench.trace.replay import ReplaySettings
 from tierkv.bench.trace.run import TraceSettings
 from tierkv.config import parse_size
@@ -65,6 +66,9 @@ def trace_settings(
     max_seconds: float,
     state_dir: str | None,
     vault_sync: str,
+    prefetch: str | None = None,
+    prefetch_gap_ms: float = 50.0,
+    prefetch_only: bool = False,
 ) -> TraceSettings:
     model = model_shape(shape)
     if block_tokens < 1:
@@ -87,7 +91,24 @@ def trace_settings(
         trace_file=_path(trace_file),
         write_trace=_path(write_trace),
         chart=chart_path(chart, json_out),
+        prefetch=_prefetch(prefetch, prefetch_gap_ms, prefetch_only),
+        prefetch_only=prefetch_only,
     )
+
+
+def _prefetch(size: str | None, gap_ms: float, only: bool) -> PrefetchSettings | None:
+    """``--prefetch SIZE`` (the buffer) and ``--prefetch-gap-ms``; ``--prefetch-only`` needs a size."""
+    if size is None:
+        if only:
+            raise BenchError("--prefetch-only needs --prefetch SIZE (the prefetch buffer, e.g. 64MiB)")
+        return None
+    try:
+        buffer = parse_size(size)
+    except ValueError as exc:
+        raise BenchError(f"--prefetch: {exc}") from None
+    if buffer <= 0 or not gap_ms >= 0:
+        raise BenchError("--prefetch must be a positive size and --prefetch-gap-ms at least 0")
+    return PrefetchSettings(buffer_bytes=buffer, gap_s=gap_ms / 1e3)
 
 
 __all__ = ["chart_path", "parse_fractions", "trace_settings"]

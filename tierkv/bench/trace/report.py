@@ -193,6 +193,42 @@ def render_classes(runs: Sequence[PolicyRun], ceiling: Mapping[str, Tally], cons
         console.print(_table(f"per class at {fraction:.0%} capacity", columns, rows))
 
 
+def render_prefetch(doc: Mapping[str, Any], console: Console) -> None:
+    """The prefetch on/off comparison (:mod:`.prefetch`)."""
+
+    def ms(v: float | None) -> str:
+        return "—" if v is None else f"{v:.2f} ms"
+
+    med = doc["median_restore_ms"]
+    rows = [
+        ["restores (requests restored on both sides)", f"{doc['restores']:,}"],
+        ["blocks restored on / off", f"{doc['blocks_restored']['on']:,} / {doc['blocks_restored']['off']:,}"],
+        [
+            "blocks from prefetch",
+            f"{doc['blocks_from_prefetch']:,} ({_pct(doc['block_share_from_prefetch'])})",
+        ],
+        [
+            "bytes from prefetch",
+            f"{human_bytes(doc['bytes_from_prefetch'])} ({_pct(doc['byte_share_from_prefetch'])})",
+        ],
+        ["median restore on / off", f"{ms(med['on'])} / {ms(med['off'])}"],
+        ["median saving per request", ms(doc["median_saved_ms"])],
+        [
+            "prefetched / wasted",
+            f"{human_bytes(doc['prefetched_bytes'])} / {human_bytes(doc['wasted_bytes'])}",
+        ],
+        [
+            "prefetch jobs / gave up / dropped",
+            f"{doc['prefetch']['jobs']} / {doc['prefetch']['gave_up']} / {doc['prefetch']['dropped']}",
+        ],
+    ]
+    title = (
+        f"prefetch on/off @ {doc['fraction']:.0%} capacity, buffer {human_bytes(doc['buffer_bytes'])}, "
+        f"{doc['gap_s'] * 1e3:.0f} ms between requests"
+    )
+    console.print(_table(title, ["", "value"], rows))
+
+
 def render_targets(found: Sequence[Target], console: Console) -> None:
     colour = {"PASS": "green", "MISS": "red"}
     for t in found:

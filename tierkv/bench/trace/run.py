@@ -14,6 +14,7 @@ from tierkv.bench.record import RunMeta
 from tierkv.bench.trace import report
 from tierkv.bench.trace.generate import TraceSpec, generate
 from tierkv.bench.trace.model import Trace, read_trace, summarize, write_trace
+from tierkv.bench.trace.prefetch import PrefetchRun, PrefetchSettings, replay_prefetch
 from tierkv.bench.trace.replay import (
     PolicyRun,
     ReplaySettings,
@@ -37,6 +38,9 @@ class TraceSettings:
     trace_file: Path | None = None
     write_trace: Path | None = None
     chart: Path | None = None
+    prefetch: PrefetchSettings | None = None
+    """Also replay with and without predictive prefetch (``--prefetch SIZE``)."""
+    prefetch_only: bool = False
 
 
 @dataclasses.dataclass
@@ -47,6 +51,7 @@ class TraceResult(BenchRun):
     runs: list[PolicyRun] = dataclasses.field(default_factory=list)
     targets: list[report.Target] = dataclasses.field(default_factory=list)
     chart: str | None = None
+    prefetch: PrefetchRun | None = None
 
     def figures_document(self) -> dict[str, Any]:
         work = self.workload
@@ -65,6 +70,7 @@ class TraceResult(BenchRun):
             "runs": [r.as_dict() for r in self.runs],
             "targets": [dataclasses.asdict(t) for t in self.targets],
             "chart": self.chart,
+            "prefetch": None if self.prefetch is None else self.prefetch.as_dict(),
         }
 
     def render(self, console: Console) -> None:
@@ -79,6 +85,8 @@ class TraceResult(BenchRun):
             report.render_runs(self.runs, console)
             report.render_classes(self.runs, self.workload.ceiling(), console)
         report.render_targets(self.targets, console)
+        if self.prefetch is not None:
+            report.render_prefetch(self.prefetch.as_dict(), console)
         if self.chart:
             console.print(f"chart: {self.chart}")
         for w in self.warnings:
@@ -96,6 +104,10 @@ def load_trace(settings: TraceSettings) -> Trace:
 
 
 def _verdict(result: TraceResult) -> str:
+    if result.settings.prefetch_only and result.prefetch is not None:
+        doc = result.prefetch.as_dict()
+        share, saved = doc["block_share_from_prefetch"] or 0.0, doc["median_saved_ms"]
+        return f"prefetch: {share:.1%} of restored blocks from the buffer; median restore saving {saved} ms"
     if not result.runs:
         return result.failure("nothing replayed")
     passed = sum(t.status == "PASS" for t in result.targets)
@@ -130,6 +142,20 @@ def _replay_all(work: Workload, settings: TraceSettings, result: TraceResult, co
     result.finish(deadline)
 
 
+def _replay_prefetch(
+    work: Workload, settings: TraceSettings, prefetch: PrefetchSettings, result: TraceResult, console: Console
+) -> None:
+    deadline = Deadline(settings.replay.max_seconds)
+    with state_base(settings.replay) as base, progress_bar(console, len(work.requests)) as bar:
+        bar.label("prefetch on/off")
+        (base / "on").mkdir(exist_ok=True)
+        (base / "off").mkdir(exist_ok=True)
+        result.prefetch = replay_prefetch(work, settings.replay, prefetch, base, bar.advance, deadline)
+    if result.prefetch is None:
+        result.truncated = True
+        result.warnings.append(f"{deadline.note()}: the prefetch comparison did not finish")
+
+
 def run_trace(settings: TraceSettings, console: Console) -> TraceResult:
     """The whole bench; setting errors raise :class:`BenchError` before any vault starts."""
     meta = RunMeta("trace", {"replay": dataclasses.asdict(settings.replay)})
@@ -139,7 +165,10 @@ def run_trace(settings: TraceSettings, console: Console) -> TraceResult:
     work = prepare(trace, settings.replay)
     check_capacities(work, settings.replay)
     result.workload = work
-    _replay_all(work, settings, result, console)
+    if not settings.prefetch_only:
+        _replay_all(work, settings, result, console)
+    if settings.prefetch is not None:
+        _replay_prefetch(work, settings, settings.prefetch, result, console)
     result.targets = report.targets(result.runs, work, settings.replay.protected_cap)
     if settings.chart is not None and result.runs:
         title = f"tierkv bench trace: {trace.source}, {work.distinct:,} blocks of {work.block_tokens} tokens"
