@@ -79,6 +79,9 @@ def test_co_accessed_chains_are_suggested_by_how_often(vault_factory: VaultFacto
         c.get(NS, [k("memo1"), k("memo2")])
         c.get(NS, [k("memo1"), k("memo2")])
         assert keys_of(c.successors(NS, rules))[:2] == ["tools1", "tools2"]
+        # a longer chain through the end of `rules` (the next turn of a conversation) is linked the same
+        store_chain(c, ["rules3"], parent="rules2")
+        assert keys_of(c.successors(NS, [*rules, k("rules3")]))[:2] == ["tools1", "tools2"]
 
 
 def test_a_tenant_sees_only_its_own_successors(vault_factory: VaultFactory, tmp_path: Path) -> None:

@@ -253,7 +253,7 @@ class SuccessorLearner:
         now, wall = self._clock(), self._wall()
         with self._lock:
             scored = self._continuations(tenant, namespace, keys[-1], wall)
-            scored += self._coaccessed(tenant, namespace, keys[-1], wall)
+            scored += self._coaccessed(tenant, namespace, keys, wall)
             exclude = set(keys)
             out: list[Suggestion] = []
             total = 0
@@ -303,22 +303,26 @@ class SuccessorLearner:
             if len(out) >= MAX_SUGGEST_KEYS:
                 return out
 
-    def _coaccessed(self, tenant: str, namespace: bytes, last: bytes, wall: float) -> list[Suggestion]:
-        """The chains fetched after the one ending at ``last``, each scored by its share of the links."""
-        node = self._nodes.get((tenant, namespace, last))
-        if node is None or not node.edges:
-            return []
-        total = sum(node.edges.values())
+    def _coaccessed(
+        self, tenant: str, namespace: bytes, keys: Sequence[bytes], wall: float
+    ) -> list[Suggestion]:
+        """The chains fetched after chains this one passes through (a longer turn of a conversation
+        passes through the end of the shorter one), each scored by its share of the links."""
+        edges: collections.Counter[bytes] = collections.Counter()
+        for key in keys[-MAX_CHAIN_KEYS:]:
+            node = self._nodes.get((tenant, namespace, key))
+            if node is not None:
+                edges.update(node.edges)
+        total = sum(edges.values())
         out: list[Suggestion] = []
-        for target, weight in node.edges.most_common():
+        for target, weight in edges.most_common():
             chain = self._nodes.get((tenant, namespace, target))
             if chain is None:
                 continue
-            score = weight / total
             for key in chain.chain:
                 found = self._stored((tenant, namespace, key), wall)
                 if found is not None and found.size is not None:
-                    out.append(Suggestion(key, found.size, score))
+                    out.append(Suggestion(key, found.size, weight / total))
         return out
 
     # -- the table ---------------------------------------------------------------------------------
