@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from tests.conftest import VaultFactory
-from tests.vault.rawcalls import Ident
+from tests.vault.rawcalls import Ident, code_of, unary
 from tests.vault.test_tenancy import TOKENS
 from tierkv.client import VaultClient
 from tierkv.client.cluster import Cluster
@@ -117,3 +117,16 @@ def test_hottest_is_confined_to_the_callers_tenant(vault_factory: VaultFactory, 
         assert err.value.code == "PERMISSION_DENIED"
     with Cluster({"kv_cold": v.address}, token="tok-admin") as admin:
         assert [h.keys for h in admin.hottest(b"ns", tenant="alpha")] == [(b"a0", b"a1")]
+
+
+def test_garbage_hottest_requests_are_invalid_argument_and_the_vault_keeps_serving(
+    vault: VaultProcess,
+) -> None:
+    with grpc.insecure_channel(vault.address) as ch:
+        assert code_of(unary, ch, "Hottest", b"\xff\xff\xff") is grpc.StatusCode.INVALID_ARGUMENT
+        too_long = pb.HottestRequest(namespace=b"n" * 256).SerializeToString()
+        assert code_of(unary, ch, "Hottest", too_long) is grpc.StatusCode.INVALID_ARGUMENT
+        huge = pb.HottestRequest(namespace=b"ns", limit=2**32 - 1).SerializeToString()
+        assert pb.HottestReply.FromString(unary(ch, "Hottest", huge)).chains == []
+    with VaultClient(vault.address) as c:
+        assert c.health()
