@@ -19,7 +19,7 @@ from tests.processes import stopped
 from tierkv.client.cluster import Cluster
 from tierkv.codec import LayerGroup
 from tierkv.retention import BlockMeta
-from tierkv.tiering import ColdTier, NumpyArrays, Restored, StreamSpec
+from tierkv.tiering import ColdTier, LazyStorage, NumpyArrays, Restored, StreamSpec
 from tierkv.vault.launcher import VaultProcess
 
 NS = hashlib.sha256(b"prefetch").digest()
@@ -179,3 +179,16 @@ def test_prefetch_is_off_unless_asked_for(tier: ColdTier[np.ndarray]) -> None:
     first = store_chain(plain, ["o-0"])
     store_chain(plain, ["o-1"], parent="o-0")
     assert restore(plain, first).prefetched == 0
+
+
+def test_prefetch_reaches_the_vaults_behind_a_lazy_storage(vault: VaultProcess) -> None:
+    """vLLM workers open their storage lazily (after fork): prefetch asks the storage it wraps."""
+    with Cluster({"kv_cold": [vault.address]}, timeout=10.0) as cluster:
+        tier = ColdTier(LazyStorage(lambda: cluster), NumpyArrays(), prefetch_bytes=1 << 20)
+        assert tier.prefetch is not None
+        first = store_chain(tier, ["l-0"])
+        nxt = store_chain(tier, ["l-1"], parent="l-0")
+        restore(tier, first)
+        assert tier.prefetch.drain(10.0) and tier.prefetch.stats.fetched == 1
+        assert restore(tier, nxt).prefetched == 1
+        tier.close()
