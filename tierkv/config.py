@@ -190,6 +190,8 @@ class VaultConfig:
     bulk_idle_timeout_s: float = setting(120.0, positive=True)
     max_batch_bytes: ByteSize = setting(ByteSize(MAX_BATCH_BYTES), minimum=1)
     grace_s: float = setting(5.0, minimum=0)
+    coaccess_window_s: float = setting(30.0, minimum=0)
+    """Chains one tenant fetches within this many seconds of each other are linked (prefetch hints)."""
 
     def resolved_path(self) -> Path:
         """LMDB directory: the configured path, else ``$XDG_DATA_HOME/tierkv/vault-PORT``."""

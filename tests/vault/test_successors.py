@@ -190,3 +190,16 @@ def test_the_learner_stays_within_its_bounds_and_suggests_only_stored_keys(
 def test_the_learner_refuses_bounds_it_cannot_keep() -> None:
     with pytest.raises(ValueError):
         SuccessorLearner(max_bytes=NODE_BYTES - 1)
+
+
+def test_the_co_access_window_is_the_vaults_setting(vault_factory: VaultFactory, tmp_path: Path) -> None:
+    cfg = tmp_path / "window.toml"
+    cfg.write_text("[vault]\ncoaccess_window_s = 0\n")
+    v = vault_factory(extra_args=["--config", str(cfg)])
+    with VaultClient(v.address, timeout=10) as c:
+        store_chain(c, ["w1"])
+        store_chain(c, ["w2"])
+        for _ in range(3):
+            c.get(NS, [k("w1")])
+            c.get(NS, [k("w2")])
+        assert c.successors(NS, [k("w1")]) == []  # nothing is fetched within 0 s of anything else

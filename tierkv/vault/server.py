@@ -42,6 +42,7 @@ from tierkv.vault.notify import sd_notify
 from tierkv.vault.policy import make_policy
 from tierkv.vault.service import Limits, VaultService
 from tierkv.vault.store import Store
+from tierkv.vault.successors import SuccessorLearner
 from tierkv.wire import SERVICE
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class VaultServer:
                     max_item_bytes=vc.max_batch_bytes,
                     max_batch_bytes=vc.max_batch_bytes,
                 ),
+                successors=SuccessorLearner(window_s=vc.coaccess_window_s),
             )
         except BaseException:
             self.store.close()
