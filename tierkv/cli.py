@@ -535,6 +535,43 @@ def demo(
         raise typer.Exit(1)
 
 
+@app.command()
+def pages(
+    replica: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--replica",
+            metavar="NAME=ENDPOINT",
+            help="A vLLM replica's KV event replay endpoint (repeatable).",
+        ),
+    ] = None,
+    config: ConfigOpt = None,
+    vault: VaultOpt = None,
+    block_tokens: Annotated[
+        int, typer.Option(min=1, help="Tokens per vault block, for chains without ids.")
+    ] = 32,
+    timeout: Annotated[float, typer.Option(help="Per replica and vault deadline in seconds.")] = 10.0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Which prefixes sit on which replica's GPU and in the vaults, per tenant and class, and their tokens."""
+    from tierkv.routing.pages import collect, document, table
+
+    cfg, where = _admin_setup(config, vault)
+    try:
+        found, errors = collect(cfg, where, replica or [], block_tokens, timeout)
+    except ValueError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(document(found, errors), indent=2))
+    else:
+        for line in table(found):
+            out.print(line, highlight=False, soft_wrap=True)
+        for line in errors:
+            err.print(f"[red]{escape(line)}[/red]", soft_wrap=True)
+    if errors:
+        raise typer.Exit(1)
+
+
 from tierkv.bench.cli import bench_app  # noqa: E402  (its modes import their heavy parts on use)
 
 app.add_typer(bench_app, name="bench")

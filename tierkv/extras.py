@@ -9,7 +9,14 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-EXTRAS = {"torch": "hf", "transformers": "hf", "tokenizers": "hf", "vllm": "vllm"}
+EXTRAS = {
+    "torch": "hf",
+    "transformers": "hf",
+    "tokenizers": "hf",
+    "vllm": "vllm",
+    "zmq": "vllm",
+    "msgspec": "vllm",
+}
 """Top-level module → the tierkv extra that installs it."""
 
 

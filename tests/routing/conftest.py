@@ -15,9 +15,14 @@ GPU_BLOCKS = 40
 """Each replica's GPU KV cache in blocks of 32 tokens: a few prompts of ~360 tokens evict older ones."""
 
 
+def token_prompt(seed: int, length: int) -> list[int]:
+    """Deterministic pseudo-random token ids in [3, 1000)."""
+    return [(seed * 7919 + i * 104729 + (i * i) % 97) % 997 + 3 for i in range(length)]
+
+
 def prompt(seed: int, length: int) -> str:
     """A deterministic text prompt of ``length`` words of the tiny model's word tokenizer."""
-    return " ".join(f"t{(seed * 7919 + i * 104729 + (i * i) % 97) % 997 + 3}" for i in range(length))
+    return " ".join(f"t{t}" for t in token_prompt(seed, length))
 
 
 @pytest.fixture(scope="session")
