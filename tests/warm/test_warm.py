@@ -135,6 +135,30 @@ def test_a_malformed_snapshot_is_a_clean_error(tmp_path: Path, content: str, nee
 ENTRY = {"tenant": "t", "namespace": "6e73", "hits": 1.0, "source": "", "blocks": 1, "tokens": [1, 2]}
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tokens": []},
+        {"tokens": [-1]},
+        {"tokens": [2**31]},
+        {"tokens": [True]},
+        {"tokens": [1.5]},
+        {"namespace": "zz"},
+        {"namespace": "00" * 256},
+        {"hits": -1},
+        {"hits": float("nan")},
+        {"blocks": "1"},
+    ],
+)
+def test_each_bad_field_is_named(tmp_path: Path, change: dict[str, Any]) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(
+        json.dumps({"format": "tierkv-snapshot", "version": 1, "prefixes": [ENTRY, {**ENTRY, **change}]})
+    )
+    with pytest.raises(SnapshotError, match=r"prefixes\[1\]"):
+        load_snapshot(path)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.dictionaries(
