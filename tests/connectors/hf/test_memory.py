@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.connectors.hf.models import prompt, reference, tiny_model
+from tierkv.config import ContextWeights
 from tierkv.connectors.hf import TieredSession
 from tierkv.connectors.hf.hot import as_tokens
 from tierkv.tiering import MemoryStorage
@@ -47,3 +48,10 @@ def test_a_corrupt_block_is_deleted_and_counted() -> None:
     stats = reader.last_stats
     assert stats.rejected_blobs == 1 and stats.restored_tokens == 32 and stats.cold_blocks == 2
     assert key not in space and storage.calls["delete"] == 1
+
+
+def test_the_hot_tier_scores_with_the_weights_given() -> None:
+    weights = ContextWeights(importance=1.0, hits=2.0)
+    session = TieredSession(tiny_model("llama"), MemoryStorage(), block_size=16, weights=weights)
+    assert session.hot._policy.weights == weights
+    assert TieredSession(tiny_model("llama"), None, block_size=16).hot._policy.weights == ContextWeights()

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from tierkv.config import ContextWeights
 from tierkv.connectors.hf.blocks import ModelBlocks
 from tierkv.connectors.hf.hot import HotTier, TokenArray, as_tokens
 from tierkv.connectors.hf.layout import (
@@ -76,7 +77,9 @@ class TieredSession:
     :class:`~tierkv.tiering.checks.SessionSettings` (``codec``, ``block_size``, ``hot_bytes``,
     ``state_stride_blocks``, ``max_inflight_stores``, ``put_batch_bytes``, ``min_text_fraction``,
     ``model_id``, ``tenant``), with its defaults and bounds; a bad one is a ConfigError. ``retention``
-    is the class table a prompt layout is tagged by (default: :class:`~tierkv.retention.Retention`'s).
+    is the class table a prompt layout is tagged by (default: :class:`~tierkv.retention.Retention`'s);
+    ``weights`` score the hot tier's entries as the vaults' ``context`` policy does (``[retention.weights]``
+    of tierkv.toml: ``config.retention.weights``).
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class TieredSession:
         cluster: Storage | None = None,
         *,
         retention: Retention | None = None,
+        weights: ContextWeights | None = None,
         **options: Any,
     ) -> None:
         settings = SessionSettings.from_options(options)
@@ -123,7 +127,9 @@ class TieredSession:
             )
         )
         self.writer = EvictWriter(tier, self.streams, self.blocks, settings.max_inflight_stores)
-        self.hot: HotTier[HotPayload] = HotTier(settings.hot_bytes, on_evict=self.writer.on_evict)
+        self.hot: HotTier[HotPayload] = HotTier(
+            settings.hot_bytes, on_evict=self.writer.on_evict, weights=weights
+        )
         self.planner = RestorePlanner(
             self.blocks, self.streams, self.hot, tier, state_stride_blocks, self.device
         )
