@@ -11,10 +11,14 @@ alternating, so both sides see the same machine load:
   long prompts (``--pressure`` of them, ``--pressure-tokens`` each) push older blocks out of the GPU
   prefix cache. Per agent turn: GPU prefix-cache hit (vLLM's ``num_cached_tokens`` minus what the
   connector restored from the vault) and TTFT (wall time of the one-token request). The first turn of
-  each agent in a round is a cold start and is left out.
+  each agent in a round is a cold start and is left out. Without protection the system prompt comes
+  back from the vault; with ``--no-restore`` it is computed again instead.
 - **throughput**: with the agents' blocks held (cap ``0`` = protection off), a batch of ``--batch``
   unrelated prompts of ``--batch-tokens`` tokens and ``--batch-output`` output tokens that needs more
-  blocks than the pool has: output tokens per second and vLLM preemptions, per cap.
+  blocks than the pool has: output tokens per second of ``generate`` and vLLM preemptions, per cap. On a
+  CPU engine the step time depends on how many sequences run at once, so a cap that changes how the
+  batch is packed (7 + 1 requests or 6 + 2 with 8 requests) moves throughput either way by more than
+  the held blocks themselves; the default batch of 16 keeps that effect small.
 
 Medians per side are printed (``--json`` for machines). Run from the repository root with the vLLM
 environment (scripts/setup-vllm-env.sh):
@@ -51,17 +55,21 @@ SHAPE = {"layers": 8, "hidden": 512, "heads": 8, "kv_heads": 4, "head_dim": 64}
 
 def run_batch(
     llm: Any, prompts: list[list[int]], max_tokens: int, layout: list[dict[str, Any]] | None
-) -> Any:
-    """Generate (greedy) for ``prompts``; the layout, when given, rides in ``kv_transfer_params``."""
+) -> tuple[Any, float]:
+    """Generate (greedy) for ``prompts``: the outputs and the seconds ``generate`` took. The layout, when
+    given, rides in ``kv_transfer_params``. The stores of the finished requests are drained afterwards,
+    outside the timing (the offline engine steps only inside ``generate``)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     if layout is not None:
         params.extra_args = {"kv_transfer_params": {"tierkv": {"layout": layout}}}
+    start = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
     drain(llm)
-    return outs
+    return outs, elapsed
 
 
 class Bench:
@@ -70,7 +78,9 @@ class Bench:
     def __init__(self, llm: Any, args: argparse.Namespace) -> None:
         self.llm = llm
         self.args = args
-        self.protector: GpuProtector = scheduler_connector(llm)._protect
+        conn = scheduler_connector(llm)
+        self.protector: GpuProtector = conn._protect
+        conn.scheduler.restores = not args.no_restore
         self.fraction = self.protector.fraction
         self.system_tokens = args.system_blocks * BLOCK_SIZE
         self.layout = [{"tokens": [0, self.system_tokens], "source": "axioms"}]
@@ -97,9 +107,7 @@ class Bench:
             10**5 + next(self._seed), self.args.user_tokens
         )
         restored = connector_totals(self.llm)["restored_blocks"]
-        start = time.perf_counter()
-        (out,) = run_batch(self.llm, [tokens], 1, self.layout)
-        ttft = time.perf_counter() - start
+        (out,), ttft = run_batch(self.llm, [tokens], 1, self.layout)
         from_vault = (connector_totals(self.llm)["restored_blocks"] - restored) * BLOCK_SIZE
         return (out.num_cached_tokens or 0) - from_vault, from_vault, ttft
 
@@ -130,9 +138,7 @@ class Bench:
         held = self.protector.held
         prompts = [prompt(10**7 + next(self._seed), self.args.batch_tokens) for _ in range(self.args.batch)]
         before = self.preemptions
-        start = time.perf_counter()
-        run_batch(self.llm, prompts, self.args.batch_output, None)
-        elapsed = time.perf_counter() - start
+        _, elapsed = run_batch(self.llm, prompts, self.args.batch_output, None)
         return self.args.batch * self.args.batch_output / elapsed, self.preemptions - before, held
 
 
@@ -188,11 +194,16 @@ def parse() -> argparse.Namespace:
     add("--turns", type=int, default=3, help="measured turns per agent and round (after a cold one)")
     add("--pressure", type=int, default=2, help="unrelated prompts between two agent turns")
     add("--pressure-tokens", type=int, default=1536)
-    add("--batch", type=int, default=8)
+    add("--batch", type=int, default=16)
     add("--batch-tokens", type=int, default=512)
-    add("--batch-output", type=int, default=32)
+    add("--batch-output", type=int, default=64)
     add("--rounds", type=int, default=2, help="rounds per side, alternated")
     add("--parts", default="agents,throughput", help="which measurements to run")
+    add(
+        "--no-restore",
+        action="store_true",
+        help="the connector stores but never restores: GPU cache or prefill",
+    )
     add("--json", action="store_true")
     return parser.parse_args()
 
