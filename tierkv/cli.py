@@ -521,12 +521,28 @@ def demo(
     tokens: Annotated[
         int, typer.Option(help="Prompt length of the synthetic workload (at least one 16-token block).")
     ] = 4096,
+    cluster: Annotated[
+        bool,
+        typer.Option(
+            "--cluster",
+            help="Instead: two CPU vLLM replicas, two vaults and vllm-router kv_aware, with an agent trace "
+            "(needs the vLLM environment, scripts/setup-vllm-env.sh).",
+        ),
+    ] = False,
     verbose: Verbose = 0,
 ) -> None:
     """Start two vaults on loopback, store and restore a synthetic KV workload, stop them."""
     from tierkv.demo import run_demo
 
     setup_logging(verbose)
+    if cluster:
+        from tierkv.routing.demo import run_cluster_demo
+
+        try:
+            run_cluster_demo(Path(state_dir) / "cluster", out)
+        except (RuntimeError, TimeoutError) as exc:
+            _fail(exc, code=1)
+        return
     try:
         result = run_demo(Path(state_dir), out, tokens=tokens)
     except ValueError as exc:
