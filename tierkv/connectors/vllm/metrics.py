@@ -93,6 +93,8 @@ class TierKVPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
             labelnames=labelnames,
         )
         self._held = {engine: held.labels(*values) for engine, values in per_engine_labelvalues.items()}
+        # vLLM's multiprocess gauges ("mostrecent") only take set(): keep the running value here.
+        self._held_now = dict.fromkeys(per_engine_labelvalues, 0)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for name, value in transfer_stats_data.items():
@@ -104,7 +106,8 @@ class TierKVPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
             transfer_stats_data.get("gpu_protect_releases", 0)
         )
         if held is not None and change:
-            held.inc(change)
+            self._held_now[engine_idx] += change
+            held.set(self._held_now[engine_idx])
 
 
 __all__ = ["HELD_GAUGE", "TierKVPromMetrics", "TierKVStats"]
