@@ -18,7 +18,8 @@ vLLM builds two instances: the SCHEDULER one decides (:mod:`.scheduler`), each W
 every step. The scheduler one also keeps the GPU prefix-cache blocks of protected prompt prefixes out of
 eviction, within a cap, by holding a reference on them (:mod:`.protect`). A request's prompt layout
 (``kv_transfer_params`` or a ``kv_hints`` action, see :mod:`.hints`) rides in the store jobs as block
-metadata, its classes from ``[retention]`` of tierkv.toml.
+metadata, its classes from ``[retention]`` of tierkv.toml. With ``"store": "eviction"`` finished requests
+are not shipped; cached blocks are, shortly before vLLM reuses them (:mod:`.eviction`).
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
+from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSpec, MLAAttentionSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from tierkv.config import retention_from_config
 from tierkv.connectors.vllm.events import ColdEvents, WorkerReport
+from tierkv.connectors.vllm.eviction import EvictionStore
 from tierkv.connectors.vllm.identity import Identity, KeyBook, choose_hash_scheme, make_identity
 from tierkv.connectors.vllm.layout import (
     AttentionGeometry,
@@ -93,6 +96,26 @@ class TierKVMetadata(KVConnectorMetadata):  # type: ignore[misc]
     def __init__(self, jobs: StepJobs, idle: bool = False) -> None:
         self.jobs = jobs
         self.idle = idle
+
+
+class TierKVWorkerReport(KVConnectorWorkerMetadata):  # type: ignore[misc]
+    """One worker's step report with ``store: "eviction"``: held store jobs it finished (job -> number
+    of workers, summed across workers by vLLM's aggregation) and its cold-event report, if any."""
+
+    def __init__(self, jobs: dict[str, int], events: KVConnectorWorkerMetadata | None = None) -> None:
+        self.jobs = jobs
+        self.events = events
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if not isinstance(other, TierKVWorkerReport):
+            return self
+        jobs = dict(self.jobs)
+        for job_id, count in other.jobs.items():
+            jobs[job_id] = jobs.get(job_id, 0) + count
+        events = self.events if other.events is None else other.events
+        if self.events is not None and other.events is not None:
+            events = self.events.aggregate(other.events)
+        return TierKVWorkerReport(jobs, events)
 
 
 def classify_groups(kv_cache_config: KVCacheConfig, hash_block_size: int) -> Topology:
@@ -169,6 +192,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         self._events: ColdEvents | None = None
+        self._eviction: EvictionStore | None = None
         self._protect = GpuProtector(
             self.settings.gpu_protect_fraction, self.settings.gpu_protect_watermark, self.counters
         )
@@ -185,6 +209,16 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                     self.settings.max_queued_events,
                     self.counters,
                 )
+            if self.settings.store == "eviction":
+                parallel = vllm_config.parallel_config
+                per_step = -(-vllm_config.scheduler_config.max_num_batched_tokens // self.topology.block_size)
+                self._eviction = EvictionStore(
+                    self.topology,
+                    self.settings.evict_lookahead or 2 * per_step,
+                    self.settings.evict_remember,
+                    self.counters,
+                    workers=parallel.tensor_parallel_size * parallel.pipeline_parallel_size,
+                )
             self._scheduler = SchedulerSide(
                 self.topology,
                 {s: self.identity.all_ranks(s) for s in self.topology.streams},
@@ -199,6 +233,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 counters=self.counters,
                 retention=retention_from_config(self.settings.config),
                 events=self._events,
+                eviction=self._eviction,
             )
             if self._events is not None:
                 self._events.watch(self._scheduler.vault_hits)
@@ -343,10 +378,15 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return results.finished_sending or None, results.finished_recving or None
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
-        """Keys the vaults acknowledged or lost since the last step, for the scheduler's KV events."""
-        if self._worker is None or self._worker.report is None:
+        """Keys the vaults acknowledged or lost since the last step, for the scheduler's KV events; with
+        ``store: "eviction"`` also the held store jobs finished (:class:`TierKVWorkerReport`)."""
+        if self._worker is None:
             return None
-        return self._worker.report.take()
+        events = self._worker.report.take() if self._worker.report is not None else None
+        if self.settings.store != "eviction":
+            return events
+        jobs = dict.fromkeys(self._worker.take_held_done(), 1)
+        return TierKVWorkerReport(jobs, events) if jobs or events else None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         if self._worker is None or not self._worker.per_block_errors:
@@ -355,6 +395,8 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def shutdown(self) -> None:
         self._protect.release_all()
+        if self._eviction is not None:
+            self._eviction.release_all()
         if self._worker is not None:
             self._worker.shutdown()
         if self._scheduler is not None:
@@ -383,11 +425,18 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         offers = state.boundary_state_offloads if state is not None else {}
         idle = scheduler_output.total_num_scheduled_tokens == 0
         self._protect.relieve()
+        preempted = scheduler_output.preempted_req_ids or ()
+        self.scheduler.evictions(preempted, make_block_hash_with_group_id)
         return TierKVMetadata(self.scheduler.take_jobs(offers), idle=idle)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, TierKVWorkerReport):
+            if self._eviction is not None:
+                self._eviction.done(meta.jobs)
+            meta = meta.events
         if self._events is not None:
-            self._events.report(connector_output.kv_connector_worker_meta)
+            self._events.report(meta)
         self.scheduler.transfers_done(
             set(connector_output.finished_sending or ()), set(connector_output.finished_recving or ())
         )
@@ -412,9 +461,12 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return self.scheduler.finished(request, block_ids), None
 
     def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
-        """Hot-tier protection holds references in this pool (:mod:`.protect`)."""
+        """Hot-tier protection (:mod:`.protect`) and store on eviction (:mod:`.eviction`) hold references
+        in this pool."""
         if self._scheduler is not None and self.settings.gpu_protect_fraction > 0:
             self._protect.bind(gpu_block_pool)
+        if self._eviction is not None:
+            self._eviction.bind(gpu_block_pool)
 
     def has_pending_block_frees(self) -> bool:
         """Blocks held for stores come back soon, and vLLM asks this just before it preempts: held
@@ -422,7 +474,8 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return self._pending_stores() or self._protect.make_room()
 
     def _pending_stores(self) -> bool:
-        return self._scheduler is not None and self._scheduler.pending_stores > 0
+        held = self._eviction is not None and self._eviction.pending
+        return held or (self._scheduler is not None and self._scheduler.pending_stores > 0)
 
     def has_pending_push_work(self) -> bool:
         """Keep the engine stepping until blocks kept for stores are released (stores reported done)."""

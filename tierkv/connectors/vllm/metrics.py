@@ -46,6 +46,10 @@ _HELP = {
     "gpu_protect_releases": "Held GPU blocks released (pressure, cap displacement, reset, shutdown)",
     "gpu_protect_pressure_releases": "Held GPU blocks released because free blocks fell below the watermark",
     "gpu_protect_skipped": "Protected GPU blocks not held (cap reached or free blocks below the watermark)",
+    "evict_store_blocks": "GPU blocks near eviction handed to the workers (store: eviction)",
+    "evict_preempt_blocks": "GPU blocks of preempted requests handed to the workers (store: eviction)",
+    "evict_releases": "References on GPU blocks being stored dropped (store: eviction)",
+    "evict_unknown_blocks": "Cached GPU blocks near eviction with no known tierkv key (store: eviction)",
 }
 HELD_GAUGE = "tierkv_connector_gpu_protect_held_blocks"
 """Blocks held now: ``gpu_protect_holds`` minus ``gpu_protect_releases``, kept as a gauge."""

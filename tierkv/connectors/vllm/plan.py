@@ -196,12 +196,15 @@ class StoreJob:
     ``req_id`` is set for a finished request whose blocks vLLM keeps until the worker reports it done
     (``snapshot`` False); state snapshots offered mid-flight are copied within the step (``snapshot``
     True) because vLLM does not keep those blocks for us. ``meta`` is the retention metadata of the
-    blocks by key when the request came with a prompt layout (None: stored untagged).
+    blocks by key when the request came with a prompt layout (None: stored untagged). ``held`` jobs
+    carry evicted blocks the scheduler references until the workers report the job in their worker
+    metadata (:mod:`tierkv.connectors.vllm.eviction`); vLLM never sees their ``req_id``.
     """
 
     req_id: str
     refs: tuple[BlockRef, ...]
     snapshot: bool = False
+    held: bool = False
     meta: Mapping[bytes, BlockMeta] | None = field(default=None, compare=False)
 
 

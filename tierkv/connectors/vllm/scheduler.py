@@ -16,7 +16,7 @@ and turned into block metadata (parents = the request's chain of keys) in each o
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,6 +44,7 @@ from tierkv.tiering import LazyStorage, Storage
 
 if TYPE_CHECKING:
     from tierkv.connectors.vllm.events import ColdEvents
+    from tierkv.connectors.vllm.eviction import EvictionStore, HashOf
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +78,10 @@ class SchedulerSide:
         counters: Counters | None = None,
         retention: Retention | None = None,
         events: ColdEvents | None = None,
+        eviction: EvictionStore | None = None,
     ) -> None:
         self.topology = topology
+        self.eviction = eviction
         self.namespaces = {s: tuple(ns) for s, ns in namespaces.items()}
         self.block_keys = block_keys
         self.events = events
@@ -222,6 +225,10 @@ class SchedulerSide:
             keys = self.block_keys(request)
             refs = finished_refs(self.topology, keys, block_ids, request.num_computed_tokens)
             meta = self._meta(request, keys, refs) if refs else None
+            if self.eviction is not None and refs:
+                # Store on eviction: remember the keys, ship when the blocks are about to be reused.
+                self.eviction.remember(block_ids, keys, meta, request.num_computed_tokens)
+                refs = []
         self._chunks.pop(request.request_id, None)
         if self._forget is not None:
             self._forget(request.request_id)
@@ -233,6 +240,20 @@ class SchedulerSide:
             self.events.expect(request, first, {r.key: r.position for r in refs if r.group == first})
         self._sending.add(request.request_id)
         return True
+
+    def evictions(self, preempted: Iterable[str], hash_of: HashOf) -> None:
+        """Store on eviction: this step's walk over the GPU free queue and the preempted requests."""
+        if self.eviction is None or not self.stores:
+            return
+        for req_id in preempted:
+            request = self._requests.get(req_id)
+            if request is None:
+                continue
+            keys = self.block_keys(request)
+            refs = [BlockRef(0, pos, 0, key) for pos, key in enumerate(keys)]
+            meta = self._meta(request, keys, refs)
+            self._jobs.stores += self.eviction.preempted(request.block_hashes, keys, meta, hash_of)
+        self._jobs.stores += self.eviction.walk()
 
     def take_jobs(self, boundary_offers: Mapping[str, Sequence[tuple[int, int, int]]]) -> StepJobs:
         """vLLM's ``build_connector_meta``: this step's jobs, with the recurrent-state snapshots offered."""

@@ -28,6 +28,7 @@ SOURCE = "kv_connector_extra_config"
 HashMode = Literal["auto", "engine", "tierkv"]
 LoadMode = Literal["async", "sync"]
 LoadFailure = Literal["recompute", "engine"]
+StoreMode = Literal["finish", "eviction"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,10 @@ class ConnectorSettings:
     below which they are released (:mod:`tierkv.connectors.vllm.protect`). ``load_failure``:
     ``recompute`` (default) makes a block that fails to load from the vaults a cache miss whatever
     vLLM's ``kv_load_failure_policy`` says (see :func:`load_failure_policy`); ``engine`` leaves vLLM's.
+    ``store``: ``finish`` ships every finished request's full blocks; ``eviction`` ships cached blocks
+    within ``evict_lookahead`` blocks of the GPU free queue's eviction end (0: twice the blocks one
+    step can allocate, ``max_num_batched_tokens`` / block size, as vLLM's lazy offload), remembering up to
+    ``evict_remember`` block keys (:mod:`tierkv.connectors.vllm.eviction`).
     """
 
     config_path: str = ""
@@ -61,6 +66,9 @@ class ConnectorSettings:
     gpu_protect_fraction: float = setting(0.1, minimum=0.0, maximum=0.5)
     gpu_protect_watermark: float = setting(0.1, minimum=0.0, maximum=0.5)
     load_failure: LoadFailure = "recompute"
+    store: StoreMode = "finish"
+    evict_lookahead: int = setting(0, minimum=0)
+    evict_remember: int = setting(1 << 16, minimum=1)
     config: Config = dataclasses.field(default=Config(), metadata={"internal": True})
 
     @classmethod
@@ -109,5 +117,6 @@ __all__ = [
     "HashMode",
     "LoadFailure",
     "LoadMode",
+    "StoreMode",
     "load_failure_policy",
 ]

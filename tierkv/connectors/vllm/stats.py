@@ -33,6 +33,10 @@ COUNTERS: tuple[str, ...] = (
     "gpu_protect_releases",
     "gpu_protect_pressure_releases",
     "gpu_protect_skipped",
+    "evict_store_blocks",
+    "evict_preempt_blocks",
+    "evict_releases",
+    "evict_unknown_blocks",
 )
 """Every counter the connector reports, in a fixed order.
 
@@ -46,7 +50,10 @@ fetch, checksum, header or decode failed and were handed back to vLLM for recomp
 tags their stored blocks, ``layouts_rejected``: malformed layouts ignored (scheduler); ``kv_events``:
 cold-tier KV events queued, ``kv_events_dropped``: events refused because their queue was full;
 ``gpu_protect_*``: GPU prefix-cache blocks of protected prefixes held, released (all, and those released
-for lack of free blocks) and not held (cap or pressure), see :mod:`tierkv.connectors.vllm.protect`.
+for lack of free blocks) and not held (cap or pressure), see :mod:`tierkv.connectors.vllm.protect`;
+``evict_*``: with ``store: "eviction"``, GPU blocks handed to the workers near eviction (of them for
+preempted requests), references on them dropped, and cached blocks near eviction with no known key, see
+:mod:`tierkv.connectors.vllm.eviction`.
 """
 
 

@@ -56,6 +56,7 @@ class _Transfers:
     loads_failed: set[str] = field(default_factory=set)
     error_blocks: set[int] = field(default_factory=set)
     queued_stores: int = 0
+    held_done: list[str] = field(default_factory=list)
 
 
 class WorkerSide:
@@ -156,6 +157,13 @@ class WorkerSide:
             if busy and not st.loads_done and not st.stores_done:
                 st.cond.wait(timeout)
 
+    def take_held_done(self) -> list[str]:
+        """Held store jobs (evicted blocks) finished, refused or failed since the last call."""
+        st = self._state
+        with st.cond:
+            done, st.held_done = st.held_done, []
+        return done
+
     def take_load_errors(self) -> set[int]:
         """Block ids whose load failed since the last call (single-group models only)."""
         st = self._state
@@ -173,7 +181,7 @@ class WorkerSide:
 
     # -- stores ------------------------------------------------------------------------------------
 
-    def _admit(self, req_id: str | None) -> bool:
+    def _admit(self, req_id: str | None, held: bool = False) -> bool:
         """Take a place in the store queue, or count the store as dropped (never wait for one).
 
         ``req_id`` names a request whose blocks vLLM keeps until the store is reported; a refused one
@@ -184,7 +192,10 @@ class WorkerSide:
             accept = not self._closed and st.queued_stores < self._max_pending_stores
             if accept:
                 st.queued_stores += 1
-            if req_id is not None:
+            if held and req_id is not None:
+                if not accept:
+                    st.held_done.append(req_id)
+            elif req_id is not None:
                 (st.stores_pending if accept else st.stores_done).add(req_id)
         if not accept:
             if req_id is not None and self.report is not None:
@@ -194,7 +205,7 @@ class WorkerSide:
         return accept
 
     def _submit_store(self, job: StoreJob) -> None:
-        if self._admit(job.req_id):
+        if self._admit(job.req_id, job.held):
             self._stores.submit(self._guarded_store, job, None)
 
     def _submit_snapshot(self, job: StoreJob) -> None:
@@ -224,7 +235,9 @@ class WorkerSide:
             st = self._state
             with st.cond:
                 st.queued_stores -= 1
-                if not job.snapshot:
+                if job.held:
+                    st.held_done.append(job.req_id)
+                elif not job.snapshot:
                     st.stores_pending.discard(job.req_id)
                     st.stores_done.add(job.req_id)
                 st.cond.notify_all()
