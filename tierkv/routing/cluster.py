@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 
 from tierkv.connectors.vllm import CONNECTOR_NAME, MODULE_PATH
 from tierkv.routing.forward import Forwarder
-from tierkv.vault.launcher import VaultProcess
+from tierkv.vault.launcher import VaultProcess, terminate
 
 ROUTER_EXECUTABLE = "vllm-router"
 LOOPBACK = "127.0.0.1"
@@ -50,9 +49,11 @@ def router_executable() -> str | None:
     return which(ROUTER_EXECUTABLE)
 
 
-def transfer_config(vaults: Sequence[str], *, namespace: str = "", timeout: float = 2.0) -> dict[str, Any]:
-    """vLLM's ``--kv-transfer-config`` for TierKVConnector on ``vaults`` with cold-tier events on."""
-    extra: dict[str, Any] = {"kv_cold": ",".join(vaults), "timeout": timeout, "kv_events": True}
+def transfer_config(
+    vaults: Sequence[str], *, namespace: str = "", timeout: float = 2.0, kv_events: bool = True
+) -> dict[str, Any]:
+    """vLLM's ``--kv-transfer-config`` for TierKVConnector on ``vaults``, cold-tier events on by default."""
+    extra: dict[str, Any] = {"kv_cold": ",".join(vaults), "timeout": timeout, "kv_events": kv_events}
     if namespace:
         extra["namespace"] = namespace
     return {
@@ -77,6 +78,7 @@ class ReplicaSpec:
     max_model_len: int = 1024
     extra_args: tuple[str, ...] = ()
     replay: str = ""
+    cold_events: bool = True
 
     @property
     def url(self) -> str:
@@ -112,7 +114,8 @@ class ReplicaSpec:
             *self.extra_args,
         ]
         if self.vaults:
-            args += ["--kv-transfer-config", json.dumps(transfer_config(self.vaults))]
+            transfer = transfer_config(self.vaults, kv_events=self.cold_events)
+            args += ["--kv-transfer-config", json.dumps(transfer)]
         return args
 
 
@@ -191,14 +194,8 @@ class Process:
             return ""
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            terminate(self.proc, timeout)
 
 
 def wait_healthy(url: str, process: Process, timeout: float) -> None:
@@ -279,7 +276,8 @@ REPLICA_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"}
 class LocalCluster:
     """``replicas`` vLLM servers with TierKVConnector on ``vaults`` shared vaults, and vllm-router.
 
-    ``connector=False`` starts the replicas without the connector (and no vaults), the baseline.
+    ``connector=False`` starts the replicas without the connector (and no vaults), the baseline;
+    ``cold_events=False`` runs the connector without announcing the cold tier.
     Use as a context manager; :meth:`stop` stops everything started, in reverse order, by PID.
     """
 
@@ -292,6 +290,7 @@ class LocalCluster:
         replicas: int = 2,
         vaults: int = 2,
         connector: bool = True,
+        cold_events: bool = True,
         policy: str = "kv_aware",
         block_size: int = 32,
         max_model_len: int = 1024,
@@ -306,6 +305,7 @@ class LocalCluster:
         self.n_replicas = replicas
         self.n_vaults = vaults if connector else 0
         self.policy = policy
+        self.cold_events = cold_events
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.replica_args = tuple(replica_args)
@@ -343,6 +343,7 @@ class LocalCluster:
                 self.max_model_len,
                 self.replica_args,
                 f"tcp://{LOOPBACK}:{free_port()}",
+                self.cold_events,
             )
             process = Process(f"replica{i}", spec.command(), self.state_dir / f"replica{i}.log", REPLICA_ENV)
             self.replicas.append((spec, process.start()))

@@ -29,6 +29,18 @@ TIERKV_COMMAND = (
 ``sys.path``) taken off the import path before tierkv is imported."""
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    """SIGTERM a child started here and wait; SIGKILL after ``timeout``. Its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 class VaultProcess:
     def __init__(
         self,
@@ -104,16 +116,7 @@ class VaultProcess:
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM and wait; returns the exit status (SIGKILL after ``timeout``)."""
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return 0 if self.proc is None else terminate(self.proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL: the crash case (nothing is flushed by the vault)."""
