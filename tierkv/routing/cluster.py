@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,10 +50,11 @@ def router_executable() -> str | None:
 
 
 def transfer_config(
-    vaults: Sequence[str], *, namespace: str = "", timeout: float = 2.0, kv_events: bool = True
+    vaults: Sequence[str], *, namespace: str = "", timeout: float = 2.0, kv_events: bool = True, **more: Any
 ) -> dict[str, Any]:
-    """vLLM's ``--kv-transfer-config`` for TierKVConnector on ``vaults``, cold-tier events on by default."""
-    extra: dict[str, Any] = {"kv_cold": ",".join(vaults), "timeout": timeout, "kv_events": kv_events}
+    """vLLM's ``--kv-transfer-config`` for TierKVConnector on ``vaults``, cold-tier events on by default;
+    ``more`` are further connector settings (``load_mode="sync"`` ...)."""
+    extra: dict[str, Any] = {"kv_cold": ",".join(vaults), "timeout": timeout, "kv_events": kv_events, **more}
     if namespace:
         extra["namespace"] = namespace
     return {
@@ -79,6 +80,7 @@ class ReplicaSpec:
     extra_args: tuple[str, ...] = ()
     replay: str = ""
     cold_events: bool = True
+    connector_extra: tuple[tuple[str, Any], ...] = ()
 
     @property
     def url(self) -> str:
@@ -114,7 +116,7 @@ class ReplicaSpec:
             *self.extra_args,
         ]
         if self.vaults:
-            transfer = transfer_config(self.vaults, kv_events=self.cold_events)
+            transfer = transfer_config(self.vaults, kv_events=self.cold_events, **dict(self.connector_extra))
             args += ["--kv-transfer-config", json.dumps(transfer)]
         return args
 
@@ -291,6 +293,7 @@ class LocalCluster:
         vaults: int = 2,
         connector: bool = True,
         cold_events: bool = True,
+        connector_extra: Mapping[str, Any] | None = None,
         policy: str = "kv_aware",
         block_size: int = 32,
         max_model_len: int = 1024,
@@ -306,6 +309,7 @@ class LocalCluster:
         self.n_vaults = vaults if connector else 0
         self.policy = policy
         self.cold_events = cold_events
+        self.connector_extra = tuple((connector_extra or {}).items())
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.replica_args = tuple(replica_args)
@@ -344,6 +348,7 @@ class LocalCluster:
                 self.replica_args,
                 f"tcp://{LOOPBACK}:{free_port()}",
                 self.cold_events,
+                self.connector_extra,
             )
             process = Process(f"replica{i}", spec.command(), self.state_dir / f"replica{i}.log", REPLICA_ENV)
             self.replicas.append((spec, process.start()))
