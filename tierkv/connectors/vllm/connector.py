@@ -211,10 +211,12 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 )
             if self.settings.store == "eviction":
                 parallel = vllm_config.parallel_config
-                per_step = -(-vllm_config.scheduler_config.max_num_batched_tokens // self.topology.block_size)
+                bs = self.topology.block_size
+                per_step = -(-vllm_config.scheduler_config.max_num_batched_tokens // bs)
+                restore = -(-vllm_config.model_config.max_model_len // bs)
                 self._eviction = EvictionStore(
                     self.topology,
-                    self.settings.evict_lookahead or 2 * per_step,
+                    self.settings.evict_lookahead or 2 * per_step + restore,
                     self.settings.evict_remember,
                     self.counters,
                     workers=parallel.tensor_parallel_size * parallel.pipeline_parallel_size,

@@ -43,7 +43,8 @@ class ConnectorSettings:
     vLLM's ``kv_load_failure_policy`` says (see :func:`load_failure_policy`); ``engine`` leaves vLLM's.
     ``store``: ``finish`` ships every finished request's full blocks; ``eviction`` ships cached blocks
     within ``evict_lookahead`` blocks of the GPU free queue's eviction end (0: twice the blocks one
-    step can allocate, ``max_num_batched_tokens`` / block size, as vLLM's lazy offload), remembering up to
+    step computes, ``max_num_batched_tokens`` / block size, as vLLM's lazy offload, plus the blocks of
+    one restored ``max_model_len`` prompt, which a single step allocates at once), remembering up to
     ``evict_remember`` block keys (:mod:`tierkv.connectors.vllm.eviction`).
     """
 
