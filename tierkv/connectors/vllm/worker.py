@@ -265,7 +265,7 @@ class WorkerSide:
         self.counters.add("stored_bytes", tally.stored_bytes)
         self.counters.add("store_skipped_blocks", skipped)
         self.counters.add("store_failures", tally.failed)
-        if not job.snapshot:
+        if not (job.snapshot or job.held):
             self.counters.add("store_requests")
 
     def _blocks(self, chunks: Iterable[tuple[list[BlockRef], torch.Tensor]]) -> Iterator[Block[torch.Tensor]]:
