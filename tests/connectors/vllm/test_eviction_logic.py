@@ -178,3 +178,17 @@ def test_eviction_settings_are_checked(key: str, bad: object) -> None:
     assert ConnectorSettings.from_extra({"kv_cold": "127.0.0.1:1", "store": "eviction"}).store == "eviction"
     with pytest.raises(ConfigError, match=key):
         ConnectorSettings.from_extra({"kv_cold": "127.0.0.1:1", key: bad})
+
+
+def test_worker_reports_add_up_across_workers_and_keep_the_event_reports() -> None:
+    from tierkv.connectors.vllm.connector import TierKVWorkerReport
+    from tierkv.connectors.vllm.events import TierKVWorkerMeta
+
+    a = TierKVWorkerReport({"tierkv-evict-0": 1, "tierkv-evict-1": 1}, TierKVWorkerMeta({"r": [b"k1"]}))
+    b = TierKVWorkerReport({"tierkv-evict-0": 1}, TierKVWorkerMeta({"r": [b"k2"]}, [b"gone"]))
+    merged = a.aggregate(b)
+    assert isinstance(merged, TierKVWorkerReport)
+    assert merged.jobs == {"tierkv-evict-0": 2, "tierkv-evict-1": 1}
+    assert isinstance(merged.events, TierKVWorkerMeta)
+    assert merged.events.stored == {"r": [b"k1", b"k2"]} and merged.events.gone == [b"gone"]
+    assert TierKVWorkerReport({"j": 1}).aggregate(TierKVWorkerReport({}, b.events)).events is b.events
