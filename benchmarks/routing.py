@@ -13,7 +13,7 @@ prefilled (local_compute prompt tokens), mean and p90 time to first token (clien
 one-token request through the router). Requests are sequential: this machine class has two CPU cores
 shared by both replicas, the router and the client, so figures show the routing effect, not a load test.
 
-    .venv-vllm/bin/python -m benchmarks.routing [--rounds 2] [--load-mode sync] [--only NAME,NAME] [--json]
+    .venv-vllm/bin/python -m benchmarks.routing [--model medium] [--rounds 2] [--load-mode sync] [--only NAME,NAME] [--json]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.vllm_restore_ttft import MODELS
 from tests.connectors.vllm.engine import write_tiny_llama
 from tierkv.routing.cluster import LocalCluster, complete, scrape
 from tierkv.routing.demo import agent_trace
@@ -116,6 +117,9 @@ def run_one(contender: Contender, model: Path, root: Path, args: argparse.Namesp
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--model", choices=sorted(MODELS), default="small", help="random Llama size (medium: 8 layers)"
+    )
     parser.add_argument("--agents", type=int, default=3)
     parser.add_argument("--conversations", type=int, default=2)
     parser.add_argument("--turns", type=int, default=3)
@@ -129,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     results: dict[str, list[dict[str, float]]] = {c.name: [] for c in chosen}
     with tempfile.TemporaryDirectory(prefix="tierkv-routing-") as tmp:
         root = Path(tmp)
-        model = write_tiny_llama(root / "model")
+        model = write_tiny_llama(root / "model", **MODELS[args.model])
         for r in range(args.rounds):
             order = chosen[r % len(chosen) :] + chosen[: r % len(chosen)]
             for i, contender in enumerate(order):
