@@ -50,11 +50,12 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from tierkv.connectors.vllm.plan import NULL_BLOCK, BlockRef, StoreJob, Topology
+from tierkv.connectors.vllm.pool import Pool
 from tierkv.connectors.vllm.stats import Counters
 from tierkv.retention import BlockMeta
 
@@ -62,35 +63,6 @@ logger = logging.getLogger(__name__)
 
 JOB_PREFIX = "tierkv-evict-"
 """Store jobs of evicted blocks are named ``tierkv-evict-<n>``; vLLM never sees these names."""
-
-
-class Block(Protocol):
-    """The fields of vLLM's ``KVCacheBlock`` the walk reads."""
-
-    block_id: int
-    ref_cnt: int
-    is_null: bool
-
-    @property
-    def block_hash(self) -> Any: ...
-
-
-class FreeQueue(Protocol):
-    def iter_blocks_after(self, cursor: Any) -> Iterator[Any]: ...
-
-
-class Pool(Protocol):
-    """The part of vLLM's GPU ``BlockPool`` the walk uses."""
-
-    blocks: Sequence[Any]
-    free_block_queue: FreeQueue
-    cached_block_hash_to_block: Any
-
-    def touch(self, blocks: Sequence[Any]) -> None: ...
-
-    def free_blocks(self, ordered_blocks: Iterable[Any]) -> None: ...
-
-    def reset_prefix_cache(self) -> bool: ...
 
 
 @dataclass(frozen=True)

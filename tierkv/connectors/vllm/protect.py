@@ -48,38 +48,12 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
+from tierkv.connectors.vllm.pool import Pool
 from tierkv.connectors.vllm.stats import Counters
 from tierkv.retention import BlockMeta, Chunk, Retention, tag_blocks
 
 logger = logging.getLogger(__name__)
-
-
-class Block(Protocol):
-    """The fields of vLLM's ``KVCacheBlock`` the protector reads."""
-
-    block_id: int
-    ref_cnt: int
-    is_null: bool
-
-    @property
-    def block_hash(self) -> Any: ...
-
-
-class Pool(Protocol):
-    """The part of vLLM's GPU ``BlockPool`` the protector uses."""
-
-    num_gpu_blocks: int
-    blocks: Sequence[Block]
-
-    def touch(self, blocks: Sequence[Any]) -> None: ...
-
-    def free_blocks(self, ordered_blocks: Iterable[Any]) -> None: ...
-
-    def get_num_free_blocks(self) -> int: ...
-
-    def reset_prefix_cache(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -273,7 +247,6 @@ class GpuProtector:
 
 
 __all__ = [
-    "Block",
     "Candidate",
     "GpuProtector",
     "Pool",

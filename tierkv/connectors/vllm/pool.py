@@ -1,0 +1,47 @@
+"""The part of vLLM's GPU ``BlockPool`` the scheduler side touches, as typed Protocols.
+
+Two features hold references on cached GPU blocks through the pool the connector is bound to
+(``bind_gpu_block_pool``): :mod:`.protect` keeps protected prefixes out of eviction and :mod:`.eviction`
+keeps a block alive while it is being shipped. Both read the same few fields, written down once here so
+a vLLM change that breaks them breaks type checks in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol
+
+
+class Block(Protocol):
+    """The fields of vLLM's ``KVCacheBlock`` tierkv reads."""
+
+    block_id: int
+    ref_cnt: int
+    is_null: bool
+
+    @property
+    def block_hash(self) -> Any: ...
+
+
+class FreeQueue(Protocol):
+    def iter_blocks_after(self, cursor: Any) -> Iterator[Any]: ...
+
+
+class Pool(Protocol):
+    """The part of vLLM's GPU ``BlockPool`` tierkv uses."""
+
+    num_gpu_blocks: int
+    blocks: Sequence[Block]
+    free_block_queue: FreeQueue
+    cached_block_hash_to_block: Any
+
+    def touch(self, blocks: Sequence[Any]) -> None: ...
+
+    def free_blocks(self, ordered_blocks: Iterable[Any]) -> None: ...
+
+    def get_num_free_blocks(self) -> int: ...
+
+    def reset_prefix_cache(self) -> bool: ...
+
+
+__all__ = ["Block", "FreeQueue", "Pool"]
