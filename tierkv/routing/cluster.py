@@ -61,7 +61,6 @@ def transfer_config(
         "kv_connector": CONNECTOR_NAME,
         "kv_connector_module_path": MODULE_PATH,
         "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": extra,
     }
 
