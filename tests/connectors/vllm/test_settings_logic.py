@@ -14,7 +14,7 @@ from tierkv.connectors.vllm import settings as settings_module
 from tierkv.connectors.vllm.identity import TIERKV, Identity, KeyBook, choose_hash_scheme, make_identity
 from tierkv.connectors.vllm.plan import KV, GroupPlan, make_topology
 from tierkv.connectors.vllm.settings import KNOWN_KEYS, ConnectorSettings, load_failure_policy
-from tierkv.connectors.vllm.stats import Counters, merge
+from tierkv.connectors.vllm.stats import PREFETCH_FIELDS, Counters, PrefetchFeed, merge
 from tierkv.errors import ConfigError
 from tierkv.keys import block_keys, wrap_engine_hashes
 
@@ -202,3 +202,16 @@ def test_a_failed_load_is_recomputed_unless_the_engine_policy_is_kept(
 ) -> None:
     assert ConnectorSettings().load_failure == "recompute"
     assert load_failure_policy(load_failure, configured) == runs  # type: ignore[arg-type]
+
+
+def test_prefetch_counters_reach_the_connector_counters_as_increments() -> None:
+    counters = Counters()
+    feed = PrefetchFeed(counters)
+    stats = dataclasses.make_dataclass("S", [(f, int, 0) for f in PREFETCH_FIELDS])()
+    stats.hits, stats.wasted_bytes = 3, 100
+    feed.update(stats)
+    stats.hits = 5
+    feed.update(stats)
+    assert counters.take() == {"prefetch_hits": 5, "prefetch_wasted_bytes": 100}
+    feed.update(stats)
+    assert counters.take() == {}

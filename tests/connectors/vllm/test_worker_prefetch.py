@@ -27,6 +27,10 @@ def test_a_load_usually_following_another_is_served_from_the_prefetch_buffer(
         assert tier.prefetch.drain(10.0)
         assert load(worker, "d", refs(0, [2, 3], [8, 9])) == ({"d"}, set())
         assert tier.prefetch.stats.hits == taken + 2  # both blocks of 2-3 came from the buffer
+        totals = worker.counters.totals()  # and vLLM's stats pipeline sees it
+        assert totals["prefetch_hits"] == tier.prefetch.stats.hits >= 2
+        # counted at each load; the buffer may have fetched more in the background since
+        assert 0 < totals["prefetch_fetched_bytes"] <= tier.prefetch.stats.fetched_bytes
         for cache in caches:
             assert torch.equal(cache[8:10], cache[2:4])  # and they are the stored blocks
     finally:

@@ -50,6 +50,12 @@ _HELP = {
     "evict_preempt_blocks": "GPU blocks of preempted requests handed to the workers (store: eviction)",
     "evict_releases": "References on GPU blocks being stored dropped (store: eviction)",
     "evict_unknown_blocks": "Cached GPU blocks near eviction with no known tierkv key (store: eviction)",
+    "prefetch_hits": "Blocks loads took from the workers' prefetch buffers",
+    "prefetch_hit_bytes": "Bytes loads took from the workers' prefetch buffers",
+    "prefetch_fetched_bytes": "Bytes prefetched into the workers' buffers",
+    "prefetch_wasted_bytes": "Prefetched bytes evicted from the buffers unused",
+    "prefetch_gave_up": "Prefetch jobs cut short by their deadline or a vault failure",
+    "prefetch_rejected": "Prefetched blobs that failed verification",
 }
 HELD_GAUGE = "tierkv_connector_gpu_protect_held_blocks"
 """Blocks held now: ``gpu_protect_holds`` minus ``gpu_protect_releases``, kept as a gauge."""

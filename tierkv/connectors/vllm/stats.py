@@ -37,6 +37,12 @@ COUNTERS: tuple[str, ...] = (
     "evict_preempt_blocks",
     "evict_releases",
     "evict_unknown_blocks",
+    "prefetch_hits",
+    "prefetch_hit_bytes",
+    "prefetch_fetched_bytes",
+    "prefetch_wasted_bytes",
+    "prefetch_gave_up",
+    "prefetch_rejected",
 )
 """Every counter the connector reports, in a fixed order.
 
@@ -53,7 +59,9 @@ cold-tier KV events queued, ``kv_events_dropped``: events refused because their 
 for lack of free blocks) and not held (cap or pressure), see :mod:`tierkv.connectors.vllm.protect`;
 ``evict_*``: with ``store: "eviction"``, GPU blocks handed to the workers near eviction (of them for
 preempted requests), references on them dropped, and cached blocks near eviction with no known key, see
-:mod:`tierkv.connectors.vllm.eviction`.
+:mod:`tierkv.connectors.vllm.eviction`; ``prefetch_*``: with ``[cluster] prefetch_bytes``, the workers'
+prefetch buffers (:mod:`tierkv.tiering.prefetch`): blocks and bytes loads took from them, bytes fetched
+and bytes evicted unused, jobs that gave up, blobs that failed verification.
 """
 
 
@@ -83,6 +91,34 @@ class Counters:
     def totals(self) -> dict[str, int]:
         with self._lock:
             return dict(self._total)
+
+
+PREFETCH_FIELDS: dict[str, str] = {
+    "hits": "prefetch_hits",
+    "hit_bytes": "prefetch_hit_bytes",
+    "fetched_bytes": "prefetch_fetched_bytes",
+    "wasted_bytes": "prefetch_wasted_bytes",
+    "gave_up": "prefetch_gave_up",
+    "rejected": "prefetch_rejected",
+}
+"""Field of :class:`~tierkv.tiering.prefetch.PrefetchStats` -> the connector counter it feeds."""
+
+
+class PrefetchFeed:
+    """Feeds a prefetcher's cumulative counters into :class:`Counters` as increments since the last call,
+    so they reach vLLM's stats pipeline (and Prometheus) like every other counter."""
+
+    def __init__(self, counters: Counters) -> None:
+        self._counters = counters
+        self._seen = dict.fromkeys(PREFETCH_FIELDS, 0)
+        self._lock = threading.Lock()
+
+    def update(self, stats: object) -> None:
+        with self._lock:
+            for field, name in PREFETCH_FIELDS.items():
+                now = int(getattr(stats, field))
+                self._counters.add(name, now - self._seen[field])
+                self._seen[field] = now
 
 
 def merge(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:

@@ -28,7 +28,7 @@ import torch
 from tierkv.codec.torch_codec import dtype_name
 from tierkv.connectors.vllm.layout import KVGroupView, StateGroupView
 from tierkv.connectors.vllm.plan import BlockRef, LoadJob, StepJobs, StoreJob, Stream, Topology
-from tierkv.connectors.vllm.stats import Counters
+from tierkv.connectors.vllm.stats import Counters, PrefetchFeed
 from tierkv.tiering import Block, ColdTier, Expect, LazyStorage, Storage, StoreTally, StreamSpec
 from tierkv.tiering.tensors import TorchArrays
 
@@ -95,6 +95,7 @@ class WorkerSide:
         self._tier: ColdTier[torch.Tensor] = ColdTier(
             self._storage, TorchArrays(), prefetch_bytes=prefetch_bytes, prefetch_timeout_s=prefetch_timeout_s
         )
+        self._prefetch_feed = PrefetchFeed(self.counters)
         self._specs = {s: StreamSpec(ns, s.layer_group, codec) for s, ns in self.namespaces.items()}
         self._expect: dict[Stream, Expect] = {
             s: self._specs[s].expect(v.block_shape, topology.block_size, dtype_name(v.dtype))
@@ -318,6 +319,8 @@ class WorkerSide:
                 nbytes += size
         self.counters.add("restored_blocks", loaded)
         self.counters.add("restored_bytes", nbytes)
+        if self._tier.prefetch is not None:
+            self._prefetch_feed.update(self._tier.prefetch.stats)
         return bad
 
     def _load_chunk(
