@@ -238,7 +238,10 @@ class ContextWeights:
 
     score = importance·I + hits·log2(1 + decayed hits) + sharing·log2(1 + stored children)
     − size·log2(bytes / 1 KiB) − age·(age in turnovers); a turnover is as many store events (writes,
-    reads) as the vault holds entries, and hits halve every ``hit_half_life`` turnovers without a read.
+    reads) as the vault holds entries, but at least ``min_turnover`` events, and hits halve every
+    ``hit_half_life`` turnovers without a read. ``min_turnover`` (0: off) keeps what the application said
+    worth as many events in a vault far smaller than its working set as in a roomy one: there the
+    population shrinks, a turnover with it, and so does the time importance buys (README, "Retention").
     """
 
     importance: float = setting(4.0, minimum=0, what="a weight")
@@ -247,6 +250,7 @@ class ContextWeights:
     size: float = setting(0.1, minimum=0, what="a weight")
     age: float = setting(1.0, positive=True)
     hit_half_life: float = setting(1.0, positive=True)
+    min_turnover: int = setting(0, minimum=0, what="a number of store events")
 
 
 @dataclasses.dataclass(frozen=True)

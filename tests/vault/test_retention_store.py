@@ -83,6 +83,18 @@ def test_hits_halve_every_half_life() -> None:
     assert policy.decayed_hits(8.0, elapsed=2 * 100, population=100) == pytest.approx(4.0)
 
 
+def test_min_turnover_keeps_importance_worth_as_many_events_in_a_small_vault() -> None:
+    """In a vault of 10 entries an importance-1 block stored at clock 0 outlives an importance-0 one
+    stored at clock 3999 only when a turnover lasts at least 1000 events (credit 4 x 1000 events)."""
+    important = EntryInfo(clock=0, size=4096, importance=1.0, population=10)
+    later = EntryInfo(clock=3999, size=4096, importance=0.0, population=10)
+    floored = ContextPolicy(ContextWeights(min_turnover=1000))
+    assert floored.turnover(10) == 1000 and floored.turnover(5000) == 5000
+    assert min([important, later], key=floored.rank) is later
+    assert min([important, later], key=ContextPolicy(W).rank) is important
+    assert floored.decayed_hits(8.0, elapsed=1000, population=10) == pytest.approx(4.0)
+
+
 # -- the store under the context policy ------------------------------------------------------------------
 
 

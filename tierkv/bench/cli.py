@@ -412,6 +412,9 @@ def trace(
     protected_cap: Annotated[
         float, typer.Option(help="Share of the capacity protected classes may pin (the vault's cap).")
     ] = 0.5,
+    min_turnover: Annotated[
+        int, typer.Option(help="The context vaults' [retention.weights] min_turnover (store events; 0: off).")
+    ] = 0,
     chart: Annotated[
         str | None, typer.Option(help="Chart PNG or SVG (default: next to --json FILE, as .png).")
     ] = None,
@@ -458,6 +461,7 @@ def trace(
             prefetch=prefetch,
             prefetch_gap_ms=prefetch_gap_ms,
             prefetch_only=prefetch_only,
+            min_turnover=min_turnover,
         )
         return run_trace(settings, console)
 

@@ -108,8 +108,12 @@ class ContextPolicy:
     def __init__(self, weights: ContextWeights | None = None) -> None:
         self.weights = weights or ContextWeights()
 
+    def turnover(self, population: int) -> int:
+        """Store events in one turnover: the population, at least ``min_turnover``."""
+        return max(1, population, self.weights.min_turnover)
+
     def rank(self, entry: EntryInfo) -> bytes:
-        """``clock + population · value / w_age``: ordering by it is ordering by the score at any later
+        """``clock + turnover · value / w_age``: ordering by it is ordering by the score at any later
         clock (both differ from the score by the same amount for every entry, ``now`` and the population
         taken as common)."""
         value = context_value(
@@ -119,12 +123,12 @@ class ContextPolicy:
             sharing=entry.sharing,
             size=entry.size,
         )
-        key = entry.clock + max(1, entry.population) * value / self.weights.age
+        key = entry.clock + self.turnover(entry.population) * value / self.weights.age
         return _ordered(key) + entry.clock.to_bytes(8, "big")
 
     def decayed_hits(self, hits: float, elapsed: int, population: int) -> float:
         """``hits`` after ``elapsed`` clock ticks: halved every ``hit_half_life`` turnovers."""
-        turns = max(0, elapsed) / (max(1, population) * self.weights.hit_half_life)
+        turns = max(0, elapsed) / (self.turnover(population) * self.weights.hit_half_life)
         return float(hits * 2.0 ** (-turns))
 
 

@@ -69,6 +69,7 @@ def trace_settings(
     prefetch: str | None = None,
     prefetch_gap_ms: float = 50.0,
     prefetch_only: bool = False,
+    min_turnover: int = 0,
 ) -> TraceSettings:
     model = model_shape(shape)
     if block_tokens < 1:
@@ -84,6 +85,7 @@ def trace_settings(
         max_seconds=max_seconds,
         model=model.name,
         protected_cap=protected_cap,
+        min_turnover=min_turnover,
     )
     return TraceSettings(
         spec=spec,

@@ -71,6 +71,8 @@ class ReplaySettings:
     model: str = "qwen2.5-0.5b"
     protected_cap: float = 0.5
     """The vault's ``[retention] max_protected_fraction`` (context policy) and what targets judge by."""
+    min_turnover: int = 0
+    """The context vaults' ``[retention.weights] min_turnover`` (0: the default, off)."""
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.policies if p not in POLICIES]
@@ -85,6 +87,8 @@ class ReplaySettings:
             raise BenchError(f"{', '.join(bad)} must be positive (--blob-bytes more than 32)")
         if not 0.0 < self.protected_cap <= 1.0:
             raise BenchError(f"--protected-cap must be a fraction in (0, 1], got {self.protected_cap}")
+        if self.min_turnover < 0:
+            raise BenchError(f"--min-turnover must be >= 0, got {self.min_turnover}")
         if self.sync not in ("durable", "fast"):
             raise BenchError("--vault-sync must be durable or fast")
 
@@ -268,7 +272,7 @@ class PolicyRun:
 
 @contextlib.contextmanager
 def policy_vault(
-    base: Path, policy: str, capacity: int, sync: str, protected_cap: float = 0.5
+    base: Path, policy: str, capacity: int, sync: str, protected_cap: float = 0.5, min_turnover: int = 0
 ) -> Iterator[Cluster]:
     """A fresh vault with ``policy`` (set through ``[vault] policy`` of its own tierkv.toml, with
     ``[retention] max_protected_fraction`` for ``context``) and budget ``capacity``; stopped by PID and
@@ -278,6 +282,7 @@ def policy_vault(
     text = f'[vault]\npolicy = "{policy}"\n'
     if policy == "context":
         text += f"[retention]\nmax_protected_fraction = {protected_cap!r}\n"
+        text += f"[retention.weights]\nmin_turnover = {min_turnover}\n"
     config.write_text(text)
     proc = VaultProcess(base / name, max_bytes=capacity, sync=sync, extra_args=["--config", str(config)])
     try:
@@ -377,7 +382,9 @@ def replay_one(
     per_batch = max(1, settings.batch_bytes // settings.blob_bytes)
     t0 = time.perf_counter()
     hits: list[int] = []
-    with policy_vault(base, policy, capacity, settings.sync, settings.protected_cap) as cluster:
+    with policy_vault(
+        base, policy, capacity, settings.sync, settings.protected_cap, settings.min_turnover
+    ) as cluster:
         replayer = Replayer(cluster, policy, Blobs(settings.blob_bytes), per_batch)
         for r in work.requests:
             if deadline.passed():
