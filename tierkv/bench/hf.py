@@ -259,8 +259,10 @@ class RecordingCluster:
             self.last_get = (namespace, list(keys))
         return self.cluster.get_buffers(namespace, keys, role=role)
 
-    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD) -> int:
-        return self.cluster.prefix_lookup(namespace, keys, role=role)
+    def prefix_lookup(
+        self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD, *, lease_ms: int = 0
+    ) -> int:
+        return self.cluster.prefix_lookup(namespace, keys, role=role, lease_ms=lease_ms)
 
     def delete(self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD) -> int:
         self.stored[namespace, role].difference_update(keys)

@@ -161,6 +161,13 @@ def keys_request(
     return message(namespace=namespace, keys=list(keys)).SerializeToString()
 
 
+def lookup_request(namespace: bytes, keys: Sequence[bytes], lease_ms: int) -> bytes:
+    """A PrefixLookup request; ``lease_ms`` outside uint32 is a ValueError here, not on the wire."""
+    if not 0 <= lease_ms <= 0xFFFFFFFF:
+        raise ValueError(f"lease_ms must be in [0, 2**32), got {lease_ms}")
+    return pb.PrefixLookupRequest(namespace=namespace, keys=list(keys), lease_ms=lease_ms).SerializeToString()
+
+
 def parse_reply(message: type[M], raw: Buffer, address: str) -> M:
     """A vault's reply message; bytes that do not parse are a :class:`VaultError`, like any bad answer."""
     try:

@@ -43,9 +43,9 @@ class AsyncVaultClient(ClientBase):
         return as_bytes(await self.get_buffers(namespace, keys, timeout=timeout))
 
     async def prefix_lookup(
-        self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None
+        self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None, lease_ms: int = 0
     ) -> int:
-        return await self._run(self.calls.prefix_lookup(namespace, keys, timeout))
+        return await self._run(self.calls.prefix_lookup(namespace, keys, timeout, lease_ms))
 
     async def delete(
         self, namespace: bytes, keys: Sequence[bytes], *, tenant: str = "", timeout: float | None = None

@@ -28,6 +28,7 @@ from tierkv.client._rpc import (
     chain_from_reply,
     entry_from_reply,
     keys_request,
+    lookup_request,
     namespace_from_reply,
     parse_reply,
     put_batches,
@@ -90,8 +91,12 @@ class Calls:
         yield Request(BATCH_GET, request, self.options.deadline(timeout), sink=assembler.feed)
         return assembler.finish()
 
-    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], timeout: float | None) -> Op[int]:
-        request = keys_request(pb.PrefixLookupRequest, namespace, keys)
+    def prefix_lookup(
+        self, namespace: bytes, keys: Sequence[bytes], timeout: float | None, lease_ms: int = 0
+    ) -> Op[int]:
+        """``lease_ms``: the vault keeps the entries it reports this long (capped by the vault) or until
+        this tenant reads them."""
+        request = lookup_request(namespace, keys, lease_ms)
         raw = yield Request(PREFIX_LOOKUP, request, self.options.deadline(timeout))
         return parse_reply(pb.PrefixLookupReply, raw, self.address).count
 

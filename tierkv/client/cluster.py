@@ -281,8 +281,11 @@ class Cluster:
     def get(self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD) -> list[bytes | None]:
         return as_bytes(self.get_buffers(namespace, keys, role))
 
-    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD) -> int:
-        """Length of the leading run of ``keys`` present on some healthy owner (conservative, never over)."""
+    def prefix_lookup(
+        self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD, *, lease_ms: int = 0
+    ) -> int:
+        """Length of the leading run of ``keys`` present on some healthy owner (conservative, never over);
+        ``lease_ms`` leases them on every owner that reports them."""
         resolved = self._resolve(role)
         positions: list[dict[int, int]] = []
         per_vault: dict[int, list[bytes]] = defaultdict(list)
@@ -295,7 +298,10 @@ class Cluster:
         counts = self._fan_out(
             resolved,
             "prefix_lookup",
-            {v: partial(_prefix_lookup, namespace=namespace, keys=ks) for v, ks in per_vault.items()},
+            {
+                v: partial(_prefix_lookup, namespace=namespace, keys=ks, lease_ms=lease_ms)
+                for v, ks in per_vault.items()
+            },
             self._deadline(),
         )
         for n, where in enumerate(positions):
@@ -502,9 +508,9 @@ def merge_successors(
 
 
 def _prefix_lookup(
-    client: VaultClient, timeout: float | None, *, namespace: bytes, keys: Sequence[bytes]
+    client: VaultClient, timeout: float | None, *, namespace: bytes, keys: Sequence[bytes], lease_ms: int
 ) -> int:
-    return client.prefix_lookup(namespace, keys, timeout=timeout)
+    return client.prefix_lookup(namespace, keys, timeout=timeout, lease_ms=lease_ms)
 
 
 def _hottest(

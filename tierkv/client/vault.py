@@ -54,9 +54,12 @@ class VaultClient(ClientBase):
         """One BatchGet: a blob per key, None where missing or corrupt (the vault verified checksums)."""
         return as_bytes(self.get_buffers(namespace, keys, timeout=timeout))
 
-    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None) -> int:
-        """How many leading keys of a chain the vault holds."""
-        return self._run(self.calls.prefix_lookup(namespace, keys, timeout))
+    def prefix_lookup(
+        self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None, lease_ms: int = 0
+    ) -> int:
+        """How many leading keys of a chain the vault holds; with ``lease_ms`` it keeps them that long
+        (README, "Lookup leases")."""
+        return self._run(self.calls.prefix_lookup(namespace, keys, timeout, lease_ms))
 
     def delete(
         self, namespace: bytes, keys: Sequence[bytes], *, tenant: str = "", timeout: float | None = None

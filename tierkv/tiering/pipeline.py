@@ -119,14 +119,17 @@ class ColdTier(Generic[A]):
             else None
         )
 
-    def lookup(self, spec: StreamSpec, keys: Sequence[bytes]) -> int:
-        """How many leading ``keys`` of ``spec`` the prefetch buffer and then the vaults hold."""
+    def lookup(self, spec: StreamSpec, keys: Sequence[bytes], *, lease_ms: int = 0) -> int:
+        """How many leading ``keys`` of ``spec`` the prefetch buffer and then the vaults hold; the vaults
+        lease theirs for ``lease_ms`` (0: none) so that a load soon after finds them."""
         if not keys:
             return 0
         held = self.prefetch.leading(spec.namespace, spec.role, keys) if self.prefetch is not None else 0
         if held == len(keys):
             return held
-        return held + self.storage.prefix_lookup(spec.namespace, keys[held:], role=spec.role)
+        return held + self.storage.prefix_lookup(
+            spec.namespace, keys[held:], role=spec.role, lease_ms=lease_ms
+        )
 
     def store(
         self,

@@ -49,8 +49,11 @@ class Storage(Protocol):
         """One blob (or ``None``) per key, in order."""
         ...
 
-    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], role: str = ...) -> int:
-        """Length of the leading run of ``keys`` that is present (never over-reports)."""
+    def prefix_lookup(
+        self, namespace: bytes, keys: Sequence[bytes], role: str = ..., *, lease_ms: int = ...
+    ) -> int:
+        """Length of the leading run of ``keys`` that is present (never over-reports); ``lease_ms`` asks
+        the vaults to keep those blocks that long or until they are read (0: no lease)."""
         ...
 
     def delete(self, namespace: bytes, keys: Sequence[bytes], role: str = ...) -> int:
@@ -140,7 +143,10 @@ class MemoryStorage:
             space = self._space(namespace, role)
             return [space.get(k) for k in keys]
 
-    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD) -> int:
+    def prefix_lookup(
+        self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD, *, lease_ms: int = 0
+    ) -> int:
+        """``lease_ms`` is accepted and ignored: this storage never evicts."""
         with self._lock:
             self.calls["lookup"] += 1
             space = self._space(namespace, role)
@@ -193,8 +199,10 @@ class LazyStorage:
     ) -> Sequence[Buffer | None]:
         return self.get().get_buffers(namespace, keys, role=role)
 
-    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD) -> int:
-        return self.get().prefix_lookup(namespace, keys, role=role)
+    def prefix_lookup(
+        self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD, *, lease_ms: int = 0
+    ) -> int:
+        return self.get().prefix_lookup(namespace, keys, role=role, lease_ms=lease_ms)
 
     def delete(self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD) -> int:
         return self.get().delete(namespace, keys, role=role)

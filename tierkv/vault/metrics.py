@@ -64,6 +64,16 @@ class _StoreCollector(Collector):
         yield CounterMetricFamily(
             "tierkv_vault_expired", "Lookups of entries past their time to live", value=s.expired
         )
+        for name, help_text in (
+            ("granted", "Lookup leases granted"),
+            ("honoured", "Evictions that walked past a leased entry"),
+            ("expired", "Lookup leases that ended unread"),
+            ("refused", "Lookup leases refused (a bound was reached)"),
+        ):
+            yield CounterMetricFamily(f"tierkv_vault_leases_{name}", help_text, value=getattr(s.leases, name))
+        yield GaugeMetricFamily(
+            "tierkv_vault_leased_bytes", "Bytes under lookup leases", value=s.leases.leased_bytes
+        )
 
 
 def _tenant_families(usage: list[TenantUsage]) -> Iterator[Family]:

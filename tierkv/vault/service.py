@@ -141,7 +141,9 @@ class VaultService:
     def prefix_lookup(self, who: Principal, request: pb.PrefixLookupRequest) -> pb.PrefixLookupReply:
         keys = _check_keys(request.namespace, request.keys)
         return pb.PrefixLookupReply(
-            count=self.store.prefix_lookup(request.namespace, keys, tenant=who.tenant)
+            count=self.store.prefix_lookup(
+                request.namespace, keys, tenant=who.tenant, lease_ms=request.lease_ms
+            )
         )
 
     def delete(self, who: Principal, request: pb.DeleteRequest) -> pb.DeleteReply:

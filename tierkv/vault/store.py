@@ -30,6 +30,10 @@ the first to go when room is needed (the maintenance thread also clears them); a
 out of the eviction order while the tenant's protected bytes fit under ``max_protected_fraction`` of its
 quota (or of the budget) and all tenants' under that fraction of the budget — past it, the store is kept
 unprotected, counted and logged. A stored child with a parent key counts once in its parent's sharing.
+
+Lookup leases (:mod:`tierkv.vault.leases`): eviction walks past entries a recent PrefixLookup leased (at
+most as many as the tenant holds); when nothing unleased is left the put is refused as on a full store,
+so the budget holds exactly. Deletes and flushes ignore leases.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from tierkv.limits import check_namespace
 from tierkv.retention.classes import BlockMeta, pack_tokens
 from tierkv.vault.entrymeta import ClassBook, ClassUsage, EntryMeta, Ghosts, expiry_of
 from tierkv.vault.files import OnDamage, VaultDirectory, disk_full_message
+from tierkv.vault.leases import LeaseCounts, LeaseTable
 from tierkv.vault.policy import ContextPolicy, EntryInfo, EvictionPolicy, LRUPolicy
 
 log = logging.getLogger(__name__)
@@ -118,6 +123,7 @@ class StoreStats:
     expired: int = 0
     protected_bytes: int = 0
     protected_overflow: int = 0
+    leases: LeaseCounts = LeaseCounts()
 
 
 @dataclasses.dataclass(slots=True)
@@ -548,6 +554,7 @@ class Store:
         self.on_drop: Callable[[Sequence[tuple[str, bytes]]], None] | None = None
         """Told (tenant, full key) of every entry a committed transaction removed (prefetch hints)."""
         self._overflow_logged = 0.0
+        self._leases = LeaseTable(self.max_bytes)
         self._clock = self._load_meta()
         self._load_retention()
         self._closed = threading.Event()
@@ -735,7 +742,7 @@ class Store:
         retried_disk = False
         for _attempt in range(6):
             try:
-                with self._rw.shared():
+                with self._rw.shared(), self._leases.writing():
                     return self._put_txn(owner, chunk)
             except lmdb.MapFullError:
                 self._grow_map()
@@ -888,7 +895,7 @@ class Store:
             if self._first_expired(txn, t, ledger.now) is not None:
                 return t
             with txn.cursor(db=t.order) as cur:
-                if cur.first():
+                if self._first_evictable(cur, t, self._leases.leased):
                     rank = bytes(cur.key()[: self._rank_len])
                     if best is None or rank < best[0]:
                         best = (rank, t)
@@ -906,9 +913,11 @@ class Store:
         """Drop the tenant's first expired entry, else its lowest-ranked one; False when it has neither."""
         victim_fkey = self._first_expired(txn, tenant, ledger.now)
         expired = victim_fkey is not None
-        if victim_fkey is None:
+        if victim_fkey is not None:
+            self._leases.claim(tenant.name, victim_fkey, force=True)
+        else:
             with txn.cursor(db=tenant.order) as order:
-                if not order.first():
+                if not self._first_evictable(order, tenant, self._leases.claim):
                     return False
                 victim_fkey = bytes(order.key()[self._rank_len :])
                 order.delete()
@@ -922,6 +931,16 @@ class Store:
         if victim.source:
             ledger.ghosts.append((tenant.name, victim_fkey, victim.source))
         return True
+
+    def _first_evictable(self, cur: lmdb.Cursor, tenant: _Tenant, free: Callable[[str, bytes], bool]) -> bool:
+        """Put ``cur`` on the tenant's lowest-ranked order key that ``free`` says no lease holds; walks
+        past at most as many keys as the tenant holds leases (False when none is left within that)."""
+        found = cur.first()
+        for _ in range(self._leases.held(tenant.name) + 1):
+            if not found or free(tenant.name, bytes(cur.key()[self._rank_len :])):
+                return found
+            found = cur.next()
+        return False
 
     def _grow_map(self) -> None:
         current = self._env.info()["map_size"]
@@ -954,6 +973,7 @@ class Store:
         return deleted
 
     def _drop_tenants(self, targets: Sequence[_Tenant]) -> int:
+        self._leases.clear(t.name for t in targets)
         with self._write_lock, self._rw.shared():
             ledger = self._ledger()
             deleted = 0
@@ -977,15 +997,18 @@ class Store:
         return found
 
     def _delete_entries(self, owner: _Tenant, select: Callable[[lmdb.Transaction], Sequence[bytes]]) -> int:
-        """Drop the entries ``select`` names, in one write transaction with the new totals."""
+        """Drop the entries ``select`` names (ending their leases), in one write transaction with the new
+        totals."""
         with self._write_lock, self._rw.shared():
             ledger = self._ledger()
             deleted = 0
             with self._env.begin(write=True) as txn:
-                for fkey in select(txn):
+                chosen = select(txn)
+                for fkey in chosen:
                     deleted += self._drop(txn, ledger, owner, fkey) is not None
                 self._save_meta(txn, ledger)
             self._commit(ledger)
+        self._leases.release(owner.name, chosen)
         return deleted
 
     def _drop(
@@ -1044,6 +1067,7 @@ class Store:
         misses[""] += len(tally.corrupt)
         self.classes.note(owner.name, tally.hits, +misses, tally.expired)
         self._touch(owner, tally.found, hit=True)
+        self._leases.release(owner.name, tally.found)
         if tally.corrupt:
             corrupt = tally.corrupt
             log.warning("dropping %d corrupt entries", len(corrupt))
@@ -1056,11 +1080,15 @@ class Store:
         with self.view_many(namespace, keys, tenant=tenant) as views:
             return [bytes(v) if v is not None else None for _, v in views]
 
-    def prefix_lookup(self, namespace: bytes, keys: Sequence[bytes], *, tenant: str = DEFAULT_TENANT) -> int:
+    def prefix_lookup(
+        self, namespace: bytes, keys: Sequence[bytes], *, tenant: str = DEFAULT_TENANT, lease_ms: int = 0
+    ) -> int:
         """How many leading keys are present and unexpired (not verified: the BatchGet that follows
-        verifies)."""
+        verifies); with ``lease_ms`` they are leased (:mod:`tierkv.vault.leases`) and the count stops
+        before any entry evicted while this lookup read."""
         owner = self._tenant(tenant)
-        present: list[bytes] = []
+        since = self._leases.mark() if lease_ms > 0 else 0
+        present: list[tuple[bytes, int]] = []
         now = time.time()
         with self._rw.shared(), self._env.begin(buffers=True) as txn:
             for key in keys:
@@ -1071,8 +1099,12 @@ class Store:
                 expiry = expiry_of(raw[_INDEX.size :]) if len(raw) > _INDEX.size else 0.0
                 if 0.0 < expiry <= now:
                     break
-                present.append(fkey)
-        self._touch(owner, present, hit=False)
+                present.append((fkey, _U64.unpack_from(raw)[0]))
+        if lease_ms > 0 and present:
+            present = present[
+                : self._leases.grant(owner.name, present, lease_ms, since=since, quota=owner.quota)
+            ]
+        self._touch(owner, [fkey for fkey, _ in present], hit=False)
         return len(present)
 
     def entry(self, namespace: bytes, key: bytes, *, tenant: str = DEFAULT_TENANT) -> EntryMeta | None:
@@ -1218,7 +1250,7 @@ class Store:
             due = [t for t in self._tenants.values() if self._first_expired(txn, t, now) is not None]
         if not due:
             return 0
-        with self._write_lock, self._rw.shared():
+        with self._write_lock, self._rw.shared(), self._leases.writing():
             ledger = self._ledger()
             with self._env.begin(write=True) as txn:
                 for t in due:
@@ -1235,6 +1267,7 @@ class Store:
             try:
                 self.apply_touches()
                 self.purge_expired()
+                self._leases.sweep()
                 if self.sync_mode == "fast":
                     self._env.sync(True)
             except Exception:
@@ -1264,6 +1297,7 @@ class Store:
                 expired=sum(t.expired for t in picked),
                 protected_bytes=sum(t.protected for t in picked),
                 protected_overflow=sum(t.overflow for t in picked),
+                leases=self._leases.counts(t.name for t in picked),
             )
 
     def tenant_usage(self) -> list[TenantUsage]:

@@ -232,6 +232,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 sync_loads=self.settings.load_mode == "sync",
                 max_state_probes=self.settings.max_state_probes,
                 lookup_threads=self.settings.lookup_threads,
+                lookup_lease_ms=self.settings.lookup_lease_ms,
                 counters=self.counters,
                 retention=retention_from_config(self.settings.config),
                 events=self._events,

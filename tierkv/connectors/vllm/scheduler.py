@@ -75,6 +75,7 @@ class SchedulerSide:
         sync_loads: bool = False,
         max_state_probes: int = 4,
         lookup_threads: int = 2,
+        lookup_lease_ms: int = 0,
         counters: Counters | None = None,
         retention: Retention | None = None,
         events: ColdEvents | None = None,
@@ -91,6 +92,7 @@ class SchedulerSide:
         self.sync_loads = sync_loads and len(topology.groups) == 1
         self._forget = forget
         self.max_state_probes = max_state_probes
+        self.lookup_lease_ms = lookup_lease_ms
         self.counters = counters or Counters()
         self.layouts = RequestLayouts(self.counters, retention)
         self._storage = LazyStorage(storage_factory)
@@ -153,7 +155,7 @@ class SchedulerSide:
     def _lookup(self, keys: list[bytes], window: Window) -> int:
         """Leading blocks of ``keys`` that every stream of every rank holds (0 on any failure)."""
         try:
-            hits = self._kv_hits(keys)
+            hits = self._kv_hits(keys, self.lookup_lease_ms)
             if hits and self.topology.state_groups:
                 hits = self._state_hits(keys, window, hits)
         except Exception:
@@ -167,13 +169,15 @@ class SchedulerSide:
         """Leading blocks of ``keys`` whose KV every rank's vaults hold (the cold-event audit's check)."""
         return self._kv_hits(keys)
 
-    def _kv_hits(self, keys: list[bytes]) -> int:
+    def _kv_hits(self, keys: list[bytes], lease_ms: int = 0) -> int:
+        """``lease_ms`` only for a lookup the engine may load from (the audit takes no lease)."""
         hits = len(keys)
         for stream, namespaces in self.namespaces.items():
             if stream.kind != KV:
                 continue
             for ns in namespaces:
-                hits = min(hits, self.storage.prefix_lookup(ns, keys[:hits], role=stream.role))
+                found = self.storage.prefix_lookup(ns, keys[:hits], role=stream.role, lease_ms=lease_ms)
+                hits = min(hits, found)
                 if hits == 0:
                     return 0
         return hits
@@ -182,7 +186,10 @@ class SchedulerSide:
         states = [(s, ns) for s, nss in self.namespaces.items() if s.kind != KV for ns in nss]
         for blocks in state_candidates(Window(0, window.size), kv_hits, self.max_state_probes):
             key = keys[blocks - 1]
-            if all(self.storage.prefix_lookup(ns, [key], role=s.role) == 1 for s, ns in states):
+            lease = self.lookup_lease_ms
+            if all(
+                self.storage.prefix_lookup(ns, [key], role=s.role, lease_ms=lease) == 1 for s, ns in states
+            ):
                 return blocks
         return 0
 

@@ -45,7 +45,9 @@ class ConnectorSettings:
     within ``evict_lookahead`` blocks of the GPU free queue's eviction end (0: twice the blocks one
     step computes, ``max_num_batched_tokens`` / block size, as vLLM's lazy offload, plus the blocks of
     one restored ``max_model_len`` prompt, which a single step allocates at once), remembering up to
-    ``evict_remember`` block keys (:mod:`tierkv.connectors.vllm.eviction`).
+    ``evict_remember`` block keys (:mod:`tierkv.connectors.vllm.eviction`). ``lookup_lease_ms``: a
+    lookup asks the vaults to keep the blocks it found this long, or until they are loaded (0 = off;
+    the vault caps it at 10 s), so that a block reported is still there when the load asks for it.
     """
 
     config_path: str = ""
@@ -70,6 +72,7 @@ class ConnectorSettings:
     store: StoreMode = "finish"
     evict_lookahead: int = setting(0, minimum=0)
     evict_remember: int = setting(1 << 16, minimum=1)
+    lookup_lease_ms: int = setting(2000, minimum=0, maximum=10_000)
     config: Config = dataclasses.field(default=Config(), metadata={"internal": True})
 
     @classmethod

@@ -258,7 +258,10 @@ class PrefixLookupRequest(_message.Message):
 
     NAMESPACE_FIELD_NUMBER: _builtins.int
     KEYS_FIELD_NUMBER: _builtins.int
+    LEASE_MS_FIELD_NUMBER: _builtins.int
     namespace: _builtins.bytes
+    lease_ms: _builtins.int
+    """lease the reported entries this long (0: none; the vault caps it)"""
     @_builtins.property
     def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """in chain order"""
@@ -268,10 +271,11 @@ class PrefixLookupRequest(_message.Message):
         *,
         namespace: _builtins.bytes = ...,
         keys: _abc.Iterable[_builtins.bytes] | None = ...,
+        lease_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "namespace", b"namespace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "lease_ms", b"lease_ms", "namespace", b"namespace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,179 @@
+"""Lookup leases on real LMDB and real vault processes: a leased block outlives a flood of puts, the
+budget still holds exactly, leased bytes stay capped, and a lease is nothing more than that (it ends,
+it is per tenant, it never blocks deletes, flushes or outlives a restart)."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import VaultFactory
+from tests.vault.test_daemon import free_port
+from tierkv.client.vault import VaultClient
+from tierkv.vault.leases import MAX_LEASE_MS, LeaseCounts
+from tierkv.vault.store import Store, full_key
+
+BUDGET = 100_000
+CHAIN = [b"c%d" % i for i in range(5)]  # 5 entries of 4,904 bytes: 24,520, under the 25,000 lease cap
+
+
+def blob(i: int, size: int = 4900) -> bytes:
+    return bytes([i % 256]) * size
+
+
+def chain_store(path: Path, n: int = 5) -> Store:
+    s = Store(path, BUDGET, sync_mode="fast")
+    s.put_many(b"ns", [(b"c%d" % i, blob(i), 0) for i in range(n)])
+    return s
+
+
+def flood(s: Store, rounds: int = 40, size: int = 4900, tag: bytes = b"f") -> None:
+    """Put twice the budget of other entries, checking the budget after every put."""
+    for i in range(rounds):
+        outcome = s.put_many(b"flood", [(tag + b"%d" % i, blob(i, size), 0)])
+        assert not outcome.rejected
+        assert s.stats().used_bytes <= BUDGET
+
+
+def present(s: Store, keys: list[bytes]) -> list[bool]:
+    with s._env.begin() as txn:
+        return [txn.get(full_key(b"ns", k), db=s._index) is not None for k in keys]
+
+
+def test_a_leased_chain_survives_a_flood_and_goes_after_the_lease_expires(tmp_path: Path) -> None:
+    with chain_store(tmp_path) as s:
+        assert s.prefix_lookup(b"ns", CHAIN, lease_ms=300) == 5
+        flood(s)
+        assert present(s, CHAIN) == [True] * 5
+        assert s.stats().leases.honoured > 0
+        time.sleep(0.4)
+        flood(s, tag=b"g")
+        assert present(s, CHAIN) == [False] * 5
+        counts = s.stats().leases
+        assert (counts.granted, counts.expired, counts.held, counts.leased_bytes) == (5, 5, 0, 0)
+
+
+def test_a_read_ends_the_lease(tmp_path: Path) -> None:
+    with chain_store(tmp_path) as s:
+        assert s.prefix_lookup(b"ns", CHAIN, lease_ms=MAX_LEASE_MS) == 5
+        flood(s)
+        assert s.get_many(b"ns", CHAIN) == [blob(i) for i in range(5)]
+        assert s.stats().leases.held == 0
+        flood(s, tag=b"g")
+        assert present(s, CHAIN) == [False] * 5
+
+
+def test_the_budget_holds_exactly_when_only_leased_entries_could_make_room(tmp_path: Path) -> None:
+    with chain_store(tmp_path) as s:
+        s.put_many(b"ns", [(b"other", blob(9, 20_000), 0)])
+        assert s.prefix_lookup(b"ns", CHAIN, lease_ms=MAX_LEASE_MS) == 5
+        # 75,000 bytes would fit if the chain went; only the unleased 20,008 bytes may go: refused
+        outcome = s.put_many(b"ns", [(b"big", blob(1, 76_000), 0)])
+        assert outcome.rejected == [0]
+        assert s.stats().used_bytes <= BUDGET and present(s, CHAIN) == [True] * 5
+        for round_ in range(3):  # leases on flood entries too, sizes that leave gaps
+            for i in range(30):
+                s.put_many(b"flood", [(b"%d-%d" % (round_, i), blob(i, 1000 + 997 * i), 0)])
+                used = s.stats().used_bytes
+                with s._env.begin() as txn:
+                    charged = sum(len(k) - 1 + len(v) for k, v in txn.cursor(db=s._data))
+                assert used == charged <= BUDGET
+                s.prefix_lookup(b"flood", [b"%d-%d" % (round_, i)], lease_ms=MAX_LEASE_MS)
+        assert present(s, CHAIN) == [True] * 5
+        assert s.stats().leases.leased_bytes <= BUDGET // 4
+
+
+def test_leased_bytes_stop_at_the_cap_and_the_lookup_still_answers(tmp_path: Path) -> None:
+    chain = [b"c%d" % i for i in range(10)]
+    with chain_store(tmp_path, n=10) as s:
+        assert s.prefix_lookup(b"ns", chain, lease_ms=MAX_LEASE_MS) == 10
+        counts = s.stats().leases
+        assert (counts.granted, counts.refused, counts.leased_bytes) == (5, 5, 5 * 4904)
+        flood(s)
+        assert present(s, chain) == [True] * 5 + [False] * 5
+
+
+def test_huge_lease_values_are_capped(tmp_path: Path) -> None:
+    with chain_store(tmp_path) as s:
+        s.prefix_lookup(b"ns", CHAIN, lease_ms=2**32 - 1)
+        limit = time.monotonic() + MAX_LEASE_MS / 1000
+        assert all(deadline <= limit for deadline, _ in s._leases._leases.values())
+
+
+def test_no_lease_asked_changes_nothing(tmp_path: Path) -> None:
+    with chain_store(tmp_path) as s:
+        assert s.prefix_lookup(b"ns", CHAIN) == 5
+        assert s.prefix_lookup(b"ns", CHAIN, lease_ms=0) == 5
+        flood(s)
+        assert present(s, CHAIN) == [False] * 5
+        assert s.stats().leases == LeaseCounts()
+
+
+def test_leases_never_block_deletes_or_flushes_nor_outlive_a_restart(tmp_path: Path) -> None:
+    with chain_store(tmp_path) as s:
+        s.prefix_lookup(b"ns", CHAIN, lease_ms=MAX_LEASE_MS)
+        assert s.delete(b"ns", CHAIN[:2]) == 2
+        assert s.stats().leases.held == 3
+        assert s.flush(b"ns") == 3
+        assert s.stats().leases.held == 0
+        s.put_many(b"ns", [(k, blob(i), 0) for i, k in enumerate(CHAIN)])
+        s.prefix_lookup(b"ns", CHAIN, lease_ms=MAX_LEASE_MS)
+        assert s.flush() == 5 and s.stats().leases.held == 0
+        s.put_many(b"ns", [(k, blob(i), 0) for i, k in enumerate(CHAIN)])
+        s.prefix_lookup(b"ns", CHAIN, lease_ms=MAX_LEASE_MS)
+    with Store(tmp_path, BUDGET, sync_mode="fast") as s:
+        assert s.stats().leases.held == 0
+        flood(s)
+        assert present(s, CHAIN) == [False] * 5
+
+
+# -- over the wire ------------------------------------------------------------------------------------
+
+
+def test_a_leased_chain_survives_a_flood_through_a_real_vault(vault_factory: VaultFactory) -> None:
+    port = free_port()
+    vault = vault_factory(max_bytes="1MiB", sync="fast", extra_args=["--metrics-port", str(port)])
+    chain = {b"k%d" % i: blob(i, 16_000) for i in range(4)}
+    with VaultClient(vault.address, timeout=30) as c:
+        c.put(b"ns", chain)
+        assert c.prefix_lookup(b"ns", list(chain), lease_ms=10_000) == 4
+        for i in range(8):  # 2 MiB through a 1 MiB vault
+            assert c.put(b"flood", {b"%d-%d" % (i, j): blob(j, 16_000) for j in range(16)}) == 16
+        assert c.get(b"ns", list(chain)) == list(chain.values())  # the read ends the lease
+        for i in range(8):
+            c.put(b"flood", {b"x%d-%d" % (i, j): blob(j, 16_000) for j in range(16)})
+        assert c.prefix_lookup(b"ns", list(chain)) == 0
+        with pytest.raises(ValueError, match="lease_ms"):
+            c.prefix_lookup(b"ns", list(chain), lease_ms=2**32)
+        assert c.prefix_lookup(b"flood", [b"x7-15"], lease_ms=2**32 - 1) == 1
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "tierkv_vault_leases_granted_total 5.0" in text
+    assert "tierkv_vault_leased_bytes 16010.0" in text  # the last lookup's lease, still held
+    honoured = next(
+        line for line in text.splitlines() if line.startswith("tierkv_vault_leases_honoured_total")
+    )
+    assert float(honoured.split()[1]) > 0
+
+
+TOKENS = """\
+tok-a  alpha  user
+tok-b  beta   user
+"""
+
+
+def test_a_lease_of_one_tenant_shows_another_nothing(vault_factory: VaultFactory, tmp_path: Path) -> None:
+    token_file = tmp_path / "tokens"
+    token_file.write_text(TOKENS)
+    cfg = tmp_path / "tenants.toml"
+    cfg.write_text(f'[auth]\ntoken_file = "{token_file}"\n')
+    vault = vault_factory(max_bytes="4MiB", extra_args=["--config", str(cfg)])
+    keys = [b"k0", b"k1"]
+    with VaultClient(vault.address, token="tok-a") as a, VaultClient(vault.address, token="tok-b") as b:
+        a.put(b"shared", {k: b"alpha" for k in keys})
+        assert a.prefix_lookup(b"shared", keys, lease_ms=10_000) == 2
+        assert b.prefix_lookup(b"shared", keys, lease_ms=10_000) == 0
+        assert b.get(b"shared", keys) == [None, None]
+        assert a.get(b"shared", keys) == [b"alpha", b"alpha"]
