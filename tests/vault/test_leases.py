@@ -177,3 +177,15 @@ def test_a_lease_of_one_tenant_shows_another_nothing(vault_factory: VaultFactory
         assert b.prefix_lookup(b"shared", keys, lease_ms=10_000) == 0
         assert b.get(b"shared", keys) == [None, None]
         assert a.get(b"shared", keys) == [b"alpha", b"alpha"]
+
+
+def test_one_big_put_walks_past_leases_scattered_through_the_order(tmp_path: Path) -> None:
+    with Store(tmp_path, BUDGET, sync_mode="fast") as s:
+        keys = [b"s%02d" % i for i in range(40)]
+        s.put_many(b"ns", [(k, blob(i, 2000), 0) for i, k in enumerate(keys)])
+        leased = keys[::4]  # 10 entries of 2,005 bytes, every fourth in eviction order
+        for k in leased:
+            assert s.prefix_lookup(b"ns", [k], lease_ms=MAX_LEASE_MS) == 1
+        outcome = s.put_many(b"flood", [(b"%d" % i, blob(i, 2000), 0) for i in range(45)])
+        assert not outcome.rejected and s.stats().used_bytes <= BUDGET
+        assert present(s, keys) == [k in leased for k in keys]

@@ -108,15 +108,17 @@ class LeaseTable:
         ``force`` (an expired entry reads as a miss anyway); a claimed entry is numbered for lookups."""
         key = (tenant, fkey)
         with self._lock:
-            if not force and self._live(key, self._clock()):
-                self._count(tenant, "honoured")
-                return False
-            self._end(key)
+            if self._leases:
+                if not force and self._live(key, self._clock()):
+                    self._count(tenant, "honoured")
+                    return False
+                self._end(key)
             self._seq += 1
-            self._evicted[key] = self._seq
-            self._evicted.move_to_end(key)
-            while len(self._evicted) > self._history_cap:
-                _, self._forgotten = self._evicted.popitem(last=False)
+            evicted = self._evicted
+            evicted.pop(key, None)  # re-inserted last: the history stays in eviction order
+            evicted[key] = self._seq
+            if len(evicted) > self._history_cap:
+                _, self._forgotten = evicted.popitem(last=False)
             return True
 
     # -- lookups -------------------------------------------------------------------------------------

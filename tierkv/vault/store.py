@@ -366,6 +366,9 @@ class _Ledger:
         self.overflow: Counter[str] = Counter()
         self.ghosts: list[tuple[str, bytes, str]] = []
         self.dropped: list[tuple[str, bytes]] = []
+        self.past_leases: dict[str, bytes] = {}
+        """Per tenant, the order key eviction reached after walking past leased entries in this
+        transaction: the next eviction starts there instead of walking past them again."""
 
     @property
     def protected_total(self) -> int:
@@ -895,7 +898,7 @@ class Store:
             if self._first_expired(txn, t, ledger.now) is not None:
                 return t
             with txn.cursor(db=t.order) as cur:
-                if self._first_evictable(cur, t, self._leases.leased):
+                if self._first_evictable(cur, ledger, t, self._leases.leased):
                     rank = bytes(cur.key()[: self._rank_len])
                     if best is None or rank < best[0]:
                         best = (rank, t)
@@ -917,7 +920,7 @@ class Store:
             self._leases.claim(tenant.name, victim_fkey, force=True)
         else:
             with txn.cursor(db=tenant.order) as order:
-                if not self._first_evictable(order, tenant, self._leases.claim):
+                if not self._first_evictable(order, ledger, tenant, self._leases.claim):
                     return False
                 victim_fkey = bytes(order.key()[self._rank_len :])
                 order.delete()
@@ -932,13 +935,24 @@ class Store:
             ledger.ghosts.append((tenant.name, victim_fkey, victim.source))
         return True
 
-    def _first_evictable(self, cur: lmdb.Cursor, tenant: _Tenant, free: Callable[[str, bytes], bool]) -> bool:
+    def _first_evictable(
+        self, cur: lmdb.Cursor, ledger: _Ledger, tenant: _Tenant, free: Callable[[str, bytes], bool]
+    ) -> bool:
         """Put ``cur`` on the tenant's lowest-ranked order key that ``free`` says no lease holds; walks
-        past at most as many keys as the tenant holds leases (False when none is left within that)."""
-        found = cur.first()
-        for _ in range(self._leases.held(tenant.name) + 1):
-            if not found or free(tenant.name, bytes(cur.key()[self._rank_len :])):
-                return found
+        past at most as many keys as the tenant holds leases (False when none is left within that).
+        Within one transaction a walk resumes where the last one ended (an entry it passed whose lease
+        ended since is left for the next transaction), so a flood of puts walks a run of leased entries
+        once per transaction, not once per eviction."""
+        start = ledger.past_leases.get(tenant.name)
+        found = cur.first() if start is None else cur.set_range(start)
+        for walked in range(self._leases.held(tenant.name) + 1):
+            if not found:
+                return False
+            key = bytes(cur.key())
+            if free(tenant.name, key[self._rank_len :]):
+                if walked:
+                    ledger.past_leases[tenant.name] = key
+                return True
             found = cur.next()
         return False
 
