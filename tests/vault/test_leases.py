@@ -4,6 +4,7 @@ it is per tenant, it never blocks deletes, flushes or outlives a restart)."""
 
 from __future__ import annotations
 
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -189,3 +190,34 @@ def test_one_big_put_walks_past_leases_scattered_through_the_order(tmp_path: Pat
         outcome = s.put_many(b"flood", [(b"%d" % i, blob(i, 2000), 0) for i in range(45)])
         assert not outcome.rejected and s.stats().used_bytes <= BUDGET
         assert present(s, keys) == [k in leased for k in keys]
+
+
+def test_what_a_leased_lookup_reports_is_readable_while_another_thread_floods(tmp_path: Path) -> None:
+    """The lookup/eviction race: every block a lookup reports under a lease is still there to read, with
+    puts evicting all the while (bounded in count and time)."""
+    with Store(tmp_path, BUDGET, sync_mode="fast") as s:
+        stop = threading.Event()
+
+        def flood_forever() -> None:
+            i = 0
+            while not stop.is_set() and i < 20_000:
+                s.put_many(b"flood", [(b"%d" % i, blob(i), 0)])
+                i += 1
+
+        flooder = threading.Thread(target=flood_forever)
+        flooder.start()
+        try:
+            deadline, reported = time.monotonic() + 3, 0
+            for round_ in range(300):
+                if time.monotonic() > deadline:
+                    break
+                chain = [b"r%d-%d" % (round_, i) for i in range(4)]
+                s.put_many(b"ns", [(k, blob(i), 0) for i, k in enumerate(chain)])
+                n = s.prefix_lookup(b"ns", chain, lease_ms=MAX_LEASE_MS)
+                time.sleep(0.001)  # the engine's few milliseconds between lookup and load
+                assert None not in s.get_many(b"ns", chain[:n])
+                reported += n
+        finally:
+            stop.set()
+            flooder.join()
+        assert reported and s.stats().leases.honoured
