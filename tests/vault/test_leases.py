@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import VaultFactory
+from tests.vault import test_tenancy
 from tests.vault.test_daemon import free_port
 from tierkv.client.vault import VaultClient
+from tierkv.vault.launcher import VaultProcess
 from tierkv.vault.leases import MAX_LEASE_MS, LeaseCounts
 from tierkv.vault.store import Store, full_key
 
@@ -159,18 +161,11 @@ def test_a_leased_chain_survives_a_flood_through_a_real_vault(vault_factory: Vau
     assert float(honoured.split()[1]) > 0
 
 
-TOKENS = """\
-tok-a  alpha  user
-tok-b  beta   user
-"""
+tenant_vault = test_tenancy.tenant_vault  # the fixture: tenants alpha (tok-a) and beta (tok-b)
 
 
-def test_a_lease_of_one_tenant_shows_another_nothing(vault_factory: VaultFactory, tmp_path: Path) -> None:
-    token_file = tmp_path / "tokens"
-    token_file.write_text(TOKENS)
-    cfg = tmp_path / "tenants.toml"
-    cfg.write_text(f'[auth]\ntoken_file = "{token_file}"\n')
-    vault = vault_factory(max_bytes="4MiB", extra_args=["--config", str(cfg)])
+def test_a_lease_of_one_tenant_shows_another_nothing(tenant_vault: VaultProcess) -> None:
+    vault = tenant_vault
     keys = [b"k0", b"k1"]
     with VaultClient(vault.address, token="tok-a") as a, VaultClient(vault.address, token="tok-b") as b:
         a.put(b"shared", {k: b"alpha" for k in keys})
