@@ -53,3 +53,23 @@ def test_warm_fills_the_hot_tier_from_the_vaults_hottest_chains(vault_factory: V
 
         cold = TieredSession(model, cluster, block_size=BS)  # reading what the vault has needs no setting
         assert cold.warm() == 1 and TieredSession(model, None, block_size=BS).warm() == 0
+
+
+def test_warm_restores_coldest_first_and_skips_what_the_hot_tier_covers(vault_factory: VaultFactory) -> None:
+    vault = vault_factory()
+    model = tiny_model("llama")
+    rules = Retention(warm_tokens=True)
+    hot_ids, cool_ids = prompt(48, seed=1), prompt(48, seed=2)
+    with Cluster({"kv_cold": vault.address}, timeout=10) as cluster:
+        first = TieredSession(model, cluster, block_size=BS, retention=rules)
+        for ids in (hot_ids, cool_ids):
+            first.generate(ids, max_new_tokens=1)
+        assert first.persist(timeout=60)
+        for ids in (hot_ids, cool_ids, hot_ids):  # restores from the vault: hot_ids gets more hits
+            TieredSession(model, cluster, block_size=BS, retention=rules).generate(ids, max_new_tokens=1)
+
+        fresh = TieredSession(model, cluster, block_size=BS, retention=rules)
+        assert fresh.warm() == 2
+        order = [e.tokens.tolist() for e in fresh.hot.eviction_order()]
+        assert order == [cool_ids[0].tolist(), hot_ids[0].tolist()]  # the hottest is restored last
+        assert fresh.warm() == 0  # both chains are already in the hot tier

@@ -239,10 +239,12 @@ class TieredSession:
 
     def _warm_one(self, ids: list[int]) -> int:
         """Restore one chain (every full block: a restore leaves the last prompt token to compute, so it
-        is planned for the chain plus one token) into a hot entry; 1 if anything was restored, 0 also when
-        an entry already covers it."""
+        is planned for the chain plus one token) into a hot entry; 1 if anything was restored. An entry
+        that already covers it (the vaults list a hit chain after its unhit longer run, which came
+        first) counts it as a hit instead, so it ranks where the chain does."""
         with self._lock:
             if self.hot.covers(ids):
+                self.hot.longest_prefix(ids)
                 return 0
             stats = GenerationStats(prompt_tokens=len(ids) + 1)
             restored = self._restore(as_tokens([*ids, 0]), stats)
