@@ -241,6 +241,20 @@ def test_context_policy_keeps_the_system_prompt_from_its_metadata(tmp_path: Path
     assert run.as_dict()["groups"]["axioms"]["resident_bytes"] == 2 * BLOB
 
 
+def test_min_turnover_reaches_the_context_vault_and_keeps_what_is_important(tmp_path: Path) -> None:
+    """Memories (importance 0.75, not protected) then four documents in a vault of four blocks: a
+    turnover of four events ages the memories out; floored at 100000 events they outrank every document."""
+    memories = _request("t0", ("agent/memories", 33, "memories"))
+    docs = [_request("t0", (f"paste{i}", 16 * 3 + 1, "generation")) for i in range(4)]
+    trace = Trace((memories, *docs, memories))
+    kept = {}
+    for floor in (0, 100000):
+        (tmp_path / str(floor)).mkdir()
+        run, _ = _replay(trace, "context", 0.3, tmp_path / str(floor), min_turnover=floor)
+        kept[floor] = run.tally("memories")
+    assert kept[0].hits == 0 and kept[100000].hits == 2 == kept[100000].possible
+
+
 # -- the command ---------------------------------------------------------------------------------------
 
 TINY_ARGS = ["--tenants", "1", "--agents", "1", "--sessions", "2", "--turns", "2", "--seed", "5"]
