@@ -17,10 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.test_cli import assert_clean_error, tierkv
+from tierkv.admin import Answer, Target
 from tierkv.client import VaultClient
+from tierkv.client.types import HotChain
+from tierkv.errors import VaultError
 from tierkv.retention import BlockMeta, keyed
 from tierkv.vault.launcher import VaultProcess
 from tierkv.warm import SnapshotError, load_snapshot
+from tierkv.warm.snapshot import merge
 
 BS = 4
 
@@ -114,6 +118,39 @@ def test_snapshot_then_warm_replays_the_hottest_prefixes(
     assert "warmed 2 of 3 prefixes" in result.stdout and "HTTP 400" in result.stdout
     assert [b["prompt"] for b in engine.bodies] == [list(p.tokens) for p in snap.prefixes]
     assert all(b["max_tokens"] == 1 and b["model"] == "tiny" for b in engine.bodies)
+
+
+def test_merge_counts_a_chain_replicas_hold_once_with_its_highest_hits_and_keeps_limit_per_namespace() -> (
+    None
+):
+    def chain(name: bytes, hits: float, tokens: tuple[int, ...] = (1, 2)) -> HotChain:
+        return HotChain((name,), hits, "", tokens)
+
+    a, b, down = (Target("kv_cold", f"127.0.0.1:{p}") for p in (1, 2, 3))
+    answers = [
+        Answer(
+            a,
+            [("t", b"x", chain(b"k1", 1.0)), ("t", b"x", chain(b"k2", 2.0)), ("t", b"y", chain(b"k3", 0.5))],
+        ),
+        Answer(
+            b,
+            [
+                ("t", b"x", chain(b"k1", 5.0)),
+                ("t", b"x", chain(b"k4", 9.0, ())),
+                ("u", b"x", chain(b"k1", 1)),
+            ],
+        ),
+        Answer(down, error=VaultError("unavailable", address=down.address)),
+    ]
+    snap = merge(answers, limit=2)
+    assert [(p.tenant, p.namespace, p.hits) for p in snap.prefixes] == [
+        ("t", b"x", 5.0),  # k1: the replica that saw more hits
+        ("t", b"x", 2.0),
+        ("u", b"x", 1.0),  # another tenant's namespace of the same name is its own
+        ("t", b"y", 0.5),
+    ]
+    assert snap.skipped == 1 and len(snap.errors) == 1 and down.address in snap.errors[0]
+    assert [p.hits for p in merge(answers, limit=1).prefixes] == [5.0, 1.0, 0.5]
 
 
 @pytest.mark.parametrize(
