@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from tierkv.retention import GENERATION, Chunk, LayoutError, Retention, RetentionClass, block_meta
+from tierkv.retention import GENERATION, Chunk, LayoutError, Retention, RetentionClass, block_meta, chain_meta
 
 BS = 4
 
@@ -43,3 +43,21 @@ def test_a_bad_layout_is_a_layout_error_naming_the_entry() -> None:
         block_meta(chain(1), [{"tokens": [0, 1]}, {"tokens": [3, 1]}], BS)
     with pytest.raises(LayoutError, match="offsets"):
         block_meta(chain(1), [{"chars": [0, 1]}], BS)
+
+
+def test_chain_meta_sends_token_ids_only_where_warm_tokens_asks() -> None:
+    keys, ids = chain(2), list(range(100, 108))
+    assert chain_meta(keys, BS, Retention(), tokens=ids) is None  # off: the store stays untagged
+    bare = chain_meta(keys, BS, Retention(warm_tokens=True), tokens=ids, first_parent=b"p")
+    assert bare is not None
+    assert [(m.tokens, m.parent, m.source) for m in bare.values()] == [
+        ((100, 101, 102, 103), b"p", ""),
+        ((104, 105, 106, 107), keys[0], ""),
+    ]
+    tagged = chain_meta(keys, BS, Retention(warm_tokens=True), layout=[Chunk(0, 4, "rules")], tokens=ids)
+    assert tagged is not None and [(m.source, m.tokens[0]) for m in tagged.values()] == [
+        ("rules", 100),
+        ("", 104),
+    ]
+    no_ids = chain_meta(keys, BS, Retention(), layout=[Chunk(0, 4, "rules")], tokens=ids)
+    assert no_ids is not None and all(m.tokens == () for m in no_ids.values())
