@@ -145,9 +145,10 @@ def replay_prefetch(
     blocks = _Blocks(replay.blob_bytes, work.block_tokens)
     sides = {ON: Side(), OFF: Side()}
     t0 = time.perf_counter()
+    vault = (capacity, replay.sync, replay.protected_cap, replay.min_turnover)  # the same for both sides
     with (
-        policy_vault(base / ON, "context", capacity, replay.sync, replay.protected_cap) as c_on,
-        policy_vault(base / OFF, "context", capacity, replay.sync, replay.protected_cap) as c_off,
+        policy_vault(base / ON, "context", *vault) as c_on,
+        policy_vault(base / OFF, "context", *vault) as c_off,
     ):
         tiers = {
             ON: ColdTier(
