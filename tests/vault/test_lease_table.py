@@ -73,11 +73,22 @@ def test_a_lookup_stops_before_an_entry_evicted_while_it_read() -> None:
 
 def test_a_lookup_during_a_write_counts_that_writes_evictions_as_later() -> None:
     leases, _ = table()
+    leases.mark()  # an earlier lookup asked for a lease: evictions are remembered from here on
     with leases.writing():
         leases.claim("t", b"x")  # the write transaction evicts before the lookup starts...
         since = leases.mark()
         # ...but has not committed, so the lookup's snapshot may still show the entry
         assert leases.grant("t", [(b"x", 1)], 1000, since=since) == 0
+
+
+def test_the_first_lookup_during_a_write_that_already_evicted_grants_nothing() -> None:
+    leases, _ = table()
+    with leases.writing():
+        assert leases.claim("t", b"x")  # no lookup ever asked for a lease: not remembered
+        since = leases.mark()
+        assert leases.grant("t", [(b"x", 1)], 1000, since=since) == 1
+        assert not leases.leased("t", b"x")  # blind: the write's earlier evictions are unknown
+    assert leases.grant("t", [(b"x", 1)], 1000, since=leases.mark()) == 1 and leases.leased("t", b"x")
 
 
 def test_a_lookup_that_outlived_the_eviction_history_grants_nothing() -> None:

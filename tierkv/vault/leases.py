@@ -79,6 +79,9 @@ class LeaseTable:
         self._evicted: OrderedDict[_Key, int] = OrderedDict()
         self._forgotten = 0
         """The newest eviction number dropped from the history."""
+        self._armed = False
+        """Set by the first lookup that asks for a lease: until then no lease exists and no lookup needs
+        the history, so eviction skips it (a vault no client leases from pays nothing for leases)."""
 
     # -- writers -------------------------------------------------------------------------------------
 
@@ -100,12 +103,16 @@ class LeaseTable:
 
     def leased(self, tenant: str, fkey: bytes) -> bool:
         """A live lease holds the entry."""
+        if not self._leases:
+            return False
         with self._lock:
             return self._live((tenant, fkey), self._clock())
 
     def claim(self, tenant: str, fkey: bytes, *, force: bool = False) -> bool:
         """Eviction asks for the entry: False (counted as honoured) while a lease holds it, unless
         ``force`` (an expired entry reads as a miss anyway); a claimed entry is numbered for lookups."""
+        if not self._armed:  # evictions run inside writing(), which a lookup that arms sees (mark)
+            return True
         key = (tenant, fkey)
         with self._lock:
             if self._leases:
@@ -124,8 +131,14 @@ class LeaseTable:
     # -- lookups -------------------------------------------------------------------------------------
 
     def mark(self) -> int:
-        """Taken before a lookup opens its read transaction; passed to :meth:`grant`."""
+        """Taken before a lookup opens its read transaction; passed to :meth:`grant`. The first one arms
+        the history; one taken during the write that armed it is blind (that write's evictions so far
+        went unrecorded), so it leases nothing."""
         with self._lock:
+            if not self._armed:
+                self._armed = True
+                self._seq += 1
+                self._forgotten = self._seq
             return self._seq if self._writing_since is None else self._writing_since
 
     def grant(
