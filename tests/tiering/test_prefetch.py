@@ -116,6 +116,8 @@ def test_a_full_buffer_drops_the_oldest_unused_blocks_as_waste(vault: VaultProce
         assert (s.fetched, s.wasted, s.wasted_bytes) == (4, 2, 2 * one)  # b-0, b-1 made room, unused
         assert tier.prefetch.buffered_bytes == 2 * one
         assert tier.lookup(KV, [*x, key("c-0"), key("c-1")]) == 3
+        cluster.delete(NS, [key("c-0"), key("c-1")])
+        assert tier.lookup(KV, [key("c-0"), key("c-1")]) == 2  # the buffer counts, not only the vault
         tier.close()
         assert (s.wasted, s.hits) == (4, 0)
 
