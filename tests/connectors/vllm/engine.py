@@ -17,11 +17,15 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tierkv.connectors.vllm import CONNECTOR_NAME, MODULE_PATH
 from tierkv.connectors.vllm.stats import merge
+
+if TYPE_CHECKING:
+    from tierkv.vault.launcher import VaultProcess
 
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 1024
@@ -165,6 +169,15 @@ def make_llm(
         **engine,
     }
     return LLM(model=str(model), kv_transfer_config=transfer, **args)
+
+
+def module_vault(root: Path) -> Iterator[VaultProcess]:
+    """A test module's vault under ``root`` (256 MiB), for a module-scoped fixture to ``yield from``."""
+    from tierkv.vault.launcher import VaultProcess
+
+    proc = VaultProcess(root / "kv", max_bytes="256MiB").start()
+    yield proc
+    proc.stop(timeout=10)
 
 
 def write_tiny_qwen3_next(path: Path, seed: int = 0) -> Path:

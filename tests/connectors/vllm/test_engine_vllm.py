@@ -22,6 +22,7 @@ from tests.connectors.vllm.engine import (
     Output,
     generate_counted,
     make_llm,
+    module_vault,
     probe_request,
     prompt,
     scheduler_connector,
@@ -84,9 +85,7 @@ def load_mode(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def vault(tmp_path_factory: pytest.TempPathFactory, load_mode: str) -> Iterator[VaultProcess]:
-    proc = VaultProcess(tmp_path_factory.mktemp(f"vault-{load_mode}") / "kv", max_bytes="256MiB").start()
-    yield proc
-    proc.stop(timeout=10)
+    yield from module_vault(tmp_path_factory.mktemp(f"vault-{load_mode}"))
 
 
 @pytest.fixture(scope="module")

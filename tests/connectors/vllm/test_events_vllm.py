@@ -20,6 +20,7 @@ from tests.connectors.vllm.engine import (
     BLOCK_SIZE,
     generate_counted,
     make_llm,
+    module_vault,
     probe_request,
     prompt,
     scheduler_connector,
@@ -63,9 +64,7 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def vault(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VaultProcess]:
-    proc = VaultProcess(tmp_path_factory.mktemp("vault-events") / "kv", max_bytes="256MiB").start()
-    yield proc
-    proc.stop(timeout=10)
+    yield from module_vault(tmp_path_factory.mktemp("vault-events"))
 
 
 @pytest.fixture(scope="module")

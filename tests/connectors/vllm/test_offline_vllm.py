@@ -18,7 +18,14 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm builds .venv-vllm)")
 
-from tests.connectors.vllm.engine import BLOCK_SIZE, make_llm, prompt, shutdown, write_tiny_llama
+from tests.connectors.vllm.engine import (
+    BLOCK_SIZE,
+    make_llm,
+    module_vault,
+    prompt,
+    shutdown,
+    write_tiny_llama,
+)
 from tierkv.vault.launcher import VaultProcess
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -29,9 +36,7 @@ BLOCKS = 9
 
 @pytest.fixture(scope="module")
 def vault(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VaultProcess]:
-    proc = VaultProcess(tmp_path_factory.mktemp("vault-offline") / "kv", max_bytes="256MiB").start()
-    yield proc
-    proc.stop(timeout=10)
+    yield from module_vault(tmp_path_factory.mktemp("vault-offline"))
 
 
 @pytest.fixture(scope="module")
