@@ -26,13 +26,12 @@ from tierkv.vault.calls import Calls
 from tierkv.vault.hottest import hottest
 from tierkv.vault.reply import BatchGetReply
 from tierkv.vault.status import Abort, Status, invalid
-from tierkv.vault.store import Lookup, Store, StoreFullError
+from tierkv.vault.store import Lookup, Store, StoreFullError, split_full_key
 from tierkv.vault.successors import (
     DEFAULT_SUGGEST_BYTES,
     DEFAULT_SUGGEST_KEYS,
     MAX_SUGGEST_KEYS,
     SuccessorLearner,
-    split_full_key,
 )
 from tierkv.wire import FrameDecoder, FrameError, pb
 

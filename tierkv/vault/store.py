@@ -161,6 +161,12 @@ def full_key(namespace: bytes, key: bytes) -> bytes:
     return bytes((len(check_namespace(namespace)),)) + namespace + key
 
 
+def split_full_key(fkey: bytes) -> tuple[bytes, bytes]:
+    """(namespace, key) of a full key: the inverse of :func:`full_key`."""
+    n = fkey[0]
+    return fkey[1 : 1 + n], fkey[1 + n :]
+
+
 def checksum(fkey: bytes, data: bytes | bytearray | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(data, seed=xxhash.xxh3_64_intdigest(fkey))
 
@@ -331,14 +337,14 @@ class _NamespaceScan:
         return None
 
     def _count(self, txn: lmdb.Transaction, fkey: bytes, raw: bytes | memoryview) -> bool:
-        namespace = fkey[1 : 1 + fkey[0]]
+        namespace, key = split_full_key(fkey)
         last = self.found[-1] if self.found else None
         if last is None or last.tenant != self.tenant.name or last.namespace != namespace:
             if len(self.found) >= self.limit:
                 return False
             data = txn.get(fkey, db=self.tenant.data)
             head = b"" if data is None else bytes(data[:HEAD_BYTES])
-            last = NamespaceUsage(self.tenant.name, namespace, sample_key=fkey[1 + fkey[0] :], head=head)
+            last = NamespaceUsage(self.tenant.name, namespace, sample_key=key, head=head)
             self.found.append(last)
         entry = _unpack_lenient(raw)
         last.keys += 1

@@ -362,10 +362,4 @@ class SuccessorLearner:
             self.dropped_entries += 1
 
 
-def split_full_key(fkey: bytes) -> tuple[bytes, bytes]:
-    """(namespace, key) of a store's full key (``len(namespace) ‖ namespace ‖ key``)."""
-    n = fkey[0]
-    return fkey[1 : 1 + n], fkey[1 + n :]
-
-
-__all__ = ["DEFAULT_WINDOW_S", "SuccessorLearner", "Suggestion", "split_full_key"]
+__all__ = ["DEFAULT_WINDOW_S", "SuccessorLearner", "Suggestion"]
