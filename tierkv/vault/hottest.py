@@ -79,12 +79,13 @@ def hottest(
     by_key = {e.key: e for e in entries}
     out: list[HotChain] = []
     budget = MAX_REPLY_TOKEN_BYTES
+    read: dict[bytes, bytes] = {}
     for end in chain_ends(entries):
         if len(out) >= limit:
             break
         chain, rooted = walk(end, by_key)
         keys = [e.key for e in chain]
-        tokens = _tokens(store, namespace, keys, tenant) if rooted else b""
+        tokens = _tokens(store, namespace, keys, tenant, read) if rooted else b""
         if len(tokens) > budget:
             break
         budget -= len(tokens)
@@ -92,12 +93,18 @@ def hottest(
     return out
 
 
-def _tokens(store: Store, namespace: bytes, keys: Sequence[bytes], tenant: str) -> bytes:
-    """The chain's token ids, or nothing when a block lacks them."""
-    parts = store.tokens_of(namespace, keys, tenant=tenant)
-    if any(not p for p in parts):
-        return b""
-    return b"".join(p for p in parts if p)
+def _tokens(
+    store: Store, namespace: bytes, keys: Sequence[bytes], tenant: str, read: dict[bytes, bytes]
+) -> bytes:
+    """The chain's token ids, or nothing when a block lacks them. ``read`` keeps the ids already read
+    (empty: none stored), so a prefix many chains share is read once."""
+    missing = [k for k in keys if k not in read]
+    if missing:
+        read.update(
+            zip(missing, (p or b"" for p in store.tokens_of(namespace, missing, tenant=tenant)), strict=True)
+        )
+    parts = [read[k] for k in keys]
+    return b"".join(parts) if all(parts) else b""
 
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "MAX_SCAN", "HotChain", "chain_ends", "hottest", "walk"]
