@@ -283,6 +283,9 @@ def test_quantized_restore_is_bit_identical_to_a_full_quantized_prefill() -> Non
     writer.store(prepared, run(model, prepared.remaining.tolist(), prepared.cache).tokens)
     plain = MlxTier(model, storage, block_size=16)
     assert plain.namespace != writer.namespace and plain.prepare(ids).restored == 0
+    eight = MlxTier(model, storage, block_size=16, make_cache=lambda m: _quantized(m, 8))
+    other_bits = eight.restore(ids)  # same head geometry: only the bits in the namespace keep them apart
+    assert eight.namespace != writer.namespace and other_bits.restored == other_bits.rejected == 0
     follow_up = [*ids, *prompt(20, seed=4)]
     reader = MlxTier(model, storage, block_size=16, make_cache=_quantized)
     restored = reader.prepare(follow_up)
