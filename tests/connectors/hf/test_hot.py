@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tierkv.config import ContextWeights
 from tierkv.connectors.hf.hot import HotEntry, HotTier, common_prefix_len
 
 
@@ -113,3 +114,16 @@ def test_a_longer_entry_inherits_what_the_prefix_it_supersedes_knew() -> None:
     hot.longest_prefix([1, 2, 3])
     entry = hot.put([1, 2, 3, 4], "turn", 10)
     assert entry.protected and entry.importance == 1.0 and entry.hits > 0
+
+
+def test_the_weights_given_decide_the_order() -> None:
+    def first_evicted(weights: ContextWeights | None) -> str:
+        evicted: list[HotEntry[str]] = []
+        hot: HotTier[str] = HotTier(200, on_evict=evicted.append, weights=weights)
+        hot.put([1], "important", 100, importance=1.0)
+        hot.put([2], "plain", 100, importance=0.1)
+        hot.put([3], "new", 100, importance=0.5)
+        return evicted[0].payload
+
+    assert first_evicted(None) == "plain"
+    assert first_evicted(ContextWeights(importance=0.0)) == "important"  # importance ignored: the oldest
