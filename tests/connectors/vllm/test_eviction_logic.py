@@ -22,6 +22,7 @@ from vllm.v1.request import Request
 
 from tierkv.connectors.vllm.eviction import JOB_PREFIX, Bounded, EvictionStore
 from tierkv.connectors.vllm.plan import KV, GroupPlan, Topology
+from tierkv.connectors.vllm.pool import guard_reset
 from tierkv.connectors.vllm.settings import ConnectorSettings
 from tierkv.connectors.vllm.stats import Counters
 from tierkv.errors import ConfigError
@@ -58,6 +59,7 @@ class Fixture:
         self.counters = Counters()
         self.store = EvictionStore(TOPOLOGY, lookahead, remember, self.counters, workers=workers)
         self.store.bind(self.pool)
+        guard_reset(self.pool, self.store.before_reset)
 
     def run(self, r: Request, meta: dict[bytes, BlockMeta] | None = None) -> list[int]:
         """``r`` computes its blocks (cached in the pool), finishes and frees them, tail first."""

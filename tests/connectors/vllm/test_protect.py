@@ -225,6 +225,27 @@ def test_shared_held_blocks_balance_through_reuse_reset_and_shutdown(
     assert totals["gpu_protect_holds"] == totals["gpu_protect_releases"] == 2 * SYSTEM_BLOCKS
 
 
+def test_a_reset_refused_for_running_stores_keeps_the_protected_blocks(
+    model_dir: Path, kv_vault: VaultProcess
+) -> None:
+    """Both features hold references in the pool behind one guard on its reset: store jobs that refuse
+    it are asked before any protected block is let go."""
+    s = make_scheduler(
+        model_dir, kv_vault.address, gpu_protect_fraction=0.5, store="eviction", evict_lookahead=POOL
+    )
+    prot, eviction = protector(s), connector(s)._eviction
+    run(s, [agent_request(1, 0)])
+    assert eviction.pending, "the turn's unprotected cached blocks are being shipped"
+    held = prot.held_ids()
+    assert len(held) == SYSTEM_BLOCKS
+    assert not s.reset_prefix_cache()
+    assert prot.held_ids() == held, "a refused reset released protected blocks"
+    eviction.done(dict.fromkeys(list(eviction._jobs), 1))
+    assert s.reset_prefix_cache()
+    assert prot.held == 0
+    assert_balanced(s)
+
+
 # -- the protector's bookkeeping on a bare BlockPool ---------------------------------------------------
 
 

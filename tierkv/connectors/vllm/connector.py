@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -57,6 +57,7 @@ from tierkv.connectors.vllm.layout import (
 )
 from tierkv.connectors.vllm.metrics import TierKVPromMetrics, TierKVStats
 from tierkv.connectors.vllm.plan import KV, STATE, GroupPlan, StepJobs, Stream, Topology, make_topology
+from tierkv.connectors.vllm.pool import guard_reset
 from tierkv.connectors.vllm.protect import GpuProtector, request_candidates
 from tierkv.connectors.vllm.scheduler import SchedulerSide
 from tierkv.connectors.vllm.settings import ConnectorSettings, load_failure_policy
@@ -465,11 +466,17 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
         """Hot-tier protection (:mod:`.protect`) and store on eviction (:mod:`.eviction`) hold references
-        in this pool."""
-        if self._scheduler is not None and self.settings.gpu_protect_fraction > 0:
-            self._protect.bind(gpu_block_pool)
+        in this pool; one guard on its prefix-cache reset serves both, store jobs first (a reset they
+        refuse releases no protected block)."""
+        guards: list[Callable[[], bool]] = []
         if self._eviction is not None:
             self._eviction.bind(gpu_block_pool)
+            guards.append(self._eviction.before_reset)
+        if self._scheduler is not None and self.settings.gpu_protect_fraction > 0:
+            self._protect.bind(gpu_block_pool)
+            guards.append(self._protect.before_reset)
+        if guards:
+            guard_reset(gpu_block_pool, *guards)
 
     def has_pending_block_frees(self) -> bool:
         """Blocks held for stores come back soon, and vLLM asks this just before it preempts: held

@@ -120,18 +120,16 @@ class EvictionStore:
         return bool(self._jobs)
 
     def bind(self, pool: Pool) -> None:
-        """Attach to vLLM's GPU block pool; a prefix-cache reset waits for running jobs."""
+        """Attach to vLLM's GPU block pool (the connector guards its reset with :meth:`before_reset`)."""
         self._pool = pool
-        reset: Callable[[], bool] = pool.reset_prefix_cache
 
-        def reset_prefix_cache() -> bool:
-            if self._jobs:
-                logger.warning("prefix cache reset refused: %d block(s) are being stored", self.held)
-                return False
-            self._shipped.clear()
-            return reset()
-
-        pool.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]
+    def before_reset(self) -> bool:
+        """A prefix-cache reset waits for running jobs (False: refused); after it nothing is shipped."""
+        if self._jobs:
+            logger.warning("prefix cache reset refused: %d block(s) are being stored", self.held)
+            return False
+        self._shipped.clear()
+        return True
 
     # -- learning keys -----------------------------------------------------------------------------
 

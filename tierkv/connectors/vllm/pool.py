@@ -8,7 +8,7 @@ a vLLM change that breaks them breaks type checks in one place.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 
@@ -44,4 +44,16 @@ class Pool(Protocol):
     def reset_prefix_cache(self) -> bool: ...
 
 
-__all__ = ["Block", "FreeQueue", "Pool"]
+def guard_reset(pool: Pool, *guards: Callable[[], bool]) -> None:
+    """Wrap the pool's ``reset_prefix_cache`` once for everything holding references in it: the guards
+    run in order before the reset, and the first that answers False refuses it (later ones do not run,
+    so put a guard that may refuse before one that lets go of its references)."""
+    reset = pool.reset_prefix_cache
+
+    def reset_prefix_cache() -> bool:
+        return all(guard() for guard in guards) and reset()
+
+    pool.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]
+
+
+__all__ = ["Block", "FreeQueue", "Pool", "guard_reset"]

@@ -46,7 +46,7 @@ import heapq
 import itertools
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tierkv.connectors.vllm.pool import Pool
@@ -143,15 +143,13 @@ class GpuProtector:
         return set(self._held)
 
     def bind(self, pool: Pool) -> None:
-        """Attach to vLLM's GPU block pool; a prefix-cache reset on it releases every hold first."""
+        """Attach to vLLM's GPU block pool (the connector guards its reset with :meth:`before_reset`)."""
         self._pool = pool
-        reset: Callable[[], bool] = pool.reset_prefix_cache
 
-        def reset_prefix_cache() -> bool:
-            self.release_all()
-            return reset()
-
-        pool.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]
+    def before_reset(self) -> bool:
+        """A prefix-cache reset releases every hold first instead of failing on them."""
+        self.release_all()
+        return True
 
     def protect(self, offered: Iterable[Candidate]) -> int:
         """Hold (or refresh) the offered blocks, within the cap; returns the number newly held."""
