@@ -11,8 +11,9 @@ from tests.conftest import VaultFactory
 from tests.processes import stopped
 from tierkv import VaultClient
 from tierkv.client.breaker import BreakerState, CircuitBreaker
-from tierkv.client.cluster import Cluster
+from tierkv.client.cluster import Cluster, merge_successors
 from tierkv.client.sharding import Rendezvous
+from tierkv.client.types import Successor
 from tierkv.config import config_from_dict
 from tierkv.roles import Role
 
@@ -226,3 +227,11 @@ def test_roles_are_the_shared_role_type(vault_factory: VaultFactory) -> None:
     for bad in ("inference", "warm"):
         with pytest.raises(ValueError, match="unknown roles"):
             Cluster({"kv_cold": [v.address], bad: [v.address]})
+
+
+def test_merged_successors_are_best_first_each_key_once_within_the_bounds() -> None:
+    a = [Successor(b"k1", 10, 0.9), Successor(b"k2", 10, 0.5)]
+    b = [Successor(b"k3", 10, 0.7), Successor(b"k1", 10, 0.6), Successor(b"k4", 30, 0.4)]
+    assert [s.key for s in merge_successors([a, b], max_bytes=0, max_keys=0)] == [b"k1", b"k3", b"k2", b"k4"]
+    assert [s.key for s in merge_successors([a, b], max_bytes=0, max_keys=2)] == [b"k1", b"k3"]
+    assert [s.key for s in merge_successors([a, b], max_bytes=45, max_keys=0)] == [b"k1", b"k3", b"k2"]
