@@ -211,6 +211,7 @@ def kv_vault(vault_factory: VaultFactory) -> VaultProcess:
 
 def test_lookup_is_asynchronous_and_leaves_the_last_token(model_dir: Path, kv_vault: VaultProcess) -> None:
     s = make_scheduler(model_dir, kv_vault.address, [attention(["l0", "l1"])])
+    assert connector(s).scheduler.lookup_lease_ms == 2000, "lookups the engine loads from are leased"
     request = make_request(tokens(4 * BS, seed=1))
     stage(s, request, [0, 1, 2, 3])
     s.add_request(request)
