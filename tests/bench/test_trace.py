@@ -290,8 +290,10 @@ def test_command_generates_saves_replays_and_charts(tmp_path: Path) -> None:
     assert saved.read_text().splitlines()[0].startswith('{"format": "tierkv-trace"')
 
     again = tmp_path / "again.json"
-    replayed = bench("trace", "--trace", str(saved), *RUN_ARGS, "--json", str(again), cwd=tmp_path)
+    args = ["--trace", str(saved), *RUN_ARGS, "--min-turnover", "7", "--json", str(again)]
+    replayed = bench("trace", *args, cwd=tmp_path)
     assert replayed.returncode == 0, replayed.stderr + replayed.stdout
+    assert json.loads(again.read_text())["settings"]["replay"]["min_turnover"] == 7
     hits = [[r["groups"][ALL]["hits"] for r in json.loads(p.read_text())["runs"]] for p in (out, again)]
     assert hits[0] == hits[1]
 
