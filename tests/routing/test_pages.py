@@ -69,6 +69,21 @@ def test_parse_replica() -> None:
             parse_replica(bad)
 
 
+@given(
+    st.text(max_size=12),
+    st.sampled_from(["", "=", "=tcp://", "tcp://", "=ipc://", "=http://"]),
+    st.text(max_size=20),
+)
+def test_any_replica_argument_parses_or_is_a_clear_error(head: str, middle: str, tail: str) -> None:
+    value = head + middle + tail
+    try:
+        name, endpoint = parse_replica(value)
+    except ValueError as exc:
+        assert "--replica" in str(exc)
+    else:
+        assert name and endpoint.startswith(("tcp://", "ipc://")) and value.endswith(endpoint)
+
+
 events = st.dictionaries(
     st.sampled_from(["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "medium"]),
     st.one_of(
