@@ -9,6 +9,7 @@ import pytest
 
 zmq = pytest.importorskip("zmq", reason="pyzmq comes with vLLM (make test-vllm builds .venv-vllm)")
 
+from tierkv.routing import forward  # noqa: E402
 from tierkv.routing.forward import Forwarder  # noqa: E402
 
 pytestmark = [pytest.mark.vllm]
@@ -43,3 +44,9 @@ def test_frames_pass_unchanged_to_every_subscriber_and_stop_frees_the_ports() ->
 def test_a_bad_endpoint_is_an_error() -> None:
     with pytest.raises(zmq.ZMQError):
         Forwarder("tcp://127.0.0.1:0", "nonsense://x")
+
+
+def test_the_command_names_a_bad_endpoint_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        forward.main(["garbage", "tcp://127.0.0.1:0"])
+    assert exited.value.code == 2 and "cannot bind garbage" in capsys.readouterr().err

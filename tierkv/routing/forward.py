@@ -96,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("outbound", help="endpoint routers subscribe to, e.g. tcp://127.0.0.1:5558")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    forwarder = Forwarder(args.inbound, args.outbound).start()
+    try:
+        forwarder = Forwarder(args.inbound, args.outbound).start()
+    except zmq.ZMQError as exc:
+        parser.error(f"cannot bind {args.inbound} / {args.outbound}: {exc}")  # exits 2
     print(f"inbound {forwarder.inbound} outbound {forwarder.outbound}", flush=True)
     try:
         threading.Event().wait()
