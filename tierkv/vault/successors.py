@@ -288,9 +288,10 @@ class SuccessorLearner:
             if node is None or not node.children:
                 return out
             kids = [
-                (c, n) for c in node.children if (n := self._stored((tenant, namespace, c), wall)) is not None
+                (c, n)
+                for c in node.children
+                if c not in seen and (n := self._stored((tenant, namespace, c), wall)) is not None
             ]
-            kids = [(c, n) for c, n in kids if c not in seen]
             if not kids:
                 return out
             total = sum(n.hits + 1 for _, n in kids)
