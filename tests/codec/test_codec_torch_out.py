@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tierkv.codec.torch_codec import decode_tensor, encode_tensor  # noqa: E402
+from tierkv.codec.torch_codec import decode_tensor, encode_tensor, view_tensor  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -27,3 +27,26 @@ def test_decode_into_out_of_another_dtype_still_converts() -> None:
     out = torch.empty(2, 3, 4, dtype=torch.float16)
     decode_tensor(encode_tensor(block, codec="raw"), dtype=torch.float16, out=out)
     assert torch.equal(out, block.to(torch.float16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_view_tensor_is_the_blob_itself_verified(dtype: torch.dtype) -> None:
+    """A restore that places blocks copies each one once: the view shares the received bytes."""
+    import numpy as np
+
+    from tierkv.codec import LayerGroup
+    from tierkv.errors import CodecError, CorruptBlobError
+
+    block = torch.randn(2, 3, 4).to(dtype)
+    blob = bytearray(encode_tensor(block, codec="raw", tokens=4, layer_group=LayerGroup.ATTENTION))
+    values = view_tensor(blob, expect_shape=(2, 3, 4), expect_dtype=dtype, expect_tokens=4)
+    start = np.frombuffer(blob, np.uint8).ctypes.data
+    assert values.dtype == dtype and start < values.data_ptr() < start + len(blob), "no copy"
+    assert torch.equal(values, block)
+    with pytest.raises(CodecError, match="tokens"):
+        view_tensor(blob, expect_tokens=8)
+    with pytest.raises(CodecError, match="codec"):
+        view_tensor(encode_tensor(block.float(), codec="int8"))
+    blob[-1] ^= 1
+    with pytest.raises(CorruptBlobError):
+        view_tensor(blob)

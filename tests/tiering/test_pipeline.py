@@ -200,3 +200,84 @@ def test_torch_blocks_decode_into_strided_views() -> None:
     )
     assert got.leading == 2
     assert torch.equal(joined, torch.cat(data, dim=2))
+
+
+class Streaming(MemoryStorage):
+    """A storage that records, for each blob it hands to ``on_blob``, what the hook had placed by then:
+    proof that blobs are placed while the get is still running, not after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen_at_hand_over: list[int] = []
+        self.placed: list[int] = []
+
+    def get_buffers(self, namespace, keys, role=Role.KV_COLD, *, on_blob=None):  # type: ignore[no-untyped-def]
+        def sink(i: int, blob: bytes) -> None:
+            self.seen_at_hand_over.append(len(self.placed))
+            assert on_blob is not None
+            on_blob(i, blob)
+
+        return super().get_buffers(namespace, keys, role, on_blob=None if on_blob is None else sink)
+
+
+def test_place_takes_raw_blobs_as_views_while_they_arrive() -> None:
+    storage = Streaming()
+    tier = ColdTier(storage, TorchArrays())
+    spec = StreamSpec(NS, LayerGroup.ATTENTION)
+    data = [torch.randn(SHAPE) for _ in range(4)]
+    tier.store(spec, [(k, d, TOKENS) for k, d in zip(keys(4), data, strict=True)])
+    del storage.blobs[("kv_cold", NS)][keys(4)[2]]
+    cache = torch.zeros((9, *SHAPE))
+    slots = [7, 0, 4, 2]
+
+    space = storage.blobs[("kv_cold", NS)]
+
+    def place(i: int, values: torch.Tensor) -> None:
+        blob = space[keys(4)[i]]
+        start = np.frombuffer(blob, np.uint8).ctypes.data
+        assert start < values.data_ptr() < start + len(blob), "a view of the received bytes, not a copy"
+        cache[slots[i]].copy_(values)
+        storage.placed.append(i)
+
+    got = tier.restore(spec, keys(4), spec.expect(SHAPE, TOKENS, "float32"), place=place)
+    assert got.decoded == [0, 1, 3] and got.failed == [2] and got.gone == [keys(4)[2]]
+    assert storage.placed == [0, 1, 3] and storage.seen_at_hand_over == [0, 1, 2], "placed on arrival"
+    assert got.place_s > 0 and got.verify_s > 0
+    for i in (0, 1, 3):
+        assert torch.equal(cache[slots[i]], data[i])
+    assert torch.count_nonzero(cache[slots[2]]) == 0
+
+
+def test_a_corrupt_blob_met_on_arrival_is_rejected_and_deleted_too() -> None:
+    storage = Streaming()
+    tier = ColdTier(storage, TorchArrays())
+    spec = StreamSpec(NS, LayerGroup.ATTENTION)
+    data = [torch.randn(SHAPE) for _ in range(3)]
+    tier.store(spec, [(k, d, TOKENS) for k, d in zip(keys(3), data, strict=True)])
+    space = storage.blobs[("kv_cold", NS)]
+    space[keys(3)[1]] = space[keys(3)[1]][:-1] + bytes([space[keys(3)[1]][-1] ^ 1])
+    placed: dict[int, torch.Tensor] = {}
+    got = tier.restore(
+        spec, keys(3), spec.expect(SHAPE, TOKENS), place=lambda i, v: placed.__setitem__(i, v.clone())
+    )
+    assert got.decoded == [0, 2] and got.rejected == 1 and sorted(placed) == [0, 2]
+    assert keys(3)[1] not in space and storage.calls["delete"] == 1
+
+
+def test_place_is_for_raw_streams_only_and_a_failing_hook_fails_the_restore() -> None:
+    storage = MemoryStorage()
+    tier = ColdTier(storage, TorchArrays())
+    tier.store(KV, [(keys(1)[0], torch.randn(SHAPE), TOKENS)])
+    with pytest.raises(ValueError, match="raw"):
+        tier.restore(KV, keys(1), KV.expect(SHAPE, TOKENS), place=lambda i, v: None)
+    assert storage.calls["get"] == 0 and storage.calls["delete"] == 0, "nothing fetched, nothing deleted"
+
+    tier.store(RAW, [(keys(1)[0], torch.randn(SHAPE), TOKENS)])
+
+    def broken(i: int, values: torch.Tensor) -> None:
+        raise RuntimeError("the cache is gone")
+
+    with pytest.raises(RuntimeError, match="the cache is gone"):
+        tier.restore(RAW, keys(1), RAW.expect(SHAPE, TOKENS), place=broken)
+    with pytest.raises(ValueError, match="exactly one of out and place"):
+        tier.restore(RAW, keys(1), RAW.expect(SHAPE, TOKENS))

@@ -56,6 +56,7 @@ from tierkv.client.cluster import KV_COLD, Cluster
 from tierkv.codec import Buffer
 from tierkv.config import Config
 from tierkv.retention import BlockMeta
+from tierkv.tiering.storage import BlobSink
 
 if TYPE_CHECKING:
     from tierkv.connectors.hf import GenerationStats, TieredSession
@@ -253,11 +254,11 @@ class RecordingCluster:
         return self.cluster.get(namespace, keys, role=role)
 
     def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD
+        self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD, *, on_blob: BlobSink | None = None
     ) -> list[Buffer | None]:
         if role == KV_COLD:
             self.last_get = (namespace, list(keys))
-        return self.cluster.get_buffers(namespace, keys, role=role)
+        return self.cluster.get_buffers(namespace, keys, role=role, on_blob=on_blob)
 
     def prefix_lookup(
         self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD, *, lease_ms: int = 0

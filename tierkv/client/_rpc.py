@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -176,14 +176,20 @@ def parse_reply(message: type[M], raw: Buffer, address: str) -> M:
         raise VaultError(f"malformed {message.DESCRIPTOR.name}: {exc}", address=address) from None
 
 
-class GetAssembler:
-    """Collects BatchGet frames into one result per requested key, in request order. Whatever a peer
-    sends, it raises nothing but :class:`VaultError`."""
+BlobSink = Callable[[int, Buffer], None]
+"""Called with ``(index of the key, blob)`` as each found blob of a BatchGet arrives; must not raise."""
 
-    def __init__(self, n_keys: int, address: str) -> None:
+
+class GetAssembler:
+    """Collects BatchGet frames into one result per requested key, in request order, handing each blob
+    to ``on_blob`` as soon as it is complete. Whatever a peer sends, it raises nothing but
+    :class:`VaultError`."""
+
+    def __init__(self, n_keys: int, address: str, on_blob: BlobSink | None = None) -> None:
         self.address = address
         self.results: list[Buffer | None] = [None] * n_keys
         self._decoder = FrameDecoder(max_item_bytes=1 << 40)
+        self._on_blob = on_blob
 
     def feed(self, frame: Buffer) -> None:
         try:
@@ -193,8 +199,10 @@ class GetAssembler:
         for blob in blobs:
             if not 0 <= blob.index < len(self.results):
                 raise VaultError("BatchGet reply names a key that was not asked for", address=self.address)
-            if blob.status == FOUND:
+            if blob.status == FOUND and blob.data is not None:
                 self.results[blob.index] = blob.data
+                if self._on_blob is not None:
+                    self._on_blob(blob.index, blob.data)
 
     def finish(self) -> list[Buffer | None]:
         try:

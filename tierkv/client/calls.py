@@ -20,6 +20,7 @@ from typing import Generic, TypeVar
 from grpc_health.v1 import health_pb2
 
 from tierkv.client._rpc import (
+    BlobSink,
     ClientOptions,
     GetAssembler,
     Items,
@@ -81,12 +82,13 @@ class Calls:
         return stored
 
     def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], timeout: float | None
+        self, namespace: bytes, keys: Sequence[bytes], timeout: float | None, on_blob: BlobSink | None = None
     ) -> Op[list[Buffer | None]]:
-        """One BatchGet; the reply's frames are assembled as they arrive."""
+        """One BatchGet; the reply's frames are assembled as they arrive, and each found blob is handed
+        to ``on_blob`` as soon as it is complete."""
         if not keys:
             return []
-        assembler = GetAssembler(len(keys), self.address)
+        assembler = GetAssembler(len(keys), self.address, on_blob)
         request = keys_request(pb.BatchGetRequest, namespace, keys)
         yield Request(BATCH_GET, request, self.options.deadline(timeout), sink=assembler.feed)
         return assembler.finish()

@@ -28,7 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import partial
 from typing import Any, TypeVar
 
-from tierkv.client._rpc import Items, Metas, as_bytes
+from tierkv.client._rpc import BlobSink, Items, Metas, as_bytes
 from tierkv.client.breaker import CircuitBreaker
 from tierkv.client.metrics import ClusterMetrics
 from tierkv.client.sharding import Rendezvous
@@ -235,20 +235,34 @@ class Cluster:
         return len(acked)
 
     def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD, *, timeout: float | None = None
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        role: str = KV_COLD,
+        *,
+        timeout: float | None = None,
+        on_blob: BlobSink | None = None,
     ) -> list[Buffer | None]:
         """A blob or None per key, within one timeout (the cluster's, or ``timeout`` seconds): one BatchGet
         per vault asked; with replication, the next owner of a key is asked when the previous one failed,
-        missed or is slow (see the module)."""
+        missed or is slow (see the module).
+
+        ``on_blob(i, blob)`` sees each key's blob once, as soon as it arrives from whichever vault (on
+        that vault's thread), and never after this call returned: a caller may write it straight into
+        memory it owns only until then."""
         resolved = self._resolve(role)
-        read = _Read(namespace, keys, [self._owners(resolved, k) for k in keys])
+        read = _Read(namespace, keys, [self._owners(resolved, k) for k in keys], on_blob)
         deadline = self._deadline() if timeout is None else time.monotonic() + timeout
-        if self.replication == 1 or len(self._members[resolved]) == 1:
-            wave = read.wave(range(len(keys)))
-            got = self._fan_out(resolved, "get", {v: read.work(idx) for v, idx in wave.items()}, deadline)
-            read.take([(v, wave[v], answer) for v, answer in got.items()])
-        else:
-            self._hedged(resolved, read, deadline)
+        try:
+            if self.replication == 1 or len(self._members[resolved]) == 1:
+                wave = read.wave(range(len(keys)))
+                work = {v: read.work(v, idx) for v, idx in wave.items()}
+                got = self._fan_out(resolved, "get", work, deadline)
+                read.take([(v, wave[v], answer) for v, answer in got.items()])
+            else:
+                self._hedged(resolved, read, deadline)
+        finally:
+            read.close()
         found = sum(r is not None for r in read.results)
         for v, n in read.bytes_in.items():
             self.metrics.bytes.labels(self._members[resolved][v].address, "in").inc(n)
@@ -265,7 +279,7 @@ class Cluster:
         tick = time.monotonic() + self.hedge_after_s
         while True:
             for v, idx in wave.items():
-                out[self._submit(role, "get", v, read.work(idx), deadline)] = (v, idx)
+                out[self._submit(role, "get", v, read.work(v, idx), deadline)] = (v, idx)
             now = time.monotonic()
             if not out or not read.open() or now >= deadline:
                 return
@@ -395,15 +409,30 @@ class Cluster:
 
 
 class _Read:
-    """One replicated read in progress: the results so far and how many owners of each key were asked."""
+    """One replicated read in progress: the results so far and how many owners of each key were asked.
 
-    def __init__(self, namespace: bytes, keys: Sequence[bytes], owners: list[list[int]]) -> None:
+    Vault threads record blobs as they arrive (the first copy of a key wins) and hand them to
+    ``on_blob``; :meth:`close` waits for hand-overs in progress and turns away later arrivals (a share
+    still running past the deadline), so ``on_blob`` never runs after the read returned.
+    """
+
+    def __init__(
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        owners: list[list[int]],
+        on_blob: BlobSink | None = None,
+    ) -> None:
         self.namespace = namespace
         self.keys = keys
         self.owners = owners
         self.results: list[Buffer | None] = [None] * len(keys)
         self.asked = [0] * len(keys)
         self.bytes_in: dict[int, int] = defaultdict(int)
+        self._on_blob = on_blob
+        self._cond = threading.Condition()
+        self._handing = 0
+        self._closed = False
 
     def wave(self, indices: Iterable[int]) -> dict[int, list[int]]:
         """The next owner of each open key in ``indices`` that has one left, as vault → key indices."""
@@ -414,23 +443,53 @@ class _Read:
                 self.asked[i] += 1
         return per_vault
 
-    def work(self, indices: Sequence[int]) -> Work[list[Buffer | None]]:
-        return partial(_get_buffers, namespace=self.namespace, keys=[self.keys[i] for i in indices])
+    def work(self, vault: int, indices: Sequence[int]) -> Work[list[Buffer | None]]:
+        sink = None if self._on_blob is None else partial(self._arrived, vault, indices)
+        return partial(
+            _get_buffers, namespace=self.namespace, keys=[self.keys[i] for i in indices], on_blob=sink
+        )
+
+    def _arrived(self, vault: int, indices: Sequence[int], j: int, blob: Buffer) -> None:
+        """A vault thread's blob for its ``j``-th key: recorded and handed over, unless it came second."""
+        i = indices[j]
+        if not self._record(vault, i, blob):
+            return
+        assert self._on_blob is not None
+        try:
+            self._on_blob(i, blob)
+        finally:
+            with self._cond:
+                self._handing -= 1
+                self._cond.notify_all()
+
+    def _record(self, vault: int, i: int, blob: Buffer, handing: bool = True) -> bool:
+        with self._cond:
+            if self._closed or self.results[i] is not None:
+                return False
+            self.results[i] = blob
+            self.bytes_in[vault] += len(blob)
+            self._handing += int(handing)
+            return True
 
     def take(self, answers: Iterable[tuple[int, list[int], list[Buffer | None] | _Failed]]) -> list[int]:
         """Record (vault, key indices, its answer) triples; returns the keys they did not deliver."""
         missed: list[int] = []
         for v, indices, blobs in answers:
             if blobs is FAILED:
-                missed.extend(indices)
+                missed.extend(i for i in indices if self.results[i] is None)
                 continue
             for i, blob in zip(indices, blobs, strict=True):
                 if blob is None:
                     missed.append(i)
-                elif self.results[i] is None:
-                    self.results[i] = blob
-                    self.bytes_in[v] += len(blob)
+                else:
+                    self._record(v, i, blob, handing=False)
         return missed
+
+    def close(self) -> None:
+        """No more hand-overs: wait for those in progress, refuse the rest."""
+        with self._cond:
+            self._closed = True
+            self._cond.wait_for(lambda: self._handing == 0)
 
     def open(self) -> list[int]:
         return [i for i, r in enumerate(self.results) if r is None]
@@ -472,9 +531,14 @@ def _put(
 
 
 def _get_buffers(
-    client: VaultClient, timeout: float | None, *, namespace: bytes, keys: Sequence[bytes]
+    client: VaultClient,
+    timeout: float | None,
+    *,
+    namespace: bytes,
+    keys: Sequence[bytes],
+    on_blob: BlobSink | None = None,
 ) -> list[Buffer | None]:
-    return client.get_buffers(namespace, keys, timeout=timeout)
+    return client.get_buffers(namespace, keys, timeout=timeout, on_blob=on_blob)
 
 
 def _successors(

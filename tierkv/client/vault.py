@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from tierkv.client._rpc import Items, Metas, as_bytes
+from tierkv.client._rpc import BlobSink, Items, Metas, as_bytes
 from tierkv.client.base import ClientBase, open_transport
 from tierkv.client.bulk import BulkFirst
 from tierkv.client.calls import Exchange, Op
@@ -43,10 +43,17 @@ class VaultClient(ClientBase):
         return self._run(self.calls.put(namespace, items, priority, meta))
 
     def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        *,
+        timeout: float | None = None,
+        on_blob: BlobSink | None = None,
     ) -> list[Buffer | None]:
-        """Like :meth:`get` without the final copy: memoryviews into the received frames."""
-        return self._run(self.calls.get_buffers(namespace, keys, timeout))
+        """Like :meth:`get` without the final copy: memoryviews into the received frames. ``on_blob(i,
+        blob)`` sees each found blob as it arrives (on this thread), so a caller can use it while the
+        rest of the reply is still on the wire."""
+        return self._run(self.calls.get_buffers(namespace, keys, timeout, on_blob))
 
     def get(
         self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None

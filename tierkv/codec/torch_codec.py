@@ -300,6 +300,34 @@ def _payload_view(payload: npt.NDArray[np.uint8], header: BlobHeader) -> torch.T
     return tensor.view(header.shape)
 
 
+def view_tensor(
+    blob: Buffer,
+    *,
+    expect_shape: Sequence[int] | None = None,
+    expect_dtype: TorchDTypeArg = None,
+    expect_tokens: int | None = None,
+    expect_layer_group: LayerGroup | None = None,
+) -> torch.Tensor:
+    """Verify a ``raw`` blob and return its values as a CPU tensor over the blob's own memory.
+
+    No copy is made: a hook writes the tensor straight into its cache, so a restored block is copied
+    once after it was received, not decoded into a buffer first. The tensor is valid only as long as
+    ``blob`` is and must never be written to. Any other codec is a :class:`CodecError`.
+    """
+    header, payload = np_blob.open_blob(blob)
+    np_blob.check_expectations(
+        header,
+        expect_shape=expect_shape,
+        expect_dtype=None if expect_dtype is None else dtype_name(expect_dtype),
+        expect_codec="raw",
+        expect_tokens=expect_tokens,
+        expect_layer_group=expect_layer_group,
+    )
+    if header.dtype not in TORCH_DTYPES:
+        raise CodecError(f"{header.dtype} blobs do not decode to torch tensors (float dtypes only)")
+    return _payload_view(payload, header)
+
+
 def decode_tensor(
     blob: Buffer,
     device: torch.device | str = "cpu",

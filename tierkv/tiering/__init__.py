@@ -22,9 +22,11 @@ What the pipeline does, in this order
        (``restore_limit``, ``full_blocks``, ``snapshot_candidates``); ``tier.lookup(spec, keys)`` gives
        the leading run the vaults hold;
     3. restore (the same thread, or the hook's load thread): ``tier.restore(spec, keys, expect, out)``
-       — one get, every blob verified against ``expect`` and decoded into ``out(n)``, rejects counted
-       and deleted from the vaults; the :class:`Restored` result says which blocks arrived (``decoded``,
-       ``leading``, ``failed``) and the hook writes them into its cache or reports the failed ones;
+       — one get, every blob verified against ``expect`` and decoded into ``out(n)`` (or, for ``raw``
+       blobs, handed to ``place(i, values)`` as a view of the received bytes, which the hook copies
+       straight into its cache), rejects counted and deleted from the vaults; the :class:`Restored`
+       result says which blocks arrived (``decoded``, ``leading``, ``failed``) and the hook writes them
+       into its cache or reports the failed ones;
     4. store (never on the serving path: a :class:`BoundedWorker` or the hook's own bounded pool):
        blocks the engine may reuse are copied out on the engine's thread first, then
        ``tier.store(spec, blocks)`` encodes them lazily, puts byte-bounded batches
@@ -47,7 +49,7 @@ from tierkv.tiering.arrays import Arrays, NumpyArrays
 from tierkv.tiering.background import BoundedWorker
 from tierkv.tiering.batches import byte_batches
 from tierkv.tiering.checks import at_least, one_of
-from tierkv.tiering.pipeline import MAX_PUT_BYTES, Block, ColdTier, Restored, StoreTally
+from tierkv.tiering.pipeline import MAX_PUT_BYTES, Block, ColdTier, Place, Restored, StoreTally
 from tierkv.tiering.positions import full_blocks, restore_limit, snapshot_boundaries, snapshot_candidates
 from tierkv.tiering.spec import STATE_CODEC, Expect, StreamSpec, codec_for
 from tierkv.tiering.storage import LazyStorage, MemoryStorage, Storage, open_cluster
@@ -63,6 +65,7 @@ __all__ = [
     "LazyStorage",
     "MemoryStorage",
     "NumpyArrays",
+    "Place",
     "Restored",
     "Storage",
     "StoreTally",

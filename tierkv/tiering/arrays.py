@@ -3,8 +3,9 @@
 A hook picks an :class:`Arrays` implementation for its tensor type: :class:`NumpyArrays` here (also the
 route for MLX arrays, through numpy), :class:`tierkv.tiering.tensors.TorchArrays` for torch (kept in its
 own module so this package never imports torch). ``decode_into`` verifies the blob against an
-:class:`~tierkv.tiering.spec.Expect` and writes the values into caller-provided memory; it raises
-:class:`~tierkv.errors.TierKVError` for anything that does not verify.
+:class:`~tierkv.tiering.spec.Expect` and writes the values into caller-provided memory; ``view`` verifies
+a ``raw`` blob the same way and returns its values without copying them, for a hook that writes them
+straight into its cache. Both raise :class:`~tierkv.errors.TierKVError` for anything that does not verify.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ from tierkv.codec import Buffer, LayerGroup, decode, encode
 from tierkv.tiering.spec import Expect
 
 A = TypeVar("A")
-A_contra = TypeVar("A_contra", contravariant=True)
 
 
-class Arrays(Protocol[A_contra]):
-    """Encode one block array into a blob; verify and decode one blob into an array slot."""
+class Arrays(Protocol[A]):
+    """Encode one block array into a blob; verify and decode one blob into an array slot, or view it."""
 
-    def encode(self, block: A_contra, codec: str, tokens: int, layer_group: LayerGroup) -> bytes: ...
+    def encode(self, block: A, codec: str, tokens: int, layer_group: LayerGroup) -> bytes: ...
 
-    def decode_into(self, blob: Buffer, out: A_contra, expect: Expect) -> None: ...
+    def decode_into(self, blob: Buffer, out: A, expect: Expect) -> None: ...
+
+    def view(self, blob: Buffer, expect: Expect) -> A: ...
 
 
 class NumpyArrays:
@@ -53,6 +55,20 @@ class NumpyArrays:
             expect_tokens=expect.tokens,
             expect_layer_group=expect.layer_group,
         )
+
+    def view(self, blob: Buffer, expect: Expect) -> npt.NDArray[Any]:
+        """The values of a verified ``raw`` blob, over the blob's memory (read only, no copy)."""
+        _, values = decode(
+            blob,
+            copy=False,
+            out_dtype=self.dtype,
+            expect_shape=expect.shape,
+            expect_dtype=expect.dtype,
+            expect_codec="raw",
+            expect_tokens=expect.tokens,
+            expect_layer_group=expect.layer_group,
+        )
+        return values
 
 
 __all__ = ["A", "Arrays", "NumpyArrays"]

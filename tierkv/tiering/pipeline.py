@@ -24,7 +24,8 @@ from tierkv.tiering.arrays import A, Arrays
 from tierkv.tiering.batches import byte_batches
 from tierkv.tiering.prefetch import DEFAULT_TIMEOUT_S, Prefetcher
 from tierkv.tiering.spec import Expect, StreamSpec
-from tierkv.tiering.storage import Storage, put_tagged
+from tierkv.tiering.storage import BlobSink, Storage, put_tagged
+from tierkv.tiering.target import Place, Target
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,10 @@ class Restored:
     ``decoded`` lists the indices (into the keys asked for) of the blocks that verified, in order; the
     n-th of them was written into ``out(n)``. ``rejected`` blobs failed verification (and were deleted
     from the vaults); ``decoded_bytes`` is the size of the decoded blobs, ``fetched_bytes`` of every blob
-    received. ``get_s`` / ``decode_s`` split the time between the vaults and the codec. ``gone`` lists
+    received. ``get_s`` / ``decode_s`` split the wall time between the get and the work after it; blobs
+    placed while they arrived (``place``) are verified and copied within ``get_s``. ``verify_s`` /
+    ``place_s`` are the time spent verifying and decoding blobs and in the hook's ``place``, wherever
+    it happened. ``gone`` lists
     the keys the vaults no longer hold: missing from the answer, or corrupt and deleted. ``prefetched``
     counts the blobs taken from the prefetch buffer instead of the vaults (verified all the same).
     """
@@ -81,6 +85,8 @@ class Restored:
     fetched_bytes: int = 0
     get_s: float = 0.0
     decode_s: float = 0.0
+    verify_s: float = 0.0
+    place_s: float = 0.0
 
     @property
     def leading(self) -> int:
@@ -168,29 +174,38 @@ class ColdTier(Generic[A]):
         spec: StreamSpec,
         keys: Sequence[bytes],
         expect: Expect | Sequence[Expect],
-        out: Callable[[int], A],
+        out: Callable[[int], A] | None = None,
         *,
+        place: Place[A] | None = None,
         leading_only: bool = False,
     ) -> Restored:
         """One get for ``keys``; every blob verified against ``expect`` and decoded into ``out(n)``.
 
         ``expect`` is one header for every key or one per key (e.g. a state's SSM and CONV blobs, which
-        share a role). With ``leading_only`` decoding stops at the first block that is missing or
+        share a role). A hook that stores ``raw`` blobs in its cache's own dtype passes ``place`` instead
+        of ``out``: each verified blob is then handed over as a view of the received bytes, and the
+        hook's own copy into its cache is the only one (no decode buffer). With ``leading_only`` decoding
+        stops at the first block that is missing or
         corrupt (a hook that can only use a leading run); otherwise every block is tried and the hook
         learns which failed. Corrupt blobs are deleted from the vaults, so the next store of that
         prefix replaces them instead of every later restore failing on them again. With prefetch on,
         blobs come from the prefetch buffer first, and the chain's likely successors are prefetched after.
         """
+        if place is not None and spec.codec != "raw":
+            raise ValueError(f"place takes the values of raw blobs; {spec.codec} blobs are decoded into out")
+        target = Target(self.arrays, expect, out, place)
         result = Restored(len(keys))
         if not keys:
             return result
         t = time.perf_counter()
-        blobs = self._get(spec, keys, result)
+        blobs = self._get(spec, keys, result, target.arrived if target.streams else None)
         result.get_s = time.perf_counter() - t
+        target.raise_error()
         result.fetched_bytes = sum(len(b) for b in blobs if b is not None)
         t = time.perf_counter()
-        corrupt, why = self._decode(blobs, keys, expect, out, result, leading_only)
+        corrupt, why = self._decode(blobs, keys, target, result, leading_only)
         result.decode_s = time.perf_counter() - t
+        result.verify_s, result.place_s = target.verify_s, target.place_s
         if corrupt:
             logger.warning(
                 "%s: %d of %d blobs rejected and deleted (first: %s)", spec.role, len(corrupt), len(keys), why
@@ -200,23 +215,30 @@ class ColdTier(Generic[A]):
             self.prefetch.request(spec.namespace, spec.role, keys)
         return result
 
-    def _get(self, spec: StreamSpec, keys: Sequence[bytes], result: Restored) -> Sequence[Buffer | None]:
-        """The blobs of ``keys``: from the prefetch buffer where it has them, the rest in one get."""
+    def _get(
+        self, spec: StreamSpec, keys: Sequence[bytes], result: Restored, on_blob: BlobSink | None
+    ) -> Sequence[Buffer | None]:
+        """The blobs of ``keys``: from the prefetch buffer where it has them, the rest in one get whose
+        blobs go to ``on_blob`` as they arrive."""
         if self.prefetch is None:
-            return self.storage.get_buffers(spec.namespace, keys, role=spec.role)
+            return self._fetch(spec, keys, on_blob)
         with self.prefetch.foreground():
             taken = self.prefetch.take(spec.namespace, spec.role, keys)
             rest = [i for i in range(len(keys)) if i not in taken]
-            fetched = (
-                self.storage.get_buffers(spec.namespace, [keys[i] for i in rest], role=spec.role)
-                if rest
-                else []
-            )
+            sink = None if on_blob is None else (lambda j, blob: on_blob(rest[j], blob))
+            fetched = self._fetch(spec, [keys[i] for i in rest], sink) if rest else []
         blobs: list[Buffer | None] = [None] * len(keys)
         for i, blob in [*taken.items(), *zip(rest, fetched, strict=True)]:
             blobs[i] = blob
         result.prefetched = len(taken)
         return blobs
+
+    def _fetch(
+        self, spec: StreamSpec, keys: Sequence[bytes], on_blob: BlobSink | None
+    ) -> Sequence[Buffer | None]:
+        if on_blob is None:
+            return self.storage.get_buffers(spec.namespace, keys, role=spec.role)
+        return self.storage.get_buffers(spec.namespace, keys, role=spec.role, on_blob=on_blob)
 
     def close(self) -> None:
         """Stop prefetching (the storage is the hook's to close)."""
@@ -227,19 +249,23 @@ class ColdTier(Generic[A]):
         self,
         blobs: Sequence[Buffer | None],
         keys: Sequence[bytes],
-        expect: Expect | Sequence[Expect],
-        out: Callable[[int], A],
+        target: Target[A],
         result: Restored,
         leading_only: bool,
     ) -> tuple[list[bytes], str]:
-        """Decode into ``out`` and fill ``result``; returns the keys of the blobs that failed verification
-        and why the first of them failed (logged once per restore, not once per blob)."""
+        """Decode (or place) every blob not yet taken on arrival and fill ``result``; returns the keys of
+        the blobs that failed verification and why the first of them failed (logged once per restore,
+        not once per blob)."""
         corrupt: list[bytes] = []
         why = ""
         for i, blob in enumerate(blobs):
             if blob is not None:
+                taken, rejected = target.taken(i)
                 try:
-                    self.arrays.decode_into(blob, out(len(result.decoded)), _nth(expect, i))
+                    if not taken:
+                        target.take(i, len(result.decoded), blob)
+                    elif rejected is not None:
+                        raise rejected
                 except TierKVError as exc:
                     why = why or f"block {i}: {exc}"
                     corrupt.append(keys[i])
@@ -254,8 +280,4 @@ class ColdTier(Generic[A]):
         return corrupt, why
 
 
-def _nth(expect: Expect | Sequence[Expect], i: int) -> Expect:
-    return expect if isinstance(expect, Expect) else expect[i]
-
-
-__all__ = ["MAX_PUT_BYTES", "Block", "ColdTier", "Restored", "StoreTally"]
+__all__ = ["MAX_PUT_BYTES", "Block", "ColdTier", "Place", "Restored", "StoreTally"]

@@ -28,6 +28,10 @@ from tierkv.config import Config
 from tierkv.retention import BlockMeta
 from tierkv.roles import Role
 
+BlobSink = Callable[[int, Buffer], None]
+"""``(index of the key, blob)`` for each blob a get finds, possibly on another thread while the rest of the
+reply is still arriving; it must not raise, and the blob is valid only during the call."""
+
 
 class Storage(Protocol):
     """What the pipeline needs from the vaults. Failures are misses (``None``, 0), never exceptions."""
@@ -44,9 +48,11 @@ class Storage(Protocol):
         ...
 
     def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], role: str = ...
+        self, namespace: bytes, keys: Sequence[bytes], role: str = ..., *, on_blob: BlobSink | None = ...
     ) -> Sequence[Buffer | None]:
-        """One blob (or ``None``) per key, in order."""
+        """One blob (or ``None``) per key, in order. ``on_blob(i, blob)``, when given, sees each key's
+        blob at most once, as soon as it arrives and never after the call returned (see
+        :data:`BlobSink`); a storage may also hand over nothing and only return the blobs."""
         ...
 
     def prefix_lookup(
@@ -136,12 +142,22 @@ class MemoryStorage:
             return len(items)
 
     def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        role: str = Role.KV_COLD,
+        *,
+        on_blob: BlobSink | None = None,
     ) -> list[Buffer | None]:
         with self._lock:
             self.calls["get"] += 1
             space = self._space(namespace, role)
-            return [space.get(k) for k in keys]
+            found: list[Buffer | None] = [space.get(k) for k in keys]
+        if on_blob is not None:
+            for i, blob in enumerate(found):
+                if blob is not None:
+                    on_blob(i, blob)
+        return found
 
     def prefix_lookup(
         self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD, *, lease_ms: int = 0
@@ -195,9 +211,16 @@ class LazyStorage:
         return put_tagged(self.get(), namespace, items, role, meta)
 
     def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        role: str = Role.KV_COLD,
+        *,
+        on_blob: BlobSink | None = None,
     ) -> Sequence[Buffer | None]:
-        return self.get().get_buffers(namespace, keys, role=role)
+        if on_blob is None:
+            return self.get().get_buffers(namespace, keys, role=role)
+        return self.get().get_buffers(namespace, keys, role=role, on_blob=on_blob)
 
     def prefix_lookup(
         self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD, *, lease_ms: int = 0
@@ -214,4 +237,4 @@ class LazyStorage:
                 self._storage = None
 
 
-__all__ = ["LazyStorage", "MemoryStorage", "Storage", "open_cluster", "put_tagged"]
+__all__ = ["BlobSink", "LazyStorage", "MemoryStorage", "Storage", "open_cluster", "put_tagged"]

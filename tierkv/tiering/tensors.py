@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 
 from tierkv.codec import Buffer, LayerGroup
-from tierkv.codec.torch_codec import decode_tensor, encode_tensor
+from tierkv.codec.torch_codec import decode_tensor, encode_tensor, view_tensor
 from tierkv.tiering.spec import Expect
 
 
 class TorchArrays:
-    """Encode blocks with :func:`encode_tensor`; decode into ``out`` (any device, strided) with one copy."""
+    """Encode blocks with :func:`encode_tensor`; decode into ``out`` (any device, strided) with one copy, or
+    view a raw blob without any."""
 
     def encode(self, block: torch.Tensor, codec: str, tokens: int, layer_group: LayerGroup) -> bytes:
         return encode_tensor(block, codec=codec, tokens=tokens, layer_group=layer_group)
@@ -23,6 +24,16 @@ class TorchArrays:
             expect_shape=expect.shape,
             expect_dtype=expect.dtype,
             expect_codec=expect.codec,
+            expect_tokens=expect.tokens,
+            expect_layer_group=expect.layer_group,
+        )
+
+    def view(self, blob: Buffer, expect: Expect) -> torch.Tensor:
+        """The values of a verified ``raw`` blob as a CPU tensor over the blob's memory (read only)."""
+        return view_tensor(
+            blob,
+            expect_shape=expect.shape,
+            expect_dtype=expect.dtype,
             expect_tokens=expect.tokens,
             expect_layer_group=expect.layer_group,
         )

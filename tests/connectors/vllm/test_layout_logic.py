@@ -65,6 +65,53 @@ def test_scatter_writes_only_the_target_blocks(kv: tuple[torch.Tensor, torch.Ten
     assert torch.equal(view.gather(untouched), attention_view("x", original, GEOM, "LBHNC").gather(untouched))
 
 
+@pytest.mark.parametrize("layout", ["logical", "logical-strided", "2BNHD", "2BHND", "B2NHD", "B2HND"])
+def test_write_of_one_block_is_scatter_of_one(kv: tuple[torch.Tensor, torch.Tensor], layout: str) -> None:
+    """The restore path writes blocks one at a time as they arrive; the result must be the scatter's."""
+    k, v = kv
+    hint = "LBHNC" if "HN" in layout else "LBNHC"
+    by_write, by_scatter = registrations(k, v)[layout], registrations(k, v)[layout].clone()
+    written, scattered = (
+        attention_view("a", by_write, GEOM, hint),
+        attention_view("b", by_scatter, GEOM, hint),
+    )
+    blocks = torch.randn(2, H, N, 2 * D)
+    written.write(6, blocks[0])
+    written.write(2, blocks[1])
+    scattered.scatter(torch.tensor([6, 2]), blocks)
+    assert torch.equal(by_write, by_scatter)
+    assert torch.equal(written.gather(torch.tensor([6, 2])), blocks)
+
+
+def test_write_regroups_kernel_blocks_and_mla_latents() -> None:
+    geom = AttentionGeometry(num_blocks=3, num_kv_heads=H, block_size=8, head_size=D)
+    tensor = torch.randn(6, H, 4, 2 * D)
+    view = attention_view("layer", tensor, geom)
+    block = torch.randn(H, 8, 2 * D)
+    view.write(1, block)
+    assert torch.equal(view.gather(torch.tensor([1]))[0], block) and torch.equal(tensor[2], block[:, :4])
+    mla = AttentionGeometry(num_blocks=B, num_kv_heads=1, block_size=N, head_size=9, mla=True)
+    latents = torch.randn(B, N, 9)
+    view = attention_view("mla", latents, mla)
+    block = torch.randn(1, N, 9)
+    view.write(3, block)
+    assert torch.equal(latents[3], block[0])
+
+
+def test_group_write_goes_layer_by_layer_and_state_write_is_bit_exact() -> None:
+    layers = [torch.zeros(B, H, N, 2 * D) for _ in range(3)]
+    group = KVGroupView([attention_view(f"l{i}", t, GEOM) for i, t in enumerate(layers)])
+    block = torch.randn(3, H, N, 2 * D)
+    group.write(5, block)
+    assert all(torch.equal(layers[i][5], block[i]) for i in range(3))
+    assert all(torch.count_nonzero(layers[i][:5]) == 0 for i in range(3))
+    pages = [torch.zeros(B, 1, 1, 16, dtype=torch.int8) for _ in range(2)]
+    states = StateGroupView(["s0", "s1"], [state_tensors(f"s{i}", p) for i, p in enumerate(pages)])
+    raw = torch.randint(-128, 127, (2, 16), dtype=torch.int8)
+    states.write(4, raw.view(torch.float16))
+    assert all(torch.equal(pages[i][4].reshape(-1), raw[i]) for i in range(2))
+
+
 def test_kernel_blocks_smaller_than_manager_blocks_are_regrouped() -> None:
     geom = AttentionGeometry(num_blocks=3, num_kv_heads=H, block_size=8, head_size=D)
     tensor = torch.randn(6, H, 4, 2 * D)  # two kernel blocks of 4 tokens per manager block of 8

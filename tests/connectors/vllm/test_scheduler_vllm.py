@@ -36,6 +36,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from tests.conftest import VaultFactory
 from tests.connectors.vllm.engine import llama_config, transfer_config
+from tests.processes import stopped
 from tierkv.client.cluster import Cluster
 from tierkv.codec.torch_codec import encode_tensor
 from tierkv.connectors.vllm.connector import TierKVConnector, TierKVMetadata
@@ -210,7 +211,7 @@ def kv_vault(vault_factory: VaultFactory) -> VaultProcess:
 
 
 def test_lookup_is_asynchronous_and_leaves_the_last_token(model_dir: Path, kv_vault: VaultProcess) -> None:
-    s = make_scheduler(model_dir, kv_vault.address, [attention(["l0", "l1"])])
+    s = make_scheduler(model_dir, kv_vault.address, [attention(["l0", "l1"])], lookup_wait_ms=0)
     assert connector(s).scheduler.lookup_lease_ms == 2000, "lookups the engine loads from are leased"
     request = make_request(tokens(4 * BS, seed=1))
     stage(s, request, [0, 1, 2, 3])
@@ -233,6 +234,37 @@ def test_lookup_is_asynchronous_and_leaves_the_last_token(model_dir: Path, kv_va
     step(s, recving={request.request_id})
     out = until(s, request, RequestStatus.RUNNING)
     assert out.num_scheduled_tokens[request.request_id] == BS, "only the last block is computed"
+
+
+def test_a_quick_lookup_is_answered_in_the_step_that_asked(model_dir: Path, kv_vault: VaultProcess) -> None:
+    s = make_scheduler(model_dir, kv_vault.address, [attention(["l0"])], lookup_wait_ms=1000)
+    request = make_request(tokens(4 * BS, seed=2))
+    stage(s, request, [0, 1, 2, 3])
+    s.add_request(request)
+    first = step(s)
+    assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS, "the lookup was waited for, not deferred"
+    (load,) = jobs(first).loads
+    assert len(load.refs) == 3
+    totals = connector(s).counters.totals()
+    assert totals["lookups"] == 1 and totals["lookup_wait_us"] > 0 and totals["lookup_us"] > 0
+
+
+def test_a_hung_vault_costs_a_step_its_wait_budget_only(model_dir: Path, kv_vault: VaultProcess) -> None:
+    s = make_scheduler(model_dir, kv_vault.address, [attention(["l0"])], lookup_wait_ms=50, timeout=3.0)
+    requests = [make_request(tokens(4 * BS, seed=30 + i)) for i in range(5)]
+    for r in requests:
+        s.add_request(r)
+    with stopped(kv_vault):
+        start = time.monotonic()
+        out = step(s)
+        took = time.monotonic() - start
+        assert out.num_scheduled_tokens == {}, "no lookup finished: every request waits for its answer"
+        assert all(r.status == RequestStatus.WAITING for r in requests)
+        # five new requests share one 50 ms budget (not 50 ms each); the vault's 3 s deadline is never
+        # waited for
+        assert took < 2.0, f"a step waited {took:.2f} s for lookups of a hung vault"
+        waited = connector(s).counters.totals()["lookup_wait_us"]
+        assert 40_000 <= waited < 200_000, waited
 
 
 def test_sync_loads_run_in_the_step_that_schedules_the_request(
@@ -406,3 +438,11 @@ def test_layout_classes_come_from_the_retention_section_of_tierkv_toml(
     (store,) = jobs(step(s)).stores
     assert store.meta is not None and len(store.meta) == 3
     assert all(m.source == "tools" and m.importance == 0.3 and m.protected for m in store.meta.values())
+
+
+def test_every_counter_has_a_prometheus_description() -> None:
+    """vLLM builds the connector's Prometheus metrics at server start; a counter without one fails it."""
+    from tierkv.connectors.vllm.metrics import _HELP
+    from tierkv.connectors.vllm.stats import COUNTERS
+
+    assert set(_HELP) == set(COUNTERS)

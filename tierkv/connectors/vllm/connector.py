@@ -234,6 +234,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 max_state_probes=self.settings.max_state_probes,
                 lookup_threads=self.settings.lookup_threads,
                 lookup_lease_ms=self.settings.lookup_lease_ms,
+                lookup_wait_s=self.settings.lookup_wait_ms / 1000,
                 counters=self.counters,
                 retention=retention_from_config(self.settings.config),
                 events=self._events,

@@ -143,6 +143,14 @@ class AttentionLayerView:
             inverse[axis] = i
         self.tensor.index_copy_(self.layout.block_dim, block_ids, split.permute(inverse))
 
+    def write(self, block_id: int, block: torch.Tensor) -> None:
+        """Write one ``[heads, block_size, width]`` block: a plain copy into the block's own memory for the
+        logical and MLA layouts (the restore path's only copy), :meth:`scatter` for the others."""
+        if self.split == 1 and self.layout.block_dim == 0 and (self.layout is _LOGICAL or self.geometry.mla):
+            self.tensor[block_id].copy_(block.squeeze(0) if self.geometry.mla else block)
+            return
+        self.scatter(torch.tensor([block_id], device=self.tensor.device), block.unsqueeze(0))
+
 
 def attention_view(
     name: str, tensor: torch.Tensor, geometry: AttentionGeometry, layout_hint: str = ""
@@ -206,6 +214,11 @@ class KVGroupView:
         for i, layer in enumerate(self.layers):
             layer.scatter(ids, blocks[:, i])
 
+    def write(self, block_id: int, block: torch.Tensor) -> None:
+        """Write one ``[layers, heads, block_size, width]`` block, layer by layer."""
+        for i, layer in enumerate(self.layers):
+            layer.write(block_id, block[i])
+
 
 class StateGroupView:
     """The recurrent state of every layer of a group, block by block, as exact bytes.
@@ -254,6 +267,10 @@ class StateGroupView:
                 width = t.shape[1]
                 t.index_copy_(0, ids, raw[:, i, offset : offset + width])
                 offset += width
+
+    def write(self, block_id: int, block: torch.Tensor) -> None:
+        """Write one block's state (states are small: :meth:`scatter` of one block)."""
+        self.scatter([block_id], block.unsqueeze(0))
 
 
 def _byte_view(name: str, tensor: torch.Tensor) -> torch.Tensor:

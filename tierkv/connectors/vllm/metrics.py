@@ -56,6 +56,12 @@ _HELP = {
     "prefetch_wasted_bytes": "Prefetched bytes evicted from the buffers unused",
     "prefetch_gave_up": "Prefetch jobs cut short by their deadline or a vault failure",
     "prefetch_rejected": "Prefetched blobs that failed verification",
+    "lookup_us": "Microseconds the vaults' prefix lookups took (lookup threads)",
+    "lookup_wait_us": "Microseconds scheduler steps waited for new requests' lookups (lookup_wait_ms)",
+    "load_us": "Microseconds load jobs took",
+    "load_get_us": "Microseconds of loads spent in gets (blobs placed on arrival are copied within it)",
+    "load_verify_us": "Microseconds of loads spent verifying and decoding blobs",
+    "load_copy_us": "Microseconds of loads spent copying blocks into the KV cache",
 }
 HELD_GAUGE = "tierkv_connector_gpu_protect_held_blocks"
 """Blocks held now: ``gpu_protect_holds`` minus ``gpu_protect_releases``, kept as a gauge."""

@@ -5,7 +5,8 @@ It holds no vLLM types beyond what it reads from requests (``request_id``, ``num
 tested against vLLM's real ``Scheduler``.
 
 Prefix lookups run on a small thread pool: the first ``get_num_new_matched_tokens`` for a request starts
-one and answers ``None`` ("ask again"); later calls answer from the finished lookup. Each lookup is one
+one and waits for it while the step's wait budget (``lookup_wait_s``) lasts; a lookup that did not finish
+in time answers ``None`` ("ask again") and later calls answer from it once it has. Each lookup is one
 ``prefix_lookup`` per stored stream (and TP/PP rank) plus, for hybrid models, a few single-key probes for
 the recurrent state at the hit's last block. A vault that is down answers "nothing" within its deadline.
 
@@ -16,8 +17,9 @@ and turned into block metadata (parents = the request's chain of keys) in each o
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +78,7 @@ class SchedulerSide:
         max_state_probes: int = 4,
         lookup_threads: int = 2,
         lookup_lease_ms: int = 0,
+        lookup_wait_s: float = 0.0,
         counters: Counters | None = None,
         retention: Retention | None = None,
         events: ColdEvents | None = None,
@@ -93,6 +96,8 @@ class SchedulerSide:
         self._forget = forget
         self.max_state_probes = max_state_probes
         self.lookup_lease_ms = lookup_lease_ms
+        self.lookup_wait_s = lookup_wait_s
+        self._wait_left = lookup_wait_s
         self.counters = counters or Counters()
         self.layouts = RequestLayouts(self.counters, retention)
         self._storage = LazyStorage(storage_factory)
@@ -140,9 +145,9 @@ class SchedulerSide:
             return 0, False
         entry = self._lookups.get(request.request_id)
         if entry is None or entry.window != window:
-            future = self._pool.submit(self._lookup, keys[window.start : window.stop], window)
-            self._lookups[request.request_id] = _Lookup(window, future)
-            return None, False
+            entry = _Lookup(window, self._pool.submit(self._lookup, keys[window.start : window.stop], window))
+            self._lookups[request.request_id] = entry
+            self._wait(entry.future)
         if not entry.future.done():
             return None, False
         hits = entry.future.result()
@@ -152,8 +157,21 @@ class SchedulerSide:
         tokens = claimed_tokens(window, hits, self.topology.block_size)
         return (tokens, not self.sync_loads) if tokens else (0, False)
 
+    def _wait(self, future: Future[int]) -> None:
+        """Wait for a new lookup while this step's budget lasts: one the vaults answer in a millisecond is
+        then used at once, instead of after another engine step (and the lookup thread gets the GIL
+        meanwhile, which a spinning step loop would hold)."""
+        if self._wait_left <= 0:
+            return
+        start = time.perf_counter()
+        wait([future], timeout=self._wait_left)
+        waited = time.perf_counter() - start
+        self._wait_left -= waited
+        self.counters.add("lookup_wait_us", round(waited * 1e6))
+
     def _lookup(self, keys: list[bytes], window: Window) -> int:
         """Leading blocks of ``keys`` that every stream of every rank holds (0 on any failure)."""
+        start = time.perf_counter()
         try:
             hits = self._kv_hits(keys, self.lookup_lease_ms)
             if hits and self.topology.state_groups:
@@ -161,6 +179,7 @@ class SchedulerSide:
         except Exception:
             logger.exception("prefix lookup failed; treating it as a miss")
             hits = 0
+        self.counters.add("lookup_us", round((time.perf_counter() - start) * 1e6))
         self.counters.add("lookups")
         self.counters.add("lookup_hit_tokens", hits * self.topology.block_size)
         return hits
@@ -265,6 +284,7 @@ class SchedulerSide:
     def take_jobs(self, boundary_offers: Mapping[str, Sequence[tuple[int, int, int]]]) -> StepJobs:
         """vLLM's ``build_connector_meta``: this step's jobs, with the recurrent-state snapshots offered."""
         jobs, self._jobs = self._jobs, StepJobs()
+        self._wait_left = self.lookup_wait_s
         if self.stores and self.topology.state_groups:
             for req_id, offers in boundary_offers.items():
                 request = self._requests.get(req_id)

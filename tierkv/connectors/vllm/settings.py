@@ -48,6 +48,9 @@ class ConnectorSettings:
     ``evict_remember`` block keys (:mod:`tierkv.connectors.vllm.eviction`). ``lookup_lease_ms``: a
     lookup asks the vaults to keep the blocks it found this long, or until they are loaded (0 = off;
     the vault caps it at 10 s), so that a block reported is still there when the load asks for it.
+    ``lookup_wait_ms``: how long one scheduler step may wait, in all, for new requests' lookups, so a
+    lookup the vaults answer quickly is used in the step that asked (0: never wait; every lookup then
+    costs at least one more engine step).
     """
 
     config_path: str = ""
@@ -73,6 +76,7 @@ class ConnectorSettings:
     evict_lookahead: int = setting(0, minimum=0)
     evict_remember: int = setting(1 << 16, minimum=1)
     lookup_lease_ms: int = setting(2000, minimum=0, maximum=10_000)
+    lookup_wait_ms: float = setting(10.0, minimum=0.0, maximum=1000.0)
     config: Config = dataclasses.field(default=Config(), metadata={"internal": True})
 
     @classmethod

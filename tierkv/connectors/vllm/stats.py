@@ -43,6 +43,12 @@ COUNTERS: tuple[str, ...] = (
     "prefetch_wasted_bytes",
     "prefetch_gave_up",
     "prefetch_rejected",
+    "lookup_us",
+    "lookup_wait_us",
+    "load_us",
+    "load_get_us",
+    "load_verify_us",
+    "load_copy_us",
 )
 """Every counter the connector reports, in a fixed order.
 
@@ -61,7 +67,11 @@ for lack of free blocks) and not held (cap or pressure), see :mod:`tierkv.connec
 preempted requests), references on them dropped, and cached blocks near eviction with no known key, see
 :mod:`tierkv.connectors.vllm.eviction`; ``prefetch_*``: with ``[cluster] prefetch_bytes``, the workers'
 prefetch buffers (:mod:`tierkv.tiering.prefetch`): blocks and bytes loads took from them, bytes fetched
-and bytes evicted unused, jobs that gave up, blobs that failed verification.
+and bytes evicted unused, jobs that gave up, blobs that failed verification. Where restore time goes, in
+microseconds: ``lookup_us`` in the vaults' prefix lookups (lookup threads), ``lookup_wait_us`` of scheduler
+steps waiting for them; ``load_us`` in load jobs, of which ``load_get_us`` in the gets (blobs written into
+the cache as they arrive are verified and copied within it), ``load_verify_us`` verifying and decoding
+blobs and ``load_copy_us`` copying them into the cache, wherever that happened.
 """
 
 

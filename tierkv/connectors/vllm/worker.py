@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -285,11 +286,13 @@ class WorkerSide:
     # -- loads -------------------------------------------------------------------------------------
 
     def _guarded_load(self, job: LoadJob) -> None:
+        start = time.perf_counter()
         try:
             bad = list(job.refs) if job.broken else self._load(job)
         except Exception:
             logger.exception("load of request %s failed", job.req_id)
             bad = list(job.refs)
+        self.counters.add("load_us", _us(time.perf_counter() - start))
         st = self._state
         with st.cond:
             if bad:
@@ -326,20 +329,32 @@ class WorkerSide:
     def _load_chunk(
         self, stream: Stream, view: GroupView, refs: list[BlockRef], bad: list[BlockRef]
     ) -> tuple[int, int]:
-        """One get, verified and decoded, written into the cache; failures appended to ``bad``.
+        """One get, verified and written into the cache; failures appended to ``bad``.
 
-        The pipeline decodes straight into one buffer (the n-th good block into row n) and the good
-        blocks are scattered into the cache at once: each block is copied once more, by the scatter.
+        A ``raw`` stream on a CPU cache is written straight from the received bytes, block by block, as
+        each blob verifies: one copy after the socket. Otherwise (int8, or a GPU cache) the pipeline
+        decodes into one buffer on the cache's device (the n-th good block into row n) and the good blocks
+        are scattered into the cache at once.
         """
-        buffer = torch.empty((len(refs), *view.block_shape), dtype=view.dtype, device=view.device)
-        got = self._tier.restore(
-            self._specs[stream], [r.key for r in refs], self._expect[stream], buffer.__getitem__
-        )
+        spec, keys = self._specs[stream], [r.key for r in refs]
+        scatter_s = 0.0
+        if spec.codec == "raw" and view.device.type == "cpu":
+            got = self._tier.restore(
+                spec, keys, self._expect[stream], place=lambda i, block: view.write(refs[i].block_id, block)
+            )
+        else:
+            buffer = torch.empty((len(refs), *view.block_shape), dtype=view.dtype, device=view.device)
+            got = self._tier.restore(spec, keys, self._expect[stream], buffer.__getitem__)
+            start = time.perf_counter()
+            if got.decoded:
+                view.scatter([refs[i].block_id for i in got.decoded], buffer[: len(got.decoded)])
+            scatter_s = time.perf_counter() - start
+        self.counters.add("load_get_us", _us(got.get_s))
+        self.counters.add("load_verify_us", _us(got.verify_s))
+        self.counters.add("load_copy_us", _us(got.place_s + scatter_s))
         bad.extend(refs[i] for i in got.failed)
         if self.report is not None and got.gone:
             self.report.gone(got.gone)
-        if got.decoded:
-            view.scatter([refs[i].block_id for i in got.decoded], buffer[: len(got.decoded)])
         return len(got.decoded), got.decoded_bytes
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -353,6 +368,10 @@ class WorkerSide:
             for stream in group.streams:
                 out[stream].append(ref)
         return out
+
+
+def _us(seconds: float) -> int:
+    return round(seconds * 1e6)
 
 
 __all__ = ["CHUNK_BLOCKS", "WorkerSide"]

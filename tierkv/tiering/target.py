@@ -1,0 +1,102 @@
+"""Where a restore's verified blobs go: decoded into slots, or placed straight from the received bytes.
+
+A restore either decodes the n-th good block into ``out(n)`` (a buffer the hook scatters afterwards, or
+its cache when that is one array), or, for ``raw`` blobs in the cache's own dtype, hands each verified
+blob as a zero-copy view to ``place(i, values)``, which copies it into the cache: the only copy after
+the socket. Placing is order-free, so it can happen while the rest of the reply is still arriving:
+:meth:`Target.arrived` is the storage's ``on_blob`` and runs on whichever thread received the blob, so
+verifying and copying one blob overlaps the vault sending the next.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Generic
+
+from tierkv.codec import Buffer
+from tierkv.errors import TierKVError
+from tierkv.tiering.arrays import A, Arrays
+from tierkv.tiering.spec import Expect
+
+Place = Callable[[int, A], None]
+"""Takes ``(index of the key, verified values)``: the values are a zero-copy view of a ``raw`` blob, valid
+only during the call, which the hook copies straight into its cache."""
+
+
+class Target(Generic[A]):
+    """The destination of one restore; thread-safe for blobs placed as they arrive."""
+
+    def __init__(
+        self,
+        arrays: Arrays[A],
+        expect: Expect | Sequence[Expect],
+        out: Callable[[int], A] | None,
+        place: Place[A] | None,
+    ) -> None:
+        if (out is None) == (place is None):
+            raise ValueError("restore takes exactly one of out and place")
+        self.arrays = arrays
+        self.expect = expect
+        self.out = out
+        self.place = place
+        self._lock = threading.Lock()
+        self._early: dict[int, TierKVError | None] = {}
+        self.verify_s = 0.0
+        self.place_s = 0.0
+        self._error: Exception | None = None
+
+    @property
+    def streams(self) -> bool:
+        """Whether blobs can be taken as they arrive (placing is order-free, decoding into slots is not)."""
+        return self.place is not None
+
+    def nth(self, i: int) -> Expect:
+        return self.expect if isinstance(self.expect, Expect) else self.expect[i]
+
+    def take(self, i: int, n: int, blob: Buffer) -> None:
+        """Verify the blob of key ``i`` and decode it into slot ``n`` or place it; raises
+        :class:`TierKVError` when it does not verify. Time spent is added to ``verify_s`` (verifying and
+        decoding) and ``place_s`` (the hook's copy)."""
+        t0 = time.perf_counter()
+        if self.out is not None:
+            self.arrays.decode_into(blob, self.out(n), self.nth(i))
+            t1 = time.perf_counter()
+        else:
+            assert self.place is not None
+            values = self.arrays.view(blob, self.nth(i))
+            t1 = time.perf_counter()
+            self.place(i, values)
+        t2 = time.perf_counter()
+        with self._lock:
+            self.verify_s += t1 - t0
+            self.place_s += t2 - t1
+
+    def arrived(self, i: int, blob: Buffer) -> None:
+        """A storage's ``on_blob``: place key ``i``'s blob now. Never raises: the outcome is kept for
+        :meth:`taken`, and an unexpected error is raised by :meth:`raise_error` once the get is over."""
+        try:
+            self.take(i, i, blob)
+            outcome: TierKVError | None = None
+        except TierKVError as exc:
+            outcome = exc
+        except Exception as exc:
+            with self._lock:
+                self._error = self._error or exc
+            return
+        with self._lock:
+            self._early[i] = outcome
+
+    def taken(self, i: int) -> tuple[bool, TierKVError | None]:
+        """Whether key ``i``'s blob was taken while it arrived, and why it did not verify (None: it did)."""
+        with self._lock:
+            return i in self._early, self._early.get(i)
+
+    def raise_error(self) -> None:
+        """Re-raise the first unexpected error a placement hit on a receiving thread."""
+        if self._error is not None:
+            raise self._error
+
+
+__all__ = ["Place", "Target"]
