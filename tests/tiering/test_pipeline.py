@@ -211,13 +211,12 @@ class Streaming(MemoryStorage):
         self.seen_at_hand_over: list[int] = []
         self.placed: list[int] = []
 
-    def get_buffers(self, namespace, keys, role=Role.KV_COLD, *, on_blob=None):  # type: ignore[no-untyped-def]
+    def get_each(self, namespace, keys, on_blob, role=Role.KV_COLD):  # type: ignore[no-untyped-def]
         def sink(i: int, blob: bytes) -> None:
             self.seen_at_hand_over.append(len(self.placed))
-            assert on_blob is not None
             on_blob(i, blob)
 
-        return super().get_buffers(namespace, keys, role, on_blob=None if on_blob is None else sink)
+        return super().get_each(namespace, keys, sink, role)
 
 
 def test_place_takes_raw_blobs_as_views_while_they_arrive() -> None:

@@ -254,11 +254,18 @@ class RecordingCluster:
         return self.cluster.get(namespace, keys, role=role)
 
     def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD, *, on_blob: BlobSink | None = None
+        self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD
     ) -> list[Buffer | None]:
         if role == KV_COLD:
             self.last_get = (namespace, list(keys))
-        return self.cluster.get_buffers(namespace, keys, role=role, on_blob=on_blob)
+        return self.cluster.get_buffers(namespace, keys, role=role)
+
+    def get_each(
+        self, namespace: bytes, keys: Sequence[bytes], on_blob: BlobSink, role: str = KV_COLD
+    ) -> list[int | None]:
+        if role == KV_COLD:
+            self.last_get = (namespace, list(keys))
+        return self.cluster.get_each(namespace, keys, on_blob, role=role)
 
     def prefix_lookup(
         self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD, *, lease_ms: int = 0

@@ -177,17 +177,23 @@ def parse_reply(message: type[M], raw: Buffer, address: str) -> M:
 
 
 BlobSink = Callable[[int, Buffer], None]
-"""Called with ``(index of the key, blob)`` as each found blob of a BatchGet arrives; must not raise."""
+"""Called with ``(index of the key, blob)`` as each found blob of a BatchGet arrives; must not raise, and
+the blob is valid only during the call."""
 
 
 class GetAssembler:
-    """Collects BatchGet frames into one result per requested key, in request order, handing each blob
-    to ``on_blob`` as soon as it is complete. Whatever a peer sends, it raises nothing but
-    :class:`VaultError`."""
+    """Collects BatchGet frames into one result per requested key, in request order. Whatever a peer
+    sends, it raises nothing but :class:`VaultError`.
+
+    Without ``on_blob`` each found blob is kept in ``results``; with it, each is handed to ``on_blob`` as
+    soon as it is complete and only its size is kept (``sizes``), so the frame it came in can be reused
+    for the next one.
+    """
 
     def __init__(self, n_keys: int, address: str, on_blob: BlobSink | None = None) -> None:
         self.address = address
         self.results: list[Buffer | None] = [None] * n_keys
+        self.sizes: list[int | None] = [None] * n_keys
         self._decoder = FrameDecoder(max_item_bytes=1 << 40)
         self._on_blob = on_blob
 
@@ -199,10 +205,13 @@ class GetAssembler:
         for blob in blobs:
             if not 0 <= blob.index < len(self.results):
                 raise VaultError("BatchGet reply names a key that was not asked for", address=self.address)
-            if blob.status == FOUND and blob.data is not None:
+            if blob.status != FOUND or blob.data is None:
+                continue
+            self.sizes[blob.index] = len(blob.data)
+            if self._on_blob is None:
                 self.results[blob.index] = blob.data
-                if self._on_blob is not None:
-                    self._on_blob(blob.index, blob.data)
+            else:
+                self._on_blob(blob.index, blob.data)
 
     def finish(self) -> list[Buffer | None]:
         try:

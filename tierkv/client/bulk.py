@@ -40,6 +40,50 @@ class BulkRefused(VaultUnavailable):
     the reply, or an ERROR record that refuses service): nothing reached the sink, gRPC may take over."""
 
 
+RECV_POOL_BYTES = 64 * 1024 * 1024
+"""Receive buffers one transport keeps for reuse (a restore of 64 blocks of 512 KiB fits)."""
+
+
+class RecvPool:
+    """Frame buffers handed out again once nothing refers to them any more.
+
+    A fresh buffer per frame costs a zero-fill and cold memory on every reply; a reused one is neither.
+    A buffer is reused only when no memoryview, array or tensor over it is alive (Python refuses to
+    resize a buffer that has exports, which is the test), so blobs a caller still holds are never
+    overwritten. At most ``max_bytes`` are kept; beyond that a frame gets a buffer of its own.
+    """
+
+    def __init__(self, max_bytes: int = RECV_POOL_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._buffers: list[bytearray] = []
+        self._kept = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> memoryview:
+        """A writable view of ``n`` bytes (contents undefined until the caller fills them)."""
+        with self._lock:
+            for buf in self._buffers:
+                if len(buf) >= n and _unexported(buf):
+                    return memoryview(buf)[:n]
+            if self._kept + n > self.max_bytes:
+                return memoryview(bytearray(n))
+            buf = bytearray(n)
+            self._buffers.append(buf)
+            self._kept += n
+            return memoryview(buf)
+
+
+def _unexported(buf: bytearray) -> bool:
+    """True when nothing holds a view of ``buf``: a buffer with exports cannot be resized. Shrinking by
+    one byte and growing back stays within the allocation, so the memory neither moves nor is copied."""
+    try:
+        last = buf.pop()
+    except BufferError:
+        return False
+    buf.append(last)
+    return True
+
+
 class BulkTransport(Transport):
     """BatchGet over one vault's bulk port (other methods are not carried here)."""
 
@@ -49,6 +93,7 @@ class BulkTransport(Transport):
         self._token = token
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._pool = RecvPool()
 
     def handle(self, request: Request) -> bytes:
         if request.method != BATCH_GET or not isinstance(request.body, bytes):
@@ -64,7 +109,7 @@ class BulkTransport(Transport):
     def _attempt(self, message: bytes, request: Request, conn: socket.socket | None) -> None:
         conn = conn or self._connect(request)
         try:
-            wire = _Wire(conn, request.deadline, self.address)
+            wire = _Wire(conn, request.deadline, self.address, self._pool)
             wire.send(message)
             read_reply(wire, request.sink)
         except BaseException:
@@ -125,11 +170,14 @@ def read_reply(wire: _Wire, sink: Callable[[Buffer], None] | None) -> None:
 class _Wire:
     """One connection's exact sends and reads against a deadline, failing in the tierkv exceptions."""
 
-    def __init__(self, conn: socket.socket, deadline: float, address: str) -> None:
+    def __init__(
+        self, conn: socket.socket, deadline: float, address: str, pool: RecvPool | None = None
+    ) -> None:
         self.conn = conn
         self.deadline = deadline
         self.address = address
         self.received = 0
+        self.pool = pool
 
     def send(self, message: bytes) -> None:
         with self._errors():
@@ -141,11 +189,12 @@ class _Wire:
             kind, length = bulk.parse_record(self.read(bulk.RECORD.size))
         except FrameError as exc:
             raise VaultError(f"malformed bulk reply: {exc}", address=self.address) from None
-        return kind, self.read(length) if length else b""
+        if not length:
+            return kind, b""
+        return kind, self.read(length, self.pool.take(length) if self.pool is not None else None)
 
-    def read(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        view = memoryview(buf)
+    def read(self, n: int, into: memoryview | None = None) -> memoryview:
+        view = memoryview(bytearray(n)) if into is None else into
         got = 0
         with self._errors():
             while got < n:
@@ -155,7 +204,7 @@ class _Wire:
                     raise ConnectionResetError("the vault closed the bulk connection")
                 got += k
                 self.received += k
-        return buf
+        return view
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:

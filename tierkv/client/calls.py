@@ -82,16 +82,27 @@ class Calls:
         return stored
 
     def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], timeout: float | None, on_blob: BlobSink | None = None
+        self, namespace: bytes, keys: Sequence[bytes], timeout: float | None
     ) -> Op[list[Buffer | None]]:
-        """One BatchGet; the reply's frames are assembled as they arrive, and each found blob is handed
-        to ``on_blob`` as soon as it is complete."""
+        """One BatchGet; the reply's frames are assembled as they arrive."""
+        if not keys:
+            return []
+        assembler = GetAssembler(len(keys), self.address)
+        request = keys_request(pb.BatchGetRequest, namespace, keys)
+        yield Request(BATCH_GET, request, self.options.deadline(timeout), sink=assembler.feed)
+        return assembler.finish()
+
+    def get_each(
+        self, namespace: bytes, keys: Sequence[bytes], timeout: float | None, on_blob: BlobSink
+    ) -> Op[list[int | None]]:
+        """One BatchGet whose blobs go to ``on_blob`` as they arrive; the size of each found one."""
         if not keys:
             return []
         assembler = GetAssembler(len(keys), self.address, on_blob)
         request = keys_request(pb.BatchGetRequest, namespace, keys)
         yield Request(BATCH_GET, request, self.options.deadline(timeout), sink=assembler.feed)
-        return assembler.finish()
+        assembler.finish()
+        return assembler.sizes
 
     def prefix_lookup(
         self, namespace: bytes, keys: Sequence[bytes], timeout: float | None, lease_ms: int = 0

@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from tierkv.client._rpc import BlobSink, Items, Metas, as_bytes
 from tierkv.client.breaker import CircuitBreaker
@@ -42,6 +42,7 @@ from tierkv.wire.framing import Buffer
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
 KV_COLD = Role.KV_COLD
 """Kept importable from here for older callers; the role lives in :mod:`tierkv.roles`."""
 SSM_COLD = Role.SSM_COLD
@@ -235,27 +236,38 @@ class Cluster:
         return len(acked)
 
     def get_buffers(
-        self,
-        namespace: bytes,
-        keys: Sequence[bytes],
-        role: str = KV_COLD,
-        *,
-        timeout: float | None = None,
-        on_blob: BlobSink | None = None,
+        self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD, *, timeout: float | None = None
     ) -> list[Buffer | None]:
         """A blob or None per key, within one timeout (the cluster's, or ``timeout`` seconds): one BatchGet
         per vault asked; with replication, the next owner of a key is asked when the previous one failed,
-        missed or is slow (see the module).
-
-        ``on_blob(i, blob)`` sees each key's blob once, as soon as it arrives from whichever vault (on
-        that vault's thread), and never after this call returned: a caller may write it straight into
-        memory it owns only until then."""
+        missed or is slow (see the module)."""
         resolved = self._resolve(role)
-        read = _Read(namespace, keys, [self._owners(resolved, k) for k in keys], on_blob)
+        read = _BufferRead(namespace, keys, [self._owners(resolved, k) for k in keys])
+        return self._read(resolved, read, timeout)
+
+    def get_each(
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        on_blob: BlobSink,
+        role: str = KV_COLD,
+        *,
+        timeout: float | None = None,
+    ) -> list[int | None]:
+        """:meth:`get_buffers` that hands each key's blob to ``on_blob(i, blob)`` once, as soon as it
+        arrives from whichever vault (on that vault's thread), and keeps none: returns each blob's size
+        (None: not found). ``on_blob`` never runs after this call returned, so a caller may write blobs
+        straight into memory it owns only until then; a blob is valid only during its call."""
+        resolved = self._resolve(role)
+        owners = [self._owners(resolved, k) for k in keys]
+        read = _EachRead(namespace, keys, owners, on_blob)
+        return self._read(resolved, read, timeout)
+
+    def _read(self, resolved: Role, read: _Read[R], timeout: float | None) -> list[R | None]:
         deadline = self._deadline() if timeout is None else time.monotonic() + timeout
         try:
             if self.replication == 1 or len(self._members[resolved]) == 1:
-                wave = read.wave(range(len(keys)))
+                wave = read.wave(range(len(read.keys)))
                 work = {v: read.work(v, idx) for v, idx in wave.items()}
                 got = self._fan_out(resolved, "get", work, deadline)
                 read.take([(v, wave[v], answer) for v, answer in got.items()])
@@ -267,10 +279,10 @@ class Cluster:
         for v, n in read.bytes_in.items():
             self.metrics.bytes.labels(self._members[resolved][v].address, "in").inc(n)
         self.metrics.keys.labels(resolved, "hit").inc(found)
-        self.metrics.keys.labels(resolved, "miss").inc(len(keys) - found)
+        self.metrics.keys.labels(resolved, "miss").inc(len(read.keys) - found)
         return read.results
 
-    def _hedged(self, role: Role, read: _Read, deadline: float) -> None:
+    def _hedged(self, role: Role, read: _Read[R], deadline: float) -> None:
         """Ask owners rank after rank until every key is found, no owner is left or time is up: a key's
         next owner is asked once the previous one failed or missed it, and at every hedge tick for each
         key still open (its earlier owners may be hung)."""
@@ -408,28 +420,31 @@ class Cluster:
         self.close()
 
 
-class _Read:
+Fetch = Callable[[bytes, Sequence[bytes], "BlobSink | None"], Work[list[R | None]]]
+"""One vault's share of a read, given the namespace, its keys and the sink of its arriving blobs (None:
+nothing streams)."""
+
+
+class _Read(Generic[R]):
     """One replicated read in progress: the results so far and how many owners of each key were asked.
 
-    Vault threads record blobs as they arrive (the first copy of a key wins) and hand them to
-    ``on_blob``; :meth:`close` waits for hand-overs in progress and turns away later arrivals (a share
-    still running past the deadline), so ``on_blob`` never runs after the read returned.
+    ``R`` is what a found key yields: its blob (:meth:`Cluster.get_buffers`) or its size
+    (:meth:`Cluster.get_each`, whose vault threads record each blob's size as it arrives, the first
+    copy of a key winning, and hand the blob to the caller's sink). :meth:`close` waits for hand-overs in
+    progress and turns away later arrivals (a share still running past the deadline), so the sink never
+    runs after the read returned.
     """
 
     def __init__(
-        self,
-        namespace: bytes,
-        keys: Sequence[bytes],
-        owners: list[list[int]],
-        on_blob: BlobSink | None = None,
+        self, namespace: bytes, keys: Sequence[bytes], owners: list[list[int]], fetch: Fetch[R]
     ) -> None:
         self.namespace = namespace
         self.keys = keys
         self.owners = owners
-        self.results: list[Buffer | None] = [None] * len(keys)
+        self.results: list[R | None] = [None] * len(keys)
         self.asked = [0] * len(keys)
         self.bytes_in: dict[int, int] = defaultdict(int)
-        self._on_blob = on_blob
+        self._fetch = fetch
         self._cond = threading.Condition()
         self._handing = 0
         self._closed = False
@@ -443,46 +458,31 @@ class _Read:
                 self.asked[i] += 1
         return per_vault
 
-    def work(self, vault: int, indices: Sequence[int]) -> Work[list[Buffer | None]]:
-        sink = None if self._on_blob is None else partial(self._arrived, vault, indices)
-        return partial(
-            _get_buffers, namespace=self.namespace, keys=[self.keys[i] for i in indices], on_blob=sink
-        )
+    def work(self, vault: int, indices: Sequence[int]) -> Work[list[R | None]]:
+        return self._fetch(self.namespace, [self.keys[i] for i in indices], self.sink(vault, indices))
 
-    def _arrived(self, vault: int, indices: Sequence[int], j: int, blob: Buffer) -> None:
-        """A vault thread's blob for its ``j``-th key: recorded and handed over, unless it came second."""
-        i = indices[j]
-        if not self._record(vault, i, blob):
-            return
-        assert self._on_blob is not None
-        try:
-            self._on_blob(i, blob)
-        finally:
-            with self._cond:
-                self._handing -= 1
-                self._cond.notify_all()
+    def sink(self, vault: int, indices: Sequence[int]) -> BlobSink | None:
+        """Where the blobs of one vault's share go as they arrive (None: they are kept, not handed over)."""
+        return None
 
-    def _record(self, vault: int, i: int, blob: Buffer, handing: bool = True) -> bool:
-        with self._cond:
-            if self._closed or self.results[i] is not None:
-                return False
-            self.results[i] = blob
-            self.bytes_in[vault] += len(blob)
-            self._handing += int(handing)
-            return True
+    def size(self, item: R) -> int:
+        """Bytes a found key's result stands for."""
+        raise NotImplementedError
 
-    def take(self, answers: Iterable[tuple[int, list[int], list[Buffer | None] | _Failed]]) -> list[int]:
+    def take(self, answers: Iterable[tuple[int, list[int], list[R | None] | _Failed]]) -> list[int]:
         """Record (vault, key indices, its answer) triples; returns the keys they did not deliver."""
         missed: list[int] = []
-        for v, indices, blobs in answers:
-            if blobs is FAILED:
-                missed.extend(i for i in indices if self.results[i] is None)
-                continue
-            for i, blob in zip(indices, blobs, strict=True):
-                if blob is None:
-                    missed.append(i)
-                else:
-                    self._record(v, i, blob, handing=False)
+        with self._cond:
+            for v, indices, found in answers:
+                if found is FAILED:
+                    missed.extend(i for i in indices if self.results[i] is None)
+                    continue
+                for i, item in zip(indices, found, strict=True):
+                    if item is None:
+                        missed.append(i)
+                    elif self.results[i] is None and not self._closed:
+                        self.results[i] = item
+                        self.bytes_in[v] += self.size(item)
         return missed
 
     def close(self) -> None:
@@ -493,6 +493,49 @@ class _Read:
 
     def open(self) -> list[int]:
         return [i for i, r in enumerate(self.results) if r is None]
+
+
+class _BufferRead(_Read[Buffer]):
+    """A read that keeps the blobs."""
+
+    def __init__(self, namespace: bytes, keys: Sequence[bytes], owners: list[list[int]]) -> None:
+        super().__init__(namespace, keys, owners, _fetch_buffers)
+
+    def size(self, item: Buffer) -> int:
+        return len(item)
+
+
+class _EachRead(_Read[int]):
+    """A read of sizes whose blobs stream to the caller's ``on_blob`` as they arrive."""
+
+    def __init__(
+        self, namespace: bytes, keys: Sequence[bytes], owners: list[list[int]], on_blob: BlobSink
+    ) -> None:
+        super().__init__(namespace, keys, owners, _fetch_each)
+        self.on_blob = on_blob
+
+    def sink(self, vault: int, indices: Sequence[int]) -> BlobSink | None:
+        return partial(self.arrived, vault, indices)
+
+    def size(self, item: int) -> int:
+        return item
+
+    def arrived(self, vault: int, indices: Sequence[int], j: int, blob: Buffer) -> None:
+        """A vault thread's blob for its ``j``-th key: its size recorded and the blob handed to
+        ``on_blob``, unless another copy came first or the read is over."""
+        i = indices[j]
+        with self._cond:
+            if self._closed or self.results[i] is not None:
+                return
+            self.results[i] = len(blob)
+            self.bytes_in[vault] += len(blob)
+            self._handing += 1
+        try:
+            self.on_blob(i, blob)
+        finally:
+            with self._cond:
+                self._handing -= 1
+                self._cond.notify_all()
 
 
 def _cold_roles(roles: Mapping[str, Sequence[str] | str]) -> dict[Role, list[str]]:
@@ -530,15 +573,29 @@ def _put(
     return client.put(namespace, items, priority=priority, meta=meta)
 
 
+def _fetch_buffers(
+    namespace: bytes, keys: Sequence[bytes], sink: BlobSink | None
+) -> Work[list[Buffer | None]]:
+    """A share of :meth:`Cluster.get_buffers`: the blobs, kept."""
+    return partial(_get_buffers, namespace=namespace, keys=keys)
+
+
 def _get_buffers(
-    client: VaultClient,
-    timeout: float | None,
-    *,
-    namespace: bytes,
-    keys: Sequence[bytes],
-    on_blob: BlobSink | None = None,
+    client: VaultClient, timeout: float | None, *, namespace: bytes, keys: Sequence[bytes]
 ) -> list[Buffer | None]:
-    return client.get_buffers(namespace, keys, timeout=timeout, on_blob=on_blob)
+    return client.get_buffers(namespace, keys, timeout=timeout)
+
+
+def _fetch_each(namespace: bytes, keys: Sequence[bytes], sink: BlobSink | None) -> Work[list[int | None]]:
+    """A share of :meth:`Cluster.get_each`: sizes, each blob handed to ``sink`` as it arrives."""
+    assert sink is not None
+    return partial(_get_each, namespace=namespace, keys=keys, on_blob=sink)
+
+
+def _get_each(
+    client: VaultClient, timeout: float | None, *, namespace: bytes, keys: Sequence[bytes], on_blob: BlobSink
+) -> list[int | None]:
+    return client.get_each(namespace, keys, on_blob, timeout=timeout)
 
 
 def _successors(

@@ -43,17 +43,19 @@ class VaultClient(ClientBase):
         return self._run(self.calls.put(namespace, items, priority, meta))
 
     def get_buffers(
-        self,
-        namespace: bytes,
-        keys: Sequence[bytes],
-        *,
-        timeout: float | None = None,
-        on_blob: BlobSink | None = None,
+        self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None
     ) -> list[Buffer | None]:
-        """Like :meth:`get` without the final copy: memoryviews into the received frames. ``on_blob(i,
-        blob)`` sees each found blob as it arrives (on this thread), so a caller can use it while the
-        rest of the reply is still on the wire."""
-        return self._run(self.calls.get_buffers(namespace, keys, timeout, on_blob))
+        """Like :meth:`get` without the final copy: memoryviews into the received frames."""
+        return self._run(self.calls.get_buffers(namespace, keys, timeout))
+
+    def get_each(
+        self, namespace: bytes, keys: Sequence[bytes], on_blob: BlobSink, *, timeout: float | None = None
+    ) -> list[int | None]:
+        """One BatchGet that hands each found blob to ``on_blob(i, blob)`` as it arrives (on this thread)
+        and keeps nothing, so the caller can use a blob while the rest is still on the wire and the
+        receive buffers are reused; returns each key's blob size (None: not found). A blob is valid only
+        during its ``on_blob`` call."""
+        return self._run(self.calls.get_each(namespace, keys, timeout, on_blob))
 
     def get(
         self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None

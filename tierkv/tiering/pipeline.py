@@ -201,7 +201,7 @@ class ColdTier(Generic[A]):
         blobs = self._get(spec, keys, result, target.arrived if target.streams else None)
         result.get_s = time.perf_counter() - t
         target.raise_error()
-        result.fetched_bytes = sum(len(b) for b in blobs if b is not None)
+        result.fetched_bytes = sum(_size(b) for b in blobs if b is not None)
         t = time.perf_counter()
         corrupt, why = self._decode(blobs, keys, target, result, leading_only)
         result.decode_s = time.perf_counter() - t
@@ -217,9 +217,9 @@ class ColdTier(Generic[A]):
 
     def _get(
         self, spec: StreamSpec, keys: Sequence[bytes], result: Restored, on_blob: BlobSink | None
-    ) -> Sequence[Buffer | None]:
-        """The blobs of ``keys``: from the prefetch buffer where it has them, the rest in one get whose
-        blobs go to ``on_blob`` as they arrive."""
+    ) -> Sequence[Buffer | int | None]:
+        """The blobs of ``keys``: from the prefetch buffer where it has them, the rest in one get. With
+        ``on_blob`` that get hands its blobs over as they arrive and yields only their sizes."""
         if self.prefetch is None:
             return self._fetch(spec, keys, on_blob)
         with self.prefetch.foreground():
@@ -227,7 +227,7 @@ class ColdTier(Generic[A]):
             rest = [i for i in range(len(keys)) if i not in taken]
             sink = None if on_blob is None else (lambda j, blob: on_blob(rest[j], blob))
             fetched = self._fetch(spec, [keys[i] for i in rest], sink) if rest else []
-        blobs: list[Buffer | None] = [None] * len(keys)
+        blobs: list[Buffer | int | None] = [None] * len(keys)
         for i, blob in [*taken.items(), *zip(rest, fetched, strict=True)]:
             blobs[i] = blob
         result.prefetched = len(taken)
@@ -235,10 +235,10 @@ class ColdTier(Generic[A]):
 
     def _fetch(
         self, spec: StreamSpec, keys: Sequence[bytes], on_blob: BlobSink | None
-    ) -> Sequence[Buffer | None]:
+    ) -> Sequence[Buffer | int | None]:
         if on_blob is None:
             return self.storage.get_buffers(spec.namespace, keys, role=spec.role)
-        return self.storage.get_buffers(spec.namespace, keys, role=spec.role, on_blob=on_blob)
+        return self.storage.get_each(spec.namespace, keys, on_blob, role=spec.role)
 
     def close(self) -> None:
         """Stop prefetching (the storage is the hook's to close)."""
@@ -247,7 +247,7 @@ class ColdTier(Generic[A]):
 
     def _decode(
         self,
-        blobs: Sequence[Buffer | None],
+        blobs: Sequence[Buffer | int | None],
         keys: Sequence[bytes],
         target: Target[A],
         result: Restored,
@@ -255,29 +255,33 @@ class ColdTier(Generic[A]):
     ) -> tuple[list[bytes], str]:
         """Decode (or place) every blob not yet taken on arrival and fill ``result``; returns the keys of
         the blobs that failed verification and why the first of them failed (logged once per restore,
-        not once per blob)."""
+        not once per blob). An ``int`` is the size of a blob handed over while it arrived."""
         corrupt: list[bytes] = []
         why = ""
         for i, blob in enumerate(blobs):
-            if blob is not None:
-                taken, rejected = target.taken(i)
+            taken, rejected = target.taken(i)
+            if blob is not None and (taken or not isinstance(blob, int)):
                 try:
-                    if not taken:
-                        target.take(i, len(result.decoded), blob)
-                    elif rejected is not None:
+                    if rejected is not None:
                         raise rejected
+                    if not isinstance(blob, int) and not taken:
+                        target.take(i, len(result.decoded), blob)
                 except TierKVError as exc:
                     why = why or f"block {i}: {exc}"
                     corrupt.append(keys[i])
                     result.rejected += 1
                 else:
                     result.decoded.append(i)
-                    result.decoded_bytes += len(blob)
+                    result.decoded_bytes += _size(blob)
                     continue
             result.gone.append(keys[i])
             if leading_only:
                 break
         return corrupt, why
+
+
+def _size(blob: Buffer | int) -> int:
+    return blob if isinstance(blob, int) else len(blob)
 
 
 __all__ = ["MAX_PUT_BYTES", "Block", "ColdTier", "Place", "Restored", "StoreTally"]

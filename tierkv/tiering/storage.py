@@ -48,11 +48,16 @@ class Storage(Protocol):
         ...
 
     def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], role: str = ..., *, on_blob: BlobSink | None = ...
+        self, namespace: bytes, keys: Sequence[bytes], role: str = ...
     ) -> Sequence[Buffer | None]:
-        """One blob (or ``None``) per key, in order. ``on_blob(i, blob)``, when given, sees each key's
-        blob at most once, as soon as it arrives and never after the call returned (see
-        :data:`BlobSink`); a storage may also hand over nothing and only return the blobs."""
+        """One blob (or ``None``) per key, in order."""
+        ...
+
+    def get_each(
+        self, namespace: bytes, keys: Sequence[bytes], on_blob: BlobSink, role: str = ...
+    ) -> Sequence[int | None]:
+        """One get that hands each found blob to ``on_blob`` (see :data:`BlobSink`) at most once, as soon
+        as it arrives and never after the call returned, and keeps none; each key's blob size or None."""
         ...
 
     def prefix_lookup(
@@ -142,22 +147,21 @@ class MemoryStorage:
             return len(items)
 
     def get_buffers(
-        self,
-        namespace: bytes,
-        keys: Sequence[bytes],
-        role: str = Role.KV_COLD,
-        *,
-        on_blob: BlobSink | None = None,
+        self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD
     ) -> list[Buffer | None]:
         with self._lock:
             self.calls["get"] += 1
             space = self._space(namespace, role)
-            found: list[Buffer | None] = [space.get(k) for k in keys]
-        if on_blob is not None:
-            for i, blob in enumerate(found):
-                if blob is not None:
-                    on_blob(i, blob)
-        return found
+            return [space.get(k) for k in keys]
+
+    def get_each(
+        self, namespace: bytes, keys: Sequence[bytes], on_blob: BlobSink, role: str = Role.KV_COLD
+    ) -> list[int | None]:
+        found = self.get_buffers(namespace, keys, role)
+        for i, blob in enumerate(found):
+            if blob is not None:
+                on_blob(i, blob)
+        return [None if blob is None else len(blob) for blob in found]
 
     def prefix_lookup(
         self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD, *, lease_ms: int = 0
@@ -211,16 +215,14 @@ class LazyStorage:
         return put_tagged(self.get(), namespace, items, role, meta)
 
     def get_buffers(
-        self,
-        namespace: bytes,
-        keys: Sequence[bytes],
-        role: str = Role.KV_COLD,
-        *,
-        on_blob: BlobSink | None = None,
+        self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD
     ) -> Sequence[Buffer | None]:
-        if on_blob is None:
-            return self.get().get_buffers(namespace, keys, role=role)
-        return self.get().get_buffers(namespace, keys, role=role, on_blob=on_blob)
+        return self.get().get_buffers(namespace, keys, role=role)
+
+    def get_each(
+        self, namespace: bytes, keys: Sequence[bytes], on_blob: BlobSink, role: str = Role.KV_COLD
+    ) -> Sequence[int | None]:
+        return self.get().get_each(namespace, keys, on_blob, role=role)
 
     def prefix_lookup(
         self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD, *, lease_ms: int = 0
