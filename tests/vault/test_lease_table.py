@@ -57,10 +57,12 @@ def test_huge_leases_are_cut_to_the_cap_and_zero_grants_nothing() -> None:
 
 def test_leased_bytes_stop_at_the_tenant_cap_and_the_vault_cap() -> None:
     leases, _ = table(max_bytes=1000)  # caps: 250 of the budget, 25 of a 100-byte quota
-    assert leases.grant("q", [(b"a", 20), (b"b", 20)], 1000, since=0, quota=100) == 2  # count unaffected
-    assert leases.counts(["q"]).leased_bytes == 20 and leases.counts(["q"]).refused == 1
-    leases.grant("t", [(bytes([i]), 100) for i in range(5)], 1000, since=0)
+    # past the cap the lookup reports only what it leased: a caller claims only leased blocks
+    assert leases.grant("q", [(b"a", 20), (b"b", 20), (b"c", 1)], 1000, since=0, quota=100) == 1
+    assert leases.counts(["q"]).leased_bytes == 20 and leases.counts(["q"]).refused == 2
+    assert leases.grant("t", [(bytes([i]), 100) for i in range(5)], 1000, since=0) == 2
     assert leases.counts().leased_bytes == 220 and leases.counts(["t"]).granted == 2
+    assert leases.grant("t", [(b"x", 100)], 0, since=0) == 1, "no lease asked: the count is unaffected"
 
 
 def test_a_lookup_stops_before_an_entry_evicted_while_it_read() -> None:
@@ -81,22 +83,22 @@ def test_a_lookup_during_a_write_counts_that_writes_evictions_as_later() -> None
         assert leases.grant("t", [(b"x", 1)], 1000, since=since) == 0
 
 
-def test_the_first_lookup_during_a_write_that_already_evicted_grants_nothing() -> None:
+def test_the_first_lookup_during_a_write_that_already_evicted_grants_and_reports_nothing() -> None:
     leases, _ = table()
     with leases.writing():
         assert leases.claim("t", b"x")  # no lookup ever asked for a lease: not remembered
         since = leases.mark()
-        assert leases.grant("t", [(b"x", 1)], 1000, since=since) == 1
+        assert leases.grant("t", [(b"x", 1)], 1000, since=since) == 0
         assert not leases.leased("t", b"x")  # blind: the write's earlier evictions are unknown
     assert leases.grant("t", [(b"x", 1)], 1000, since=leases.mark()) == 1 and leases.leased("t", b"x")
 
 
-def test_a_lookup_that_outlived_the_eviction_history_grants_nothing() -> None:
+def test_a_lookup_that_outlived_the_eviction_history_grants_and_reports_nothing() -> None:
     leases, _ = table(history=4)
     since = leases.mark()
     for i in range(6):
         leases.claim("t", bytes([i]))
-    assert leases.grant("t", [(b"k", 1)], 1000, since=since) == 1
+    assert leases.grant("t", [(b"k", 1)], 1000, since=since) == 0
     assert not leases.leased("t", b"k")
 
 
@@ -128,7 +130,10 @@ def test_the_table_stays_within_its_bounds(steps: list[tuple[object, ...]]) -> N
         match step:
             case ("grant", str(tenant), list(entries), int(ms), int(quota)):
                 n = leases.grant(tenant, entries, ms, since=leases.mark(), quota=quota)
-                assert n == len(entries)  # nothing was evicted meanwhile
+                if ms:  # every entry reported is leased: a caller never claims an unleased block
+                    assert n <= len(entries) and all(leases.leased(tenant, k) for k, _ in entries[:n])
+                else:
+                    assert n == len(entries)
             case ("claim", str(tenant), bytes(fkey)):
                 if leases.claim(tenant, fkey):
                     assert not leases.leased(tenant, fkey)

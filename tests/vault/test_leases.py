@@ -89,12 +89,13 @@ def test_the_budget_holds_exactly_when_only_leased_entries_could_make_room(tmp_p
         assert s.stats().leases.leased_bytes <= BUDGET // 4
 
 
-def test_leased_bytes_stop_at_the_cap_and_the_lookup_still_answers(tmp_path: Path) -> None:
+def test_leased_bytes_stop_at_the_cap_and_the_lookup_reports_only_what_it_leased(tmp_path: Path) -> None:
     chain = [b"c%d" % i for i in range(10)]
     with chain_store(tmp_path, n=10) as s:
-        assert s.prefix_lookup(b"ns", chain, lease_ms=MAX_LEASE_MS) == 10
+        assert s.prefix_lookup(b"ns", chain, lease_ms=MAX_LEASE_MS) == 5, "only leased blocks are reported"
         counts = s.stats().leases
         assert (counts.granted, counts.refused, counts.leased_bytes) == (5, 5, 5 * 4904)
+        assert s.prefix_lookup(b"ns", chain) == 10, "without a lease every present block is reported"
         flood(s)
         assert present(s, chain) == [True] * 5 + [False] * 5
 
@@ -152,6 +153,8 @@ def test_a_leased_chain_survives_a_flood_through_a_real_vault(vault_factory: Vau
         with pytest.raises(ValueError, match="lease_ms"):
             c.prefix_lookup(b"ns", list(chain), lease_ms=2**32)
         assert c.prefix_lookup(b"flood", [b"x7-15"], lease_ms=2**32 - 1) == 1
+        leases = c.stats().leases  # the Stats reply carries what Prometheus shows
+        assert (leases.granted, leases.held, leases.leased_bytes) == (5, 1, 16010) and leases.honoured > 0
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert "tierkv_vault_leases_granted_total 5.0" in text
     assert "tierkv_vault_leased_bytes 16010.0" in text  # the last lookup's lease, still held
@@ -171,6 +174,7 @@ def test_a_lease_of_one_tenant_shows_another_nothing(tenant_vault: VaultProcess)
         a.put(b"shared", {k: b"alpha" for k in keys})
         assert a.prefix_lookup(b"shared", keys, lease_ms=10_000) == 2
         assert b.prefix_lookup(b"shared", keys, lease_ms=10_000) == 0
+        assert a.stats().leases.held == 2 and b.stats().leases.held == 0, "each tenant sees its own"
         assert b.get(b"shared", keys) == [None, None]
         assert a.get(b"shared", keys) == [b"alpha", b"alpha"]
 

@@ -18,6 +18,7 @@ from tierkv.client.types import (
     EntryInfo,
     EntryStatus,
     HotChain,
+    LeaseStats,
     NamespaceInfo,
     TenantStats,
     VaultStats,
@@ -296,6 +297,14 @@ def stats_from_reply(r: pb.StatsReply) -> VaultStats:
         expired=r.expired,
         protected_bytes=r.protected_bytes,
         protected_overflow=r.protected_overflow,
+        leases=LeaseStats(
+            granted=r.leases.granted,
+            honoured=r.leases.honoured,
+            expired=r.leases.expired,
+            refused=r.leases.refused,
+            held=r.leases.held,
+            leased_bytes=r.leases.leased_bytes,
+        ),
         tenant=r.tenant,
         access=r.access,
         tenants=tuple(

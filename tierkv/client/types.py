@@ -60,6 +60,20 @@ class TenantStats:
 
 
 @dataclasses.dataclass(frozen=True)
+class LeaseStats:
+    """Lookup leases on one vault since it started (README, "Lookup leases")."""
+
+    granted: int = 0
+    honoured: int = 0
+    """Times an eviction walked past a leased entry."""
+    expired: int = 0
+    refused: int = 0
+    """Entries not leased: a bound was reached, or the entry was evicted while the lookup read."""
+    held: int = 0
+    leased_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class VaultStats:
     """What a vault says about itself (``Stats`` RPC). Counters run since the vault process started."""
 
@@ -90,6 +104,8 @@ class VaultStats:
     """The caller's access role, ``admin`` or ``user`` (empty from a vault that predates tenancy)."""
     tenants: tuple[TenantStats, ...] = ()
     """Every tenant's figures (admin callers only)."""
+    leases: LeaseStats = LeaseStats()
+    """The caller's tenant's lookup leases (an admin's: every tenant's)."""
 
     @property
     def hit_rate(self) -> float | None:

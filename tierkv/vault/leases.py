@@ -7,8 +7,9 @@ Mooncake does). Leases live in memory only: a restart forgets them, and deletes 
 
 Bounds, so that leases can never starve writers: at most :data:`MAX_LEASES` leases, each at most
 :data:`MAX_LEASE_MS` long, and leased bytes under :data:`MAX_LEASED_FRACTION` of the tenant's quota (or
-of the budget) and of the budget for all tenants together. Past a bound a lookup still answers but leases
-no more (counted as refused).
+of the budget) and of the budget for all tenants together. Past a bound a lookup reports only the leading
+blocks it could lease (the rest counted as refused): an engine claims only blocks that cannot go before
+it loads them.
 
 The race a lease must close: a lookup reads the index, then grants; an eviction between the two (or one
 in a write transaction that commits after the read) would remove a block the lookup reports. Every
@@ -146,7 +147,8 @@ class LeaseTable:
     ) -> int:
         """Lease the leading ``(full key, charge)`` entries a lookup found for ``lease_ms`` (capped);
         returns how many leading entries the lookup may report: it stops before one evicted since
-        ``since``. Leases past a bound are refused, the count is unaffected."""
+        ``since`` and, when a lease was asked for, before the first one it could not lease (past a bound,
+        or a lookup too old to know what was evicted), so a caller only ever claims leased blocks."""
         ms = min(max(0, lease_ms), MAX_LEASE_MS)
         with self._lock:
             now = self._clock()
@@ -158,10 +160,13 @@ class LeaseTable:
                 if self._evicted.get(key, 0) > since:
                     self._count(tenant, "refused", len(entries) - i)
                     return i
-                if ms and not blind and self._lease(key, deadline, charge, tenant_cap, now):
+                if not ms:
+                    self._count(tenant, "refused")
+                elif not blind and self._lease(key, deadline, charge, tenant_cap, now):
                     self._count(tenant, "granted")
                 else:
-                    self._count(tenant, "refused")
+                    self._count(tenant, "refused", len(entries) - i)
+                    return i
             return len(entries)
 
     def _lease(self, key: _Key, deadline: float, charge: int, tenant_cap: float, now: float) -> bool:

@@ -189,6 +189,7 @@ class VaultService:
             expired=s.expired,
             protected_bytes=s.protected_bytes,
             protected_overflow=s.protected_overflow,
+            leases=pb.LeaseStats(**dataclasses.asdict(s.leases)),
         )
         for c in self.store.class_usage(None if who.admin else who.tenant):
             reply.classes.add(**dataclasses.asdict(c))

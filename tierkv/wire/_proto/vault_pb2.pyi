@@ -436,6 +436,7 @@ class StatsReply(_message.Message):
     PROTECTED_BYTES_FIELD_NUMBER: _builtins.int
     PROTECTED_OVERFLOW_FIELD_NUMBER: _builtins.int
     CLASSES_FIELD_NUMBER: _builtins.int
+    LEASES_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     role: _builtins.str
     keys: _builtins.int
@@ -473,6 +474,10 @@ class StatsReply(_message.Message):
     def classes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClassStats]:
         """per tenant and source class (the caller's tenant; admins: all)"""
 
+    @_builtins.property
+    def leases(self) -> Global___LeaseStats:
+        """lookup leases (the caller's tenant; admins: all tenants)"""
+
     def __init__(
         self,
         *,
@@ -499,14 +504,55 @@ class StatsReply(_message.Message):
         protected_bytes: _builtins.int = ...,
         protected_overflow: _builtins.int = ...,
         classes: _abc.Iterable[Global___ClassStats] | None = ...,
+        leases: Global___LeaseStats | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["leases", b"leases"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["access", b"access", "bulk_port", b"bulk_port", "bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "classes", b"classes", "corrupt", b"corrupt", "evictions", b"evictions", "expired", b"expired", "hits", b"hits", "keys", b"keys", "max_bytes", b"max_bytes", "misses", b"misses", "path", b"path", "policy", b"policy", "protected_bytes", b"protected_bytes", "protected_overflow", b"protected_overflow", "role", b"role", "sync_mode", b"sync_mode", "tenant", b"tenant", "tenants", b"tenants", "uptime_s", b"uptime_s", "used_bytes", b"used_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access", b"access", "bulk_port", b"bulk_port", "bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "classes", b"classes", "corrupt", b"corrupt", "evictions", b"evictions", "expired", b"expired", "hits", b"hits", "keys", b"keys", "leases", b"leases", "max_bytes", b"max_bytes", "misses", b"misses", "path", b"path", "policy", b"policy", "protected_bytes", b"protected_bytes", "protected_overflow", b"protected_overflow", "role", b"role", "sync_mode", b"sync_mode", "tenant", b"tenant", "tenants", b"tenants", "uptime_s", b"uptime_s", "used_bytes", b"used_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatsReply: _TypeAlias = StatsReply  # noqa: Y015
+
+@_typing.final
+class LeaseStats(_message.Message):
+    """Lookup leases since the vault started: a PrefixLookup with lease_ms keeps what it reports."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANTED_FIELD_NUMBER: _builtins.int
+    HONOURED_FIELD_NUMBER: _builtins.int
+    EXPIRED_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    LEASED_BYTES_FIELD_NUMBER: _builtins.int
+    granted: _builtins.int
+    honoured: _builtins.int
+    """times an eviction walked past a leased entry"""
+    expired: _builtins.int
+    refused: _builtins.int
+    """entries not leased (a bound reached, or evicted while looked up)"""
+    held: _builtins.int
+    """leases held now"""
+    leased_bytes: _builtins.int
+    """bytes held by them now"""
+    def __init__(
+        self,
+        *,
+        granted: _builtins.int = ...,
+        honoured: _builtins.int = ...,
+        expired: _builtins.int = ...,
+        refused: _builtins.int = ...,
+        held: _builtins.int = ...,
+        leased_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expired", b"expired", "granted", b"granted", "held", b"held", "honoured", b"honoured", "leased_bytes", b"leased_bytes", "refused", b"refused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseStats: _TypeAlias = LeaseStats  # noqa: Y015
 
 @_typing.final
 class ClassStats(_message.Message):
