@@ -112,6 +112,25 @@ def test_only_blocks_within_the_lookahead_are_shipped_then_held_until_reported()
     assert t["evict_store_blocks"] == t["evict_releases"] == 3
 
 
+def test_a_step_that_changed_nothing_the_walk_reads_does_not_walk() -> None:
+    f = Fixture(lookahead=POOL)
+    walks = []
+    iterate = f.pool.free_block_queue.iter_blocks_after
+    f.pool.free_block_queue.iter_blocks_after = lambda c: walks.append(c) or iterate(c)  # type: ignore[method-assign]
+    assert f.store.walk() == [] and len(walks) == 1
+    assert f.store.walk() == [] and len(walks) == 1, "an idle step walks nothing"
+    r = request(2, seed=9)
+    blocks = f.pool.get_new_blocks(2)
+    f.pool.cache_full_blocks(r, blocks, 0, 2, BS, 0)
+    f.pool.free_blocks(blocks)  # the queue changed: its tail
+    assert f.store.walk() == [] and len(walks) == 2, "blocks no request was seen finishing"
+    f.store.remember([[b.block_id for b in blocks]], keys_of(r), None, 2 * BS)  # the keys became known
+    (job,) = f.store.walk()
+    assert len(walks) == 3 and len(job.refs) == 2
+    assert f.store.walk() == [] and len(walks) == 4, "shipping changed the queue: one more (empty) walk"
+    assert f.store.walk() == [] and len(walks) == 4
+
+
 def test_a_job_is_released_once_every_worker_reported_it() -> None:
     f = Fixture(lookahead=POOL, workers=2)
     f.run(request(2, seed=2))

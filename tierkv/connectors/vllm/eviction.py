@@ -109,6 +109,9 @@ class EvictionStore:
         self._jobs: dict[str, list[int]] = {}
         self._reports: dict[str, int] = {}
         self._ids = itertools.count()
+        self._version = 0
+        """Bumped whenever what is known or shipped changes (the walk's other input)."""
+        self._last_walk: tuple[int, int, int, int] | None = None
 
     @property
     def held(self) -> int:
@@ -129,6 +132,7 @@ class EvictionStore:
             logger.warning("prefix cache reset refused: %d block(s) are being stored", self.held)
             return False
         self._shipped.clear()
+        self._version += 1
         return True
 
     # -- learning keys -----------------------------------------------------------------------------
@@ -152,6 +156,7 @@ class EvictionStore:
                 if ids[pos] != NULL_BLOCK and block.block_hash is not None:
                     key = keys[pos]
                     self._known.put(block.block_hash, Known(group.index, pos, key, (meta or {}).get(key)))
+                    self._version += 1
 
     def preempted(
         self,
@@ -176,6 +181,7 @@ class EvictionStore:
                 if block is None:
                     continue
                 self._known.put(block_hash, Known(group.index, pos, key, (meta or {}).get(key)))
+                self._version += 1
                 if block.ref_cnt == 0:
                     found.append(block)
         job = self._ship(found)
@@ -187,10 +193,26 @@ class EvictionStore:
     # -- the walk ----------------------------------------------------------------------------------
 
     def walk(self) -> list[StoreJob]:
-        """This step's job: unshipped cached blocks within ``lookahead`` of the free queue's head."""
+        """This step's job: unshipped cached blocks within ``lookahead`` of the free queue's head.
+
+        Skipped when nothing it reads changed since the last walk: the free queue (its length and end
+        blocks: every allocation pops the head, every free appends at the tail, every hit on a free
+        block shortens it) and what is known and shipped. An idle or decode-only step then costs a
+        tuple comparison instead of a Python loop over the window.
+        """
         pool = self._pool
         if pool is None or self.lookahead <= 0:
             return []
+        queue = pool.free_block_queue
+        seen = (
+            queue.num_free_blocks,
+            id(queue.fake_free_list_head.next_free_block),
+            id(queue.fake_free_list_tail.prev_free_block),
+            self._version,
+        )
+        if seen == self._last_walk:
+            return []
+        self._last_walk = seen
         wanted: list[Any] = []
         unknown = 0
         for block in itertools.islice(pool.free_block_queue.iter_blocks_after(None), self.lookahead):
@@ -217,6 +239,7 @@ class EvictionStore:
             if known is None or known.key in self._shipped:
                 continue
             self._shipped.put(known.key, True)
+            self._version += 1
             refs.append(BlockRef(known.group, known.position, block.block_id, known.key))
             if known.meta is not None:
                 meta[known.key] = known.meta

@@ -24,6 +24,12 @@ class Block(Protocol):
 
 
 class FreeQueue(Protocol):
+    """vLLM's ``FreeKVCacheBlockQueue``: a doubly linked list between two sentinel blocks."""
+
+    num_free_blocks: int
+    fake_free_list_head: Any
+    fake_free_list_tail: Any
+
     def iter_blocks_after(self, cursor: Any) -> Iterator[Any]: ...
 
 
