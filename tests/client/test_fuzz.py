@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 
 from tierkv.client._rpc import GetAssembler, parse_reply
-from tierkv.client.bulk import _Wire, read_reply
+from tierkv.client.bulk import RecvPool, _Wire, read_reply
 from tierkv.errors import VaultError
 from tierkv.wire import Blob, bulk, encode_frames, pb
 
@@ -108,9 +108,12 @@ def fuzzed_records(rng: random.Random) -> bytes:
     return damage(rng, stream) if rng.random() < 0.5 else stream
 
 
-def test_fuzzed_bulk_replies_raise_only_vault_error() -> None:
-    """The bulk reply reader over a real socket pair, fed what a broken or hostile port might send."""
+@pytest.mark.parametrize("streamed", [False, True], ids=["kept", "streamed-into-reused-buffers"])
+def test_fuzzed_bulk_replies_raise_only_vault_error(streamed: bool) -> None:
+    """The bulk reply reader over a real socket pair, fed what a broken or hostile port might send; also
+    as ``get_each`` reads it (blobs handed over as they arrive, frames received into reused buffers)."""
     errors: dict[str, int] = {}
+    pool = RecvPool(max_bytes=1 << 16) if streamed else None
 
     def one(rng: random.Random) -> None:
         ours, theirs = socket.socketpair()
@@ -118,13 +121,28 @@ def test_fuzzed_bulk_replies_raise_only_vault_error() -> None:
             stream = fuzzed_records(rng)
             theirs.sendall(stream)
             theirs.shutdown(socket.SHUT_WR)
-            assembler = GetAssembler(rng.randint(0, 6), "fuzz:1")
+            n = rng.randint(0, 6)
+            handed: list[tuple[int, bytes]] = []
+            sink = (lambda i, blob: handed.append((i, bytes(blob)))) if streamed else None
+            assembler = GetAssembler(n, "fuzz:1", sink)
             try:
-                read_reply(_Wire(ours, time.monotonic() + 5, "fuzz:1"), assembler.feed)
+                read_reply(_Wire(ours, time.monotonic() + 5, "fuzz:1", pool), assembler.feed)
                 assembler.finish()
             except VaultError as exc:
                 errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+            assert all(0 <= i < n for i, _ in handed)
+            assert [assembler.sizes[i] for i, _ in handed] == [len(b) for _, b in handed]
 
     done = run_bounded(3_000, 15.0, one)
     assert done >= 200, f"only {done} inputs in the time given"
     assert {"BulkRefused", "VaultError", "VaultUnavailable"} <= set(errors), errors
+
+
+def test_a_reply_naming_a_key_twice_is_refused_before_the_second_copy_is_handed_over() -> None:
+    twice = [Blob(key=b"k", data=b"first", index=0), Blob(key=b"k", data=b"second", index=0)]
+    handed: list[bytes] = []
+    assembler = GetAssembler(1, "fuzz:1", lambda i, blob: handed.append(bytes(blob)))
+    with pytest.raises(VaultError, match="twice"):
+        for frame in encode_frames(twice, frame_bytes=4096, namespace=b"ns"):
+            assembler.feed(frame)
+    assert handed == [b"first"]

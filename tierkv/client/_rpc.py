@@ -208,6 +208,8 @@ class GetAssembler:
                 raise VaultError("BatchGet reply names a key that was not asked for", address=self.address)
             if blob.status != FOUND or blob.data is None:
                 continue
+            if self.sizes[blob.index] is not None:
+                raise VaultError("BatchGet reply names a key twice", address=self.address)
             self.sizes[blob.index] = len(blob.data)
             if self._on_blob is None:
                 self.results[blob.index] = blob.data
