@@ -280,3 +280,16 @@ def test_place_is_for_raw_streams_only_and_a_failing_hook_fails_the_restore() ->
         tier.restore(RAW, keys(1), RAW.expect(SHAPE, TOKENS), place=broken)
     with pytest.raises(ValueError, match="exactly one of out and place"):
         tier.restore(RAW, keys(1), RAW.expect(SHAPE, TOKENS))
+
+
+def test_leading_only_places_nothing_past_the_first_gap() -> None:
+    storage = Streaming()
+    tier = ColdTier(storage, TorchArrays())
+    spec = StreamSpec(NS, LayerGroup.ATTENTION)
+    tier.store(spec, [(k, torch.randn(SHAPE), TOKENS) for k in keys(3)])
+    del storage.blobs[("kv_cold", NS)][keys(3)[1]]
+    placed: list[int] = []
+    got = tier.restore(
+        spec, keys(3), spec.expect(SHAPE, TOKENS), place=lambda i, v: placed.append(i), leading_only=True
+    )
+    assert got.decoded == [0] and placed == [0], "block 2 arrived but lies past the gap"

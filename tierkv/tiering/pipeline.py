@@ -183,11 +183,11 @@ class ColdTier(Generic[A]):
 
         ``expect`` is one header for every key or one per key (e.g. a state's SSM and CONV blobs, which
         share a role). A hook that stores ``raw`` blobs in its cache's own dtype passes ``place`` instead
-        of ``out``: each verified blob is then handed over as a view of the received bytes, and the
-        hook's own copy into its cache is the only one (no decode buffer). With ``leading_only`` decoding
-        stops at the first block that is missing or
-        corrupt (a hook that can only use a leading run); otherwise every block is tried and the hook
-        learns which failed. Corrupt blobs are deleted from the vaults, so the next store of that
+        of ``out``: each verified blob is then handed over as a view of the received bytes as soon as it
+        arrives, and the hook's own copy into its cache is the only one (no decode buffer). With
+        ``leading_only`` decoding stops at the first block that is missing or corrupt (a hook that can
+        only use a leading run; nothing is placed while it arrives then); otherwise every block is tried
+        and the hook learns which failed. Corrupt blobs are deleted from the vaults, so the next store of that
         prefix replaces them instead of every later restore failing on them again. With prefetch on,
         blobs come from the prefetch buffer first, and the chain's likely successors are prefetched after.
         """
@@ -198,7 +198,8 @@ class ColdTier(Generic[A]):
         if not keys:
             return result
         t = time.perf_counter()
-        blobs = self._get(spec, keys, result, target.arrived if target.streams else None)
+        streamed = target.streams and not leading_only
+        blobs = self._get(spec, keys, result, target.arrived if streamed else None)
         result.get_s = time.perf_counter() - t
         target.raise_error()
         result.fetched_bytes = sum(_size(b) for b in blobs if b is not None)
