@@ -219,17 +219,24 @@ class Streaming(MemoryStorage):
         return super().get_each(namespace, keys, sink, role)
 
 
-def test_place_takes_raw_blobs_as_views_while_they_arrive() -> None:
+RAW_TORCH = StreamSpec(NS, LayerGroup.ATTENTION)
+
+
+def streaming(n: int) -> tuple[Streaming, ColdTier[torch.Tensor], dict[bytes, bytes], list[torch.Tensor]]:
+    """A :class:`Streaming` storage holding ``n`` raw torch blocks, the pipeline over it, its blobs."""
     storage = Streaming()
     tier = ColdTier(storage, TorchArrays())
-    spec = StreamSpec(NS, LayerGroup.ATTENTION)
-    data = [torch.randn(SHAPE) for _ in range(4)]
-    tier.store(spec, [(k, d, TOKENS) for k, d in zip(keys(4), data, strict=True)])
-    del storage.blobs[("kv_cold", NS)][keys(4)[2]]
+    data = [torch.randn(SHAPE) for _ in range(n)]
+    tier.store(RAW_TORCH, [(k, d, TOKENS) for k, d in zip(keys(n), data, strict=True)])
+    return storage, tier, storage.blobs[("kv_cold", NS)], data
+
+
+def test_place_takes_raw_blobs_as_views_while_they_arrive() -> None:
+    storage, tier, space, data = streaming(4)
+    spec = RAW_TORCH
+    del space[keys(4)[2]]
     cache = torch.zeros((9, *SHAPE))
     slots = [7, 0, 4, 2]
-
-    space = storage.blobs[("kv_cold", NS)]
 
     def place(i: int, values: torch.Tensor) -> None:
         blob = space[keys(4)[i]]
@@ -248,12 +255,8 @@ def test_place_takes_raw_blobs_as_views_while_they_arrive() -> None:
 
 
 def test_a_corrupt_blob_met_on_arrival_is_rejected_and_deleted_too() -> None:
-    storage = Streaming()
-    tier = ColdTier(storage, TorchArrays())
-    spec = StreamSpec(NS, LayerGroup.ATTENTION)
-    data = [torch.randn(SHAPE) for _ in range(3)]
-    tier.store(spec, [(k, d, TOKENS) for k, d in zip(keys(3), data, strict=True)])
-    space = storage.blobs[("kv_cold", NS)]
+    storage, tier, space, _ = streaming(3)
+    spec = RAW_TORCH
     space[keys(3)[1]] = space[keys(3)[1]][:-1] + bytes([space[keys(3)[1]][-1] ^ 1])
     placed: dict[int, torch.Tensor] = {}
     got = tier.restore(
@@ -283,11 +286,9 @@ def test_place_is_for_raw_streams_only_and_a_failing_hook_fails_the_restore() ->
 
 
 def test_leading_only_places_nothing_past_the_first_gap() -> None:
-    storage = Streaming()
-    tier = ColdTier(storage, TorchArrays())
-    spec = StreamSpec(NS, LayerGroup.ATTENTION)
-    tier.store(spec, [(k, torch.randn(SHAPE), TOKENS) for k in keys(3)])
-    del storage.blobs[("kv_cold", NS)][keys(3)[1]]
+    _, tier, space, _ = streaming(3)
+    spec = RAW_TORCH
+    del space[keys(3)[1]]
     placed: list[int] = []
     got = tier.restore(
         spec, keys(3), spec.expect(SHAPE, TOKENS), place=lambda i, v: placed.append(i), leading_only=True

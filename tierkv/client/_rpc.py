@@ -18,7 +18,6 @@ from tierkv.client.types import (
     EntryInfo,
     EntryStatus,
     HotChain,
-    LeaseStats,
     NamespaceInfo,
     TenantStats,
     VaultStats,
@@ -33,6 +32,7 @@ from tierkv.errors import (
 )
 from tierkv.limits import CLIENT_BATCH_BYTES, FRAME_BYTES, MAX_MESSAGE_BYTES
 from tierkv.retention.classes import BlockMeta, unpack_tokens
+from tierkv.vault.leases import LeaseCounts
 from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb
 from tierkv.wire.framing import FOUND, Buffer
 
@@ -299,7 +299,7 @@ def stats_from_reply(r: pb.StatsReply) -> VaultStats:
         expired=r.expired,
         protected_bytes=r.protected_bytes,
         protected_overflow=r.protected_overflow,
-        leases=LeaseStats(
+        leases=LeaseCounts(
             granted=r.leases.granted,
             honoured=r.leases.honoured,
             expired=r.leases.expired,

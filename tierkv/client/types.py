@@ -6,6 +6,8 @@ import dataclasses
 import enum
 from typing import TYPE_CHECKING
 
+from tierkv.vault.leases import LeaseCounts
+
 if TYPE_CHECKING:
     from tierkv.codec.header import BlobHeader
 
@@ -60,20 +62,6 @@ class TenantStats:
 
 
 @dataclasses.dataclass(frozen=True)
-class LeaseStats:
-    """Lookup leases on one vault since it started (README, "Lookup leases")."""
-
-    granted: int = 0
-    honoured: int = 0
-    """Times an eviction walked past a leased entry."""
-    expired: int = 0
-    refused: int = 0
-    """Entries not leased: a bound was reached, or the entry was evicted while the lookup read."""
-    held: int = 0
-    leased_bytes: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
 class VaultStats:
     """What a vault says about itself (``Stats`` RPC). Counters run since the vault process started."""
 
@@ -104,8 +92,8 @@ class VaultStats:
     """The caller's access role, ``admin`` or ``user`` (empty from a vault that predates tenancy)."""
     tenants: tuple[TenantStats, ...] = ()
     """Every tenant's figures (admin callers only)."""
-    leases: LeaseStats = LeaseStats()
-    """The caller's tenant's lookup leases (an admin's: every tenant's)."""
+    leases: LeaseCounts = LeaseCounts()
+    """The caller's tenant's lookup leases (an admin's: every tenant's); the vault's own record type."""
 
     @property
     def hit_rate(self) -> float | None:
