@@ -180,7 +180,9 @@ def main() -> None:
     print_report(args, shape, rows, totals)
 
 
-def print_report(args: argparse.Namespace, shape: dict[str, int], rows: list[dict[str, Any]], totals: Any) -> None:
+def print_report(
+    args: argparse.Namespace, shape: dict[str, int], rows: list[dict[str, Any]], totals: Any
+) -> None:
     kib = kv_bytes_per_token(shape) * BLOCK_SIZE / 1024
     print(f"model {args.model} {shape}, block {BLOCK_SIZE} tokens = {kib:.0f} KiB of float32 KV")
     print(f"{args.load_mode} loads, medians of {args.runs} runs; bound = local + 1.5 x wire")
