@@ -35,6 +35,7 @@ from tierkv.client._rpc import (
     put_batches,
     put_frames,
     stats_from_reply,
+    streamed_get_request,
 )
 from tierkv.client.transport import (
     BATCH_GET,
@@ -99,7 +100,7 @@ class Calls:
         if not keys:
             return []
         assembler = GetAssembler(len(keys), self.address, on_blob)
-        request = keys_request(pb.BatchGetRequest, namespace, keys)
+        request = streamed_get_request(namespace, keys)
         yield Request(BATCH_GET, request, self.options.deadline(timeout), sink=assembler.feed)
         assembler.finish()
         return assembler.sizes
