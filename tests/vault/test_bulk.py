@@ -39,29 +39,6 @@ def test_bulk_port_speaks_the_documented_protocol(vault_factory: VaultFactory) -
     }
 
 
-@pytest.mark.parametrize("per_blob", [False, True])
-def test_a_reply_asked_for_blob_by_blob_ends_a_frame_after_each_blob(
-    vault_factory: VaultFactory, per_blob: bool
-) -> None:
-    v = vault_factory()
-    blobs = {b"k%d" % i: os.urandom(100_000) for i in range(6)}
-    with VaultClient(v.address, timeout=30) as c:
-        c.put(b"ns", blobs)
-        port = c.stats().bulk_port
-    keys = [b"k0", b"k1", b"gone", b"k2", b"k3", b"k4", b"k5"]
-    request = pb.BatchGetRequest(namespace=b"ns", keys=keys, blob_per_frame=per_blob).SerializeToString()
-    records = bulk_records(port, bulk.encode_request(None, request))
-    decoder = FrameDecoder(max_item_bytes=1 << 30)
-    found_per_frame = [
-        sum(b.status == pb.FOUND for b in decoder.feed(payload))
-        for kind, payload in records
-        if kind == bulk.FRAME
-    ]
-    assert sum(found_per_frame) == 6
-    # 600 kB fit one 4 MiB frame; blob by blob, every frame carries one (the missing key rides along)
-    assert found_per_frame == ([1] * 6 if per_blob else [6])
-
-
 def test_client_uses_the_bulk_port_by_default(vault_factory: VaultFactory) -> None:
     v = vault_factory()
     with VaultClient(v.address) as c:

@@ -162,12 +162,6 @@ def keys_request(
     return message(namespace=namespace, keys=list(keys)).SerializeToString()
 
 
-def streamed_get_request(namespace: bytes, keys: Sequence[bytes]) -> bytes:
-    """A BatchGet whose reply ends a frame after each blob: ``get_each`` hands a blob over as soon as its
-    own bytes are in, not once a 4 MiB frame of several is."""
-    return pb.BatchGetRequest(namespace=namespace, keys=list(keys), blob_per_frame=True).SerializeToString()
-
-
 def lookup_request(namespace: bytes, keys: Sequence[bytes], lease_ms: int) -> bytes:
     """A PrefixLookup request; ``lease_ms`` outside uint32 is a ValueError here, not on the wire."""
     if not 0 <= lease_ms <= 0xFFFFFFFF:

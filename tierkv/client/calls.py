@@ -35,7 +35,6 @@ from tierkv.client._rpc import (
     put_batches,
     put_frames,
     stats_from_reply,
-    streamed_get_request,
 )
 from tierkv.client.transport import (
     BATCH_GET,
@@ -100,7 +99,7 @@ class Calls:
         if not keys:
             return []
         assembler = GetAssembler(len(keys), self.address, on_blob)
-        request = streamed_get_request(namespace, keys)
+        request = keys_request(pb.BatchGetRequest, namespace, keys)
         yield Request(BATCH_GET, request, self.options.deadline(timeout), sink=assembler.feed)
         assembler.finish()
         return assembler.sizes

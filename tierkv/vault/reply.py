@@ -7,8 +7,7 @@ fresh transaction. A reply also releases by itself between frames once its trans
 resize waits, so no peer, however slow, keeps a read transaction open, pins pages or stalls writers.
 
 Packing follows :func:`tierkv.wire.framing.encode_frame_parts`: a blob that fits an empty frame never
-straddles two, larger blobs span frames. With ``blob_per_frame`` (asked for by a client that uses each
-blob as soon as it arrives) a frame also ends after each blob.
+straddles two, larger blobs span frames.
 """
 
 from __future__ import annotations
@@ -26,20 +25,11 @@ _EMPTY = memoryview(b"")
 class BatchGetReply:
     """The reply frames for ``keys``; iterate :meth:`frames` once, then :meth:`close`."""
 
-    def __init__(
-        self,
-        reader: Reader,
-        namespace: bytes,
-        keys: Sequence[bytes],
-        *,
-        frame_bytes: int,
-        blob_per_frame: bool = False,
-    ) -> None:
+    def __init__(self, reader: Reader, namespace: bytes, keys: Sequence[bytes], *, frame_bytes: int) -> None:
         self._reader = reader
         self._namespace = namespace
         self._keys = keys
         self._frame_bytes = frame_bytes
-        self._blob_per_frame = blob_per_frame
         self._data: Buffer = _EMPTY
         self.sent_bytes = 0
 
@@ -52,7 +42,7 @@ class BatchGetReply:
             status, view = self._reader.get(self._namespace, key)
             self._data = _EMPTY if view is None else view
             size, offset = len(self._data), 0
-            if used and (self._blob_per_frame or (used + size > limit and size <= limit)):
+            if used and used + size > limit and size <= limit:
                 yield self._frame(header, parts)
                 header, parts, used = pb.FrameHeader(), [], 0
                 self._check()

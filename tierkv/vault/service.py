@@ -130,13 +130,7 @@ class VaultService:
         keys = _check_keys(request.namespace, request.keys)
         reader = self.store.reader(who.tenant)
         self.learner.fetched(who.tenant, request.namespace, keys)
-        return BatchGetReply(
-            reader,
-            request.namespace,
-            keys,
-            frame_bytes=self.limits.frame_bytes,
-            blob_per_frame=request.blob_per_frame,
-        )
+        return BatchGetReply(reader, request.namespace, keys, frame_bytes=self.limits.frame_bytes)
 
     def finish_batch_get(self, reply: BatchGetReply) -> None:
         reply.close()

@@ -235,10 +235,7 @@ class BatchGetRequest(_message.Message):
 
     NAMESPACE_FIELD_NUMBER: _builtins.int
     KEYS_FIELD_NUMBER: _builtins.int
-    BLOB_PER_FRAME_FIELD_NUMBER: _builtins.int
     namespace: _builtins.bytes
-    blob_per_frame: _builtins.bool
-    """a frame ends after each blob, so a reader that uses each blob as"""
     @_builtins.property
     def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
     def __init__(
@@ -246,11 +243,10 @@ class BatchGetRequest(_message.Message):
         *,
         namespace: _builtins.bytes = ...,
         keys: _abc.Iterable[_builtins.bytes] | None = ...,
-        blob_per_frame: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blob_per_frame", b"blob_per_frame", "keys", b"keys", "namespace", b"namespace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "namespace", b"namespace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
