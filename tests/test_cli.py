@@ -51,10 +51,13 @@ def test_status_reports_every_vault_over_rpc(vault_factory: VaultFactory, tmp_pa
     with VaultClient(kv.address) as c:
         c.put(b"ns", {b"a": b"x" * 100})
         c.get(b"ns", [b"a", b"b"])
+        c.prefix_lookup(b"ns", [b"a"], lease_ms=10_000)
     cfg = cluster_toml(tmp_path, kv.port, ssm.port)
     result = tierkv("status", "--config", str(cfg), "--json")
     assert result.returncode == 0, result.stderr
     nodes = {n["role"]: n for n in json.loads(result.stdout)["nodes"]}
+    leases = nodes["kv_cold"]["leases"]
+    assert (leases["granted"], leases["held"], leases["leased_bytes"]) == (1, 1, 103)
     assert nodes["kv_cold"]["reachable"] and nodes["kv_cold"]["serving_role"] == "kv_cold"
     assert nodes["kv_cold"]["keys"] == 1 and nodes["kv_cold"]["hit_rate"] == 0.5
     assert nodes["kv_cold"]["used_bytes"] == 103 and nodes["kv_cold"]["max_bytes"] == 64 * 1024**2

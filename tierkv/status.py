@@ -51,6 +51,8 @@ class NodeStatus:
     tenant: str = ""
     """The tenant the token belongs to (its figures are the tenant's own unless ``access`` is admin)."""
     access: str = ""
+    leases: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Lookup leases: granted, honoured, expired, refused since start; held and leased bytes now."""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -91,6 +93,7 @@ def probe(role: Role, address: str, config: Config, timeout: float, token: str |
         tenant=s.tenant,
         access=s.access,
         classes=tuple({**dataclasses.asdict(c), "hit_rate_5m": c.hit_rate_5m} for c in s.classes),
+        leases=dataclasses.asdict(s.leases),
     )
 
 
