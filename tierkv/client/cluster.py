@@ -22,6 +22,7 @@ import enum
 import logging
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -420,12 +421,7 @@ class Cluster:
         self.close()
 
 
-Fetch = Callable[[bytes, Sequence[bytes], "BlobSink | None"], Work[list[R | None]]]
-"""One vault's share of a read, given the namespace, its keys and the sink of its arriving blobs (None:
-nothing streams)."""
-
-
-class _Read(Generic[R]):
+class _Read(ABC, Generic[R]):
     """One replicated read in progress: the results so far and how many owners of each key were asked.
 
     ``R`` is what a found key yields: its blob (:meth:`Cluster.get_buffers`) or its size
@@ -435,16 +431,13 @@ class _Read(Generic[R]):
     runs after the read returned.
     """
 
-    def __init__(
-        self, namespace: bytes, keys: Sequence[bytes], owners: list[list[int]], fetch: Fetch[R]
-    ) -> None:
+    def __init__(self, namespace: bytes, keys: Sequence[bytes], owners: list[list[int]]) -> None:
         self.namespace = namespace
         self.keys = keys
         self.owners = owners
         self.results: list[R | None] = [None] * len(keys)
         self.asked = [0] * len(keys)
         self.bytes_in: dict[int, int] = defaultdict(int)
-        self._fetch = fetch
         self._cond = threading.Condition()
         self._handing = 0
         self._closed = False
@@ -458,16 +451,13 @@ class _Read(Generic[R]):
                 self.asked[i] += 1
         return per_vault
 
+    @abstractmethod
     def work(self, vault: int, indices: Sequence[int]) -> Work[list[R | None]]:
-        return self._fetch(self.namespace, [self.keys[i] for i in indices], self.sink(vault, indices))
+        """One vault's share: the keys at ``indices``, asked of ``vault``."""
 
-    def sink(self, vault: int, indices: Sequence[int]) -> BlobSink | None:
-        """Where the blobs of one vault's share go as they arrive (None: they are kept, not handed over)."""
-        return None
-
+    @abstractmethod
     def size(self, item: R) -> int:
         """Bytes a found key's result stands for."""
-        raise NotImplementedError
 
     def take(self, answers: Iterable[tuple[int, list[int], list[R | None] | _Failed]]) -> list[int]:
         """Record (vault, key indices, its answer) triples; returns the keys they did not deliver."""
@@ -498,8 +488,8 @@ class _Read(Generic[R]):
 class _BufferRead(_Read[Buffer]):
     """A read that keeps the blobs."""
 
-    def __init__(self, namespace: bytes, keys: Sequence[bytes], owners: list[list[int]]) -> None:
-        super().__init__(namespace, keys, owners, _fetch_buffers)
+    def work(self, vault: int, indices: Sequence[int]) -> Work[list[Buffer | None]]:
+        return partial(_get_buffers, namespace=self.namespace, keys=[self.keys[i] for i in indices])
 
     def size(self, item: Buffer) -> int:
         return len(item)
@@ -511,11 +501,14 @@ class _EachRead(_Read[int]):
     def __init__(
         self, namespace: bytes, keys: Sequence[bytes], owners: list[list[int]], on_blob: BlobSink
     ) -> None:
-        super().__init__(namespace, keys, owners, _fetch_each)
+        super().__init__(namespace, keys, owners)
         self.on_blob = on_blob
 
-    def sink(self, vault: int, indices: Sequence[int]) -> BlobSink | None:
-        return partial(self.arrived, vault, indices)
+    def work(self, vault: int, indices: Sequence[int]) -> Work[list[int | None]]:
+        keys = [self.keys[i] for i in indices]
+        return partial(
+            _get_each, namespace=self.namespace, keys=keys, on_blob=partial(self.arrived, vault, indices)
+        )
 
     def size(self, item: int) -> int:
         return item
@@ -573,23 +566,10 @@ def _put(
     return client.put(namespace, items, priority=priority, meta=meta)
 
 
-def _fetch_buffers(
-    namespace: bytes, keys: Sequence[bytes], sink: BlobSink | None
-) -> Work[list[Buffer | None]]:
-    """A share of :meth:`Cluster.get_buffers`: the blobs, kept."""
-    return partial(_get_buffers, namespace=namespace, keys=keys)
-
-
 def _get_buffers(
     client: VaultClient, timeout: float | None, *, namespace: bytes, keys: Sequence[bytes]
 ) -> list[Buffer | None]:
     return client.get_buffers(namespace, keys, timeout=timeout)
-
-
-def _fetch_each(namespace: bytes, keys: Sequence[bytes], sink: BlobSink | None) -> Work[list[int | None]]:
-    """A share of :meth:`Cluster.get_each`: sizes, each blob handed to ``sink`` as it arrives."""
-    assert sink is not None
-    return partial(_get_each, namespace=namespace, keys=keys, on_blob=sink)
 
 
 def _get_each(
