@@ -294,3 +294,26 @@ def test_leading_only_places_nothing_past_the_first_gap() -> None:
         spec, keys(3), spec.expect(SHAPE, TOKENS), place=lambda i, v: placed.append(i), leading_only=True
     )
     assert got.decoded == [0] and placed == [0], "block 2 arrived but lies past the gap"
+
+
+def test_numpy_blocks_are_placed_from_views_too_and_arrays_that_cannot_view_are_refused() -> None:
+    storage = MemoryStorage()
+    tier = ColdTier(storage, NumpyArrays("bfloat16"))
+    bits = [np.random.default_rng(i).integers(0, 1 << 15, SHAPE, dtype=np.uint16) for i in range(2)]
+    tier.store(RAW, [(k, b, TOKENS) for k, b in zip(keys(2), bits, strict=True)])
+    placed: dict[int, np.ndarray] = {}
+    got = tier.restore(RAW, keys(2), RAW.expect(SHAPE, TOKENS, "bfloat16"), place=placed.__setitem__)
+    assert got.decoded == [0, 1] and all(placed[i].dtype == np.uint16 for i in placed)
+    assert all(np.array_equal(placed[i], bits[i]) for i in range(2)) and not placed[0].flags.writeable
+
+    class DecodeOnly:
+        """Arrays that can decode but not view (an engine hook's own, say)."""
+
+        encode = NumpyArrays().encode
+        decode_into = NumpyArrays().decode_into
+
+    with pytest.raises(ValueError, match="cannot view"):
+        ColdTier(storage, DecodeOnly()).restore(
+            RAW, keys(2), RAW.expect(SHAPE, TOKENS), place=lambda i, v: None
+        )
+    assert storage.calls["get"] == 1, "refused before anything was fetched"

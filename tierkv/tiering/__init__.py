@@ -45,7 +45,7 @@ What a new engine hook writes (``tierkv/connectors/<engine>/``)
     hook needs more, the pipeline is missing something: add it here, once.
 """
 
-from tierkv.tiering.arrays import Arrays, NumpyArrays
+from tierkv.tiering.arrays import Arrays, NumpyArrays, ViewingArrays
 from tierkv.tiering.background import BoundedWorker
 from tierkv.tiering.batches import byte_batches
 from tierkv.tiering.checks import at_least, one_of
@@ -70,6 +70,7 @@ __all__ = [
     "Storage",
     "StoreTally",
     "StreamSpec",
+    "ViewingArrays",
     "at_least",
     "byte_batches",
     "codec_for",

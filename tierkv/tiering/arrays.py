@@ -3,14 +3,15 @@
 A hook picks an :class:`Arrays` implementation for its tensor type: :class:`NumpyArrays` here (also the
 route for MLX arrays, through numpy), :class:`tierkv.tiering.tensors.TorchArrays` for torch (kept in its
 own module so this package never imports torch). ``decode_into`` verifies the blob against an
-:class:`~tierkv.tiering.spec.Expect` and writes the values into caller-provided memory; ``view`` verifies
-a ``raw`` blob the same way and returns its values without copying them, for a hook that writes them
-straight into its cache. Both raise :class:`~tierkv.errors.TierKVError` for anything that does not verify.
+:class:`~tierkv.tiering.spec.Expect` and writes the values into caller-provided memory. Implementations
+that can also hand out a ``raw`` blob's values without copying them (:class:`ViewingArrays`: ``view``
+verifies the same way) serve hooks that write blocks straight into their cache. Both raise
+:class:`~tierkv.errors.TierKVError` for anything that does not verify.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -19,20 +20,26 @@ from tierkv.codec import Buffer, LayerGroup, decode, encode
 from tierkv.tiering.spec import Expect
 
 A = TypeVar("A")
+A_contra = TypeVar("A_contra", contravariant=True)
 
 
-class Arrays(Protocol[A]):
-    """Encode one block array into a blob; verify and decode one blob into an array slot, or view it."""
+class Arrays(Protocol[A_contra]):
+    """Encode one block array into a blob; verify and decode one blob into an array slot."""
 
-    def encode(self, block: A, codec: str, tokens: int, layer_group: LayerGroup) -> bytes: ...
+    def encode(self, block: A_contra, codec: str, tokens: int, layer_group: LayerGroup) -> bytes: ...
 
-    def decode_into(self, blob: Buffer, out: A, expect: Expect) -> None: ...
+    def decode_into(self, blob: Buffer, out: A_contra, expect: Expect) -> None: ...
+
+
+@runtime_checkable
+class ViewingArrays(Arrays[A], Protocol[A]):
+    """:class:`Arrays` that also verify a ``raw`` blob and return its values over the blob's memory."""
 
     def view(self, blob: Buffer, expect: Expect) -> A: ...
 
 
 class NumpyArrays:
-    """:class:`Arrays` for numpy arrays.
+    """:class:`ViewingArrays` for numpy arrays.
 
     numpy has no bfloat16: such a model's arrays are ``uint16`` bits, declared with ``dtype="bfloat16"``.
     """
@@ -71,4 +78,4 @@ class NumpyArrays:
         return values
 
 
-__all__ = ["A", "Arrays", "NumpyArrays"]
+__all__ = ["A", "Arrays", "NumpyArrays", "ViewingArrays"]

@@ -17,7 +17,7 @@ from typing import Generic
 
 from tierkv.codec import Buffer
 from tierkv.errors import TierKVError
-from tierkv.tiering.arrays import A, Arrays
+from tierkv.tiering.arrays import A, Arrays, ViewingArrays
 from tierkv.tiering.spec import Expect
 
 Place = Callable[[int, A], None]
@@ -37,6 +37,11 @@ class Target(Generic[A]):
     ) -> None:
         if (out is None) == (place is None):
             raise ValueError("restore takes exactly one of out and place")
+        self.viewer: ViewingArrays[A] | None = None
+        if place is not None:
+            if not isinstance(arrays, ViewingArrays):
+                raise ValueError(f"{type(arrays).__name__} cannot view blobs: pass out, not place")
+            self.viewer = arrays
         self.arrays = arrays
         self.expect = expect
         self.out = out
@@ -64,8 +69,8 @@ class Target(Generic[A]):
             self.arrays.decode_into(blob, self.out(n), self.nth(i))
             t1 = time.perf_counter()
         else:
-            assert self.place is not None
-            values = self.arrays.view(blob, self.nth(i))
+            assert self.place is not None and self.viewer is not None
+            values = self.viewer.view(blob, self.nth(i))
             t1 = time.perf_counter()
             self.place(i, values)
         t2 = time.perf_counter()

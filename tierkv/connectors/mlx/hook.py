@@ -76,9 +76,6 @@ class NumpyBlobs:
     def decode_into(self, blob: Buffer, out: npt.NDArray[Any], expect: Expect) -> None:
         NumpyArrays(blob_dtype(out)).decode_into(blob, out, expect)
 
-    def view(self, blob: Buffer, expect: Expect) -> npt.NDArray[Any]:
-        return NumpyArrays(expect.dtype).view(blob, expect)
-
 
 class ManifestBlobs(NumpyBlobs):
     """Decodes snapshot manifests and refuses (as corrupt) one that does not fit the layout."""
@@ -89,11 +86,6 @@ class ManifestBlobs(NumpyBlobs):
     def decode_into(self, blob: Buffer, out: npt.NDArray[Any], expect: Expect) -> None:
         super().decode_into(blob, out, expect)
         parse_manifest(self.layout, out, expect.tokens)
-
-    def view(self, blob: Buffer, expect: Expect) -> npt.NDArray[Any]:
-        values = super().view(blob, expect)
-        parse_manifest(self.layout, values, expect.tokens)
-        return values
 
 
 @dataclass
