@@ -112,6 +112,43 @@ def test_group_write_goes_layer_by_layer_and_state_write_is_bit_exact() -> None:
     assert all(torch.equal(pages[i][4].reshape(-1), raw[i]) for i in range(2))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dense_blocks_are_written_as_bytes_into_their_own_memory(dtype: torch.dtype) -> None:
+    """A dense CPU cache takes a block's bytes by numpy copy; the values land exactly where torch's
+    indexing puts them, and nothing else changes."""
+    k, v = torch.randn((B, N, H, D)), torch.randn((B, N, H, D))
+    tensor = logical_reference(k, v).to(dtype).contiguous()
+    before = tensor.clone()
+    view = attention_view("layer", tensor, GEOM)
+    assert view.takes_bytes
+    block = torch.randn(H, N, 2 * D).to(dtype)
+    view.write(4, block)
+    assert torch.equal(tensor[4], block)
+    assert torch.equal(tensor[:4], before[:4]) and torch.equal(tensor[5:], before[5:])
+
+
+def test_strided_and_legacy_layouts_never_take_bytes(kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+    for layout, tensor in registrations(*kv).items():
+        view = attention_view("layer", tensor, GEOM, "LBHNC" if "HN" in layout else "LBNHC")
+        assert view.takes_bytes is (layout == "logical"), layout
+
+
+def test_byte_writes_refuse_a_wrong_block_or_size() -> None:
+    tensor = torch.zeros(B, H, N, 2 * D)
+    view = attention_view("layer", tensor, GEOM)
+    row = torch.ones(H, N, 2 * D).view(torch.uint8).numpy().reshape(-1)
+    with pytest.raises(IndexError):
+        view.write_bytes(B, row)
+    with pytest.raises(IndexError):
+        view.write_bytes(-1, row)
+    with pytest.raises(ValueError, match="bytes for a block"):
+        view.write_bytes(0, row[:1])
+    assert torch.count_nonzero(tensor) == 0
+    legacy = attention_view("legacy", torch.zeros(2, B, N, H, D), GEOM)
+    with pytest.raises(ValueError, match="no dense block rows"):
+        legacy.write_bytes(0, row)
+
+
 def test_kernel_blocks_smaller_than_manager_blocks_are_regrouped() -> None:
     geom = AttentionGeometry(num_blocks=3, num_kv_heads=H, block_size=8, head_size=D)
     tensor = torch.randn(6, H, 4, 2 * D)  # two kernel blocks of 4 tokens per manager block of 8

