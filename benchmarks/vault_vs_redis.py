@@ -1,9 +1,12 @@
 """tierkv vault vs redis-server, side by side in one run, plus the raw-TCP ceiling of this machine.
 
 Each server runs in its own process, the client in this one. For blob sizes of 256 KiB, 1 MiB and 4 MiB
-and rounds of ``--round-mib`` MiB, it times tierkv ``put`` (one Put stream per round, a fast and a durable
-vault) against redis-py ``MSET``, tierkv ``get`` / ``get_buffers`` (one BatchGet) against ``MGET``
-(hiredis parser), and a raw TCP pull of the same bytes.
+and rounds of ``--round-mib`` MiB, it times tierkv ``put`` (one Put per round over the bulk port, a fast
+and a durable vault, and the fast vault's Put over gRPC as it went before tierkv 0.4) against redis-py
+``MSET``, tierkv ``get`` / ``get_buffers`` (one BatchGet) against ``MGET``
+(hiredis parser), and a raw TCP pull of the same bytes. ``--dir`` puts the vaults' LMDB files somewhere
+else than the system's temporary directory: ``/dev/shm`` keeps a disk's writeback out of the Put figures,
+as Redis (no persistence here) and Mooncake Store (RAM) keep it out of theirs.
 
 The contenders are interleaved: every repetition runs each of them once, in an order rotated from one
 repetition to the next, so a burst of outside load on a shared machine hits all of them instead of
@@ -42,6 +45,7 @@ RATIOS = {
     "get_buffers_vs_mget": ("tierkv_get_buffers", "redis_mget"),
     "put_fast_vs_mset": ("tierkv_put_fast", "redis_mset"),
     "put_durable_vs_mset": ("tierkv_put_durable", "redis_mset"),
+    "put_bulk_vs_grpc": ("tierkv_put_fast", "tierkv_put_fast_grpc"),
     "get_vs_tcp": ("tierkv_get", "tcp"),
 }
 
@@ -156,6 +160,7 @@ def measure_size(
         "redis_mset": lambda: r.mset(blobs),
         "tierkv_put_fast": lambda: fast.put(b"bench", blobs),
         "tierkv_put_durable": lambda: durable.put(b"bench", blobs),
+        "tierkv_put_fast_grpc": lambda: vaults["fast_grpc"].put(b"bench", blobs),
         "redis_mget": lambda: r.mget(keys),
         "tierkv_get": lambda: fast.get(b"bench", keys),
         "tierkv_get_buffers": lambda: fast.get_buffers(b"bench", keys),
@@ -189,6 +194,12 @@ def print_table(rows: list[dict[str, Any]], header: str) -> None:
         + ", ".join(f"{r['get_buffers_vs_mget']:.2f}×" for r in rows)
     )
     print("raw TCP loopback: " + ", ".join(f"{r['tcp']:.2f} GB/s" for r in rows))
+    print(
+        "Put (fast) over gRPC: "
+        + ", ".join(f"{r['tierkv_put_fast_grpc']:.2f} GB/s" for r in rows)
+        + "; bulk Put / gRPC Put: "
+        + ", ".join(f"{r['put_bulk_vs_grpc']:.2f}×" for r in rows)
+    )
 
 
 def main() -> None:
@@ -196,25 +207,25 @@ def main() -> None:
     parser.add_argument("--round-mib", type=int, default=128, help="bytes per round (64-256 MiB)")
     parser.add_argument("--repeats", type=int, default=7, help="interleaved repetitions per blob size")
     parser.add_argument("--json", type=Path, help="also write every figure here")
+    parser.add_argument("--dir", type=Path, help="where the vaults keep their files (e.g. /dev/shm)")
     args = parser.parse_args()
     if not shutil.which("redis-server"):
         sys.exit("redis-server not found: run benchmarks/setup-redis.sh first")
     round_bytes = args.round_mib * 1024 * 1024
     with contextlib.ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tierkv-bench-")))
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tierkv-bench-", dir=args.dir)))
         r = stack.enter_context(redis_server(work))
         pull = stack.enter_context(tcp_server())
-        vaults = {
-            mode: stack.enter_context(
-                VaultClient(
-                    stack.enter_context(
-                        VaultProcess(work / f"vault-{mode}", max_bytes="4GiB", sync=mode)
-                    ).address,
-                    timeout=60,
-                )
-            )
+        started = {
+            mode: stack.enter_context(VaultProcess(work / f"vault-{mode}", max_bytes="4GiB", sync=mode))
             for mode in ("fast", "durable")
         }
+        vaults = {
+            mode: stack.enter_context(VaultClient(v.address, timeout=60)) for mode, v in started.items()
+        }
+        vaults["fast_grpc"] = stack.enter_context(
+            VaultClient(started["fast"].address, timeout=60, bulk=False)
+        )
         rows = [measure_size(size, round_bytes, args.repeats, r, vaults, pull) for size in SIZES]
     redis_version = subprocess.run(
         ["redis-server", "--version"], capture_output=True, text=True
@@ -223,7 +234,7 @@ def main() -> None:
         rows,
         f"tierkv {__version__} vs {redis_version}; {platform.machine()}, {os.cpu_count()} cores; "
         f"{args.round_mib} MiB per round; {args.repeats} interleaved repetitions: median rates, "
-        "medians of per-repetition ratios",
+        f"medians of per-repetition ratios; vault files in {args.dir or tempfile.gettempdir()}",
     )
     if args.json:
         args.json.write_text(

@@ -188,6 +188,9 @@ class VaultConfig:
     bulk_port: int = _port(0)
     bulk_max_connections: int = setting(1024, minimum=1)
     bulk_idle_timeout_s: float = setting(120.0, positive=True)
+    bulk_max_inflight_bytes: ByteSize = setting(ByteSize(256 * 1024**2), minimum=1024**2)
+    """Request bytes (Put frames, BatchGet bodies) the bulk port buffers at once over every connection; a
+    request past it is refused (RESOURCE_EXHAUSTED) and the client sends it over gRPC instead."""
     max_batch_bytes: ByteSize = setting(ByteSize(MAX_BATCH_BYTES), minimum=1)
     grace_s: float = setting(5.0, minimum=0)
     coaccess_window_s: float = setting(30.0, minimum=0)

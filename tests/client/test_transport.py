@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import socket
 import threading
 import time
@@ -15,12 +16,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import VaultFactory
+from tests.processes import stopped
 from tierkv import AsyncVaultClient, VaultClient
 from tierkv.client.bulk import BulkFirst
-from tierkv.client.transport import BATCH_GET, STATS, GrpcTransport, Request, Transport
+from tierkv.client.transport import BATCH_GET, PUT, STATS, GrpcTransport, Request, Transport
 from tierkv.endpoints import HostPort
+from tierkv.errors import VaultUnavailable
+from tierkv.retention import BlockMeta
 from tierkv.vault.launcher import VaultProcess
-from tierkv.wire import bulk
+from tierkv.wire import bulk, pb
 
 
 class Counting(Transport):
@@ -72,6 +76,58 @@ def test_the_bulk_port_is_asked_for_once_not_per_get(vault_factory: VaultFactory
             assert client.get(b"ns", [b"k"]) == [b"v"]
         assert grpc.calls[STATS] == 1 and grpc.calls[BATCH_GET] == 0, grpc.calls
         assert client.bulk_port == client.stats().bulk_port
+
+
+def test_puts_go_over_the_bulk_port_with_the_same_result(vault_factory: VaultFactory) -> None:
+    v = vault_factory()
+    blobs = {f"k{i}".encode(): os.urandom(300_000 * (i + 1)) for i in range(6)}
+    client, grpc = counted_client(v.address)
+    with client:
+        assert client.put(b"ns", blobs, meta={b"k0": BlockMeta(source="system", importance=0.9)}) == 6
+        assert client.get(b"ns", list(blobs)) == list(blobs.values())
+        assert grpc.calls[PUT] == 0 and grpc.calls[STATS] == 1, grpc.calls
+        assert isinstance(client.transport, BulkFirst) and client.transport.bulk_put
+        assert client.inspect(b"ns", b"k0").source == "system", "retention metadata travels too"
+
+
+class WithoutBulkPut(Counting):
+    """A vault that predates bulk Put, as its clients see it: its Stats never say ``bulk_put``."""
+
+    def handle(self, request: Request) -> bytes:
+        reply = super().handle(request)
+        if request.method != STATS:
+            return reply
+        stats = pb.StatsReply.FromString(reply)
+        stats.bulk_put = False
+        return stats.SerializeToString()
+
+
+def test_puts_to_a_vault_without_bulk_put_stay_on_grpc(vault_factory: VaultFactory) -> None:
+    v = vault_factory()
+    client = VaultClient(v.address)
+    client.transport.close()
+    grpc = WithoutBulkPut(GrpcTransport(v.address, client.options))
+    client.transport = BulkFirst(grpc, v.address, client.options)
+    with client:
+        client.put(b"ns", {b"a": b"1"})
+        client.put(b"ns", {b"b": b"2"})
+        assert client.get(b"ns", [b"a", b"b"]) == [b"1", b"2"]
+        assert grpc.calls[PUT] == 2 and grpc.calls[BATCH_GET] == 0, grpc.calls
+        assert client.bulk_port is not None
+
+
+def test_a_put_to_a_stalled_vault_over_the_bulk_port_is_unavailable_in_time(
+    vault_factory: VaultFactory,
+) -> None:
+    v = vault_factory()
+    with VaultClient(v.address, timeout=0.5) as c:
+        c.put(b"ns", {b"k": b"v"})
+        assert isinstance(c.transport, BulkFirst) and c.transport.bulk_put
+        with stopped(v):
+            start = time.monotonic()
+            with pytest.raises(VaultUnavailable):
+                c.put(b"ns", {b"big": os.urandom(16 << 20)})
+            assert time.monotonic() - start < 10
 
 
 def test_a_busy_bulk_port_falls_back_to_grpc_then_is_used_again(

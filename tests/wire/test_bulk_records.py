@@ -25,10 +25,21 @@ def test_any_record_head_parses_or_is_a_frame_error(head: bytes) -> None:
 @given(head=st.binary(max_size=16))
 def test_any_request_head_parses_or_is_a_frame_error(head: bytes) -> None:
     try:
-        token_len = bulk.parse_request_head(head)
+        op, token_len = bulk.parse_request_head(head)
     except FrameError:
         return
-    assert head[:4] == bulk.MAGIC and 0 <= token_len <= bulk.MAX_TOKEN_BYTES
+    assert head[:4] == bulk.MAGIC and op in bulk.OPS and 0 <= token_len <= bulk.MAX_TOKEN_BYTES
+
+
+@settings(max_examples=1000, deadline=None)
+@given(head=st.binary(max_size=12))
+def test_any_put_request_record_parses_or_is_a_frame_error(head: bytes) -> None:
+    try:
+        kind, length = bulk.parse_request_record(head)
+    except FrameError:
+        return
+    assert len(head) == bulk.RECORD.size
+    assert kind in (bulk.FRAME, bulk.END) and length <= bulk._REQUEST_RECORD_LIMITS[kind]
 
 
 @given(payload=st.binary(max_size=64))
@@ -54,7 +65,15 @@ def test_record_heads_the_vault_never_sends_are_refused(head: bytes, why: str) -
 def test_a_short_request_head_is_a_protocol_error_not_struct_error() -> None:
     with pytest.raises(bulk.BulkProtocolError):
         bulk.parse_request_head(b"TKVB")
-    assert bulk.parse_request_head(bulk.encode_request("tok", b"")[: bulk.REQUEST_HEAD.size]) == 3
+    assert bulk.parse_request_head(bulk.encode_request("tok", b"")[: bulk.REQUEST_HEAD.size]) == (1, 3)
+    assert bulk.parse_request_head(bulk.request_head(None, bulk.OP_PUT)) == (bulk.OP_PUT, 0)
+
+
+def test_a_client_cannot_send_an_error_record_nor_an_unknown_operation() -> None:
+    with pytest.raises(FrameError, match="unknown kind"):
+        bulk.parse_request_record(bulk.record(bulk.ERROR, 4))
+    with pytest.raises(FrameError, match="operation 3"):
+        bulk.parse_request_head(bulk.REQUEST_HEAD.pack(bulk.MAGIC, bulk.VERSION, 3, 0))
 
 
 def test_an_error_record_round_trips() -> None:

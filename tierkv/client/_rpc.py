@@ -34,7 +34,7 @@ from tierkv.limits import CLIENT_BATCH_BYTES, FRAME_BYTES, MAX_MESSAGE_BYTES
 from tierkv.retention.classes import BlockMeta, unpack_tokens
 from tierkv.vault.leases import LeaseCounts
 from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb
-from tierkv.wire.framing import FOUND, Buffer
+from tierkv.wire.framing import FOUND, Buffer, encode_frame_parts
 
 M = TypeVar("M", bound=Message)
 
@@ -146,8 +146,25 @@ def put_batches(
         yield batch
 
 
-def put_frames(namespace: bytes, batch: Sequence[Blob], options: ClientOptions) -> Iterator[bytes]:
-    return encode_frames(batch, frame_bytes=options.frame_bytes, namespace=namespace)
+@dataclasses.dataclass(frozen=True)
+class PutFrames:
+    """One Put batch's frames, which can be produced more than once: a Put refused by the bulk port is
+    sent again over gRPC. gRPC streams the joined frames; the bulk port sends :meth:`parts`, gather lists
+    that still point into the caller's blobs."""
+
+    namespace: bytes
+    batch: Sequence[Blob]
+    frame_bytes: int
+
+    def __iter__(self) -> Iterator[bytes]:
+        return encode_frames(self.batch, frame_bytes=self.frame_bytes, namespace=self.namespace)
+
+    def parts(self) -> Iterator[list[Buffer]]:
+        return encode_frame_parts(self.batch, frame_bytes=self.frame_bytes, namespace=self.namespace)
+
+
+def put_frames(namespace: bytes, batch: Sequence[Blob], options: ClientOptions) -> PutFrames:
+    return PutFrames(namespace, batch, options.frame_bytes)
 
 
 def batch_bytes(batch: Sequence[Blob]) -> int:

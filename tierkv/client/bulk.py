@@ -1,13 +1,15 @@
-"""The client side of tierkv-bulk/1 (see :mod:`tierkv.wire.bulk`): BatchGet replies over a plain socket.
+"""The client side of tierkv-bulk/1 (see :mod:`tierkv.wire.bulk`): BatchGet and Put over a plain socket.
 
-:class:`BulkTransport` keeps a small pool of connections to one vault's bulk port; each reply's frames are
-read with ``recv_into`` into one buffer per frame and handed to the request's sink, so blobs come back as
-zero-copy slices. Every read runs against the call's deadline.
+:class:`BulkTransport` keeps a small pool of connections to one vault's bulk port. A BatchGet reply's
+frames are read with ``recv_into`` into one buffer per frame and handed to the request's sink, so blobs
+come back as zero-copy slices; a Put's frames go out with scatter-gather ``sendmsg`` straight from the
+caller's blobs. Every read and send runs against the call's deadline.
 
 A vault may close, refuse or reset a connection at any time (its connection limit, idle reaping, a
 restart). When that happens before any reply byte, the request is sent once more on a fresh connection;
 if the port still refuses, :class:`BulkRefused` says so and :class:`BulkFirst` carries the call over gRPC
-instead. A healthy vault therefore never fails a get because of its bulk port.
+instead. A healthy vault therefore never fails a call because of its bulk port. Sending a Put again is
+safe: storing the same blobs under the same keys twice leaves what storing them once does.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
-from tierkv.client._rpc import ClientOptions, error_for, parse_reply
-from tierkv.client.transport import BATCH_GET, STATS, Request, Transport
+from tierkv.client._rpc import ClientOptions, PutFrames, error_for, parse_reply
+from tierkv.client.transport import BATCH_GET, PUT, STATS, Request, Transport
 from tierkv.endpoints import HostPort
 from tierkv.errors import VaultError, VaultUnavailable
-from tierkv.wire import FrameError, bulk, pb
+from tierkv.limits import MAX_MESSAGE_BYTES
+from tierkv.wire import FrameError, bulk, gather, pb
 from tierkv.wire.framing import Buffer
 
 log = logging.getLogger(__name__)
@@ -85,37 +88,67 @@ def _unexported(buf: bytearray) -> bool:
 
 
 class BulkTransport(Transport):
-    """BatchGet over one vault's bulk port (other methods are not carried here)."""
+    """BatchGet and Put over one vault's bulk port (other methods are not carried here)."""
 
-    def __init__(self, endpoint: HostPort, *, token: str | None, address: str) -> None:
+    def __init__(
+        self,
+        endpoint: HostPort,
+        *,
+        token: str | None,
+        address: str,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
         self.endpoint = endpoint
         self.address = address
+        self.max_message_bytes = max_message_bytes
+        """The largest Put frame sent, as gRPC holds its messages to the client's limit."""
         self._token = token
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
         self._pool = RecvPool()
 
     def handle(self, request: Request) -> bytes:
-        if request.method != BATCH_GET or not isinstance(request.body, bytes):
-            raise ValueError(f"the bulk port carries BatchGet only, not {request.method}")
-        message = bulk.encode_request(self._token, request.body)
+        """Carry one BatchGet (its reply goes to the sink) or Put (its ``PutReply`` is returned)."""
         try:
-            self._attempt(message, request, self._take())
+            return self._attempt(request, self._take())
         except BulkRefused as exc:
+            if _answered(request, exc):
+                raise
             log.debug("bulk port of %s refused (%s); once more on a fresh connection", self.address, exc)
-            self._attempt(message, request, self._connect(request))
-        return b""
+            return self._attempt(request, self._connect(request))
 
-    def _attempt(self, message: bytes, request: Request, conn: socket.socket | None) -> None:
+    def _attempt(self, request: Request, conn: socket.socket | None) -> bytes:
         conn = conn or self._connect(request)
         try:
             wire = _Wire(conn, request.deadline, self.address, self._pool)
-            wire.send(message)
-            read_reply(wire, request.sink)
+            reply = self._exchange(wire, request)
         except BaseException:
             conn.close()
             raise
         self._give(conn)
+        return reply
+
+    def _exchange(self, wire: _Wire, request: Request) -> bytes:
+        if request.method == BATCH_GET and isinstance(request.body, bytes):
+            wire.send([bulk.encode_request(self._token, request.body)])
+            read_reply(wire, request.sink)
+            return b""
+        if request.method == PUT and isinstance(request.body, PutFrames):
+            wire.send([bulk.request_head(self._token, bulk.OP_PUT)])
+            for parts in request.body.parts():
+                size = sum(len(p) for p in parts)
+                if size > self.max_message_bytes:
+                    limit = self.max_message_bytes
+                    details = f"a Put frame of {size} bytes is over max_message_bytes ({limit})"
+                    raise error_for("RESOURCE_EXHAUSTED", details, self.address)
+                wire.send([bulk.record(bulk.FRAME, size), *parts])
+            wire.send([bulk.record(bulk.END, 0)])
+            replies: list[bytes] = []
+            read_reply(wire, lambda frame: replies.append(bytes(frame)))
+            if len(replies) != 1:
+                raise VaultError(f"a bulk Put reply of {len(replies)} frames", address=self.address)
+            return replies[0]
+        raise ValueError(f"the bulk port carries BatchGet and Put only, not {request.method}")
 
     def _take(self) -> socket.socket | None:
         with self._lock:
@@ -160,7 +193,7 @@ def read_reply(wire: _Wire, sink: Callable[[Buffer], None] | None) -> None:
         if kind == bulk.ERROR:
             code, details = bulk.parse_error(payload)
             if first and code in _REFUSING:
-                raise _refused(wire.address, f"{code}: {details}")
+                raise _refused(wire.address, f"{code}: {details}", code)
             raise error_for(code, details, wire.address)
         first = False
         if sink is not None:
@@ -179,10 +212,9 @@ class _Wire:
         self.received = 0
         self.pool = pool
 
-    def send(self, message: bytes) -> None:
+    def send(self, buffers: Sequence[Buffer]) -> None:
         with self._errors():
-            _set_deadline(self.conn, self.deadline)
-            self.conn.sendall(message)
+            gather.send_all(self.conn, buffers, lambda: _set_deadline(self.conn, self.deadline))
 
     def record(self) -> tuple[int, Buffer]:
         try:
@@ -225,18 +257,22 @@ class _Wire:
 
 
 class BulkFirst(Transport):
-    """BatchGet over the vault's bulk port while it offers one, everything else over gRPC.
+    """BatchGet, and Put where the vault takes it, over the vault's bulk port while it offers one;
+    everything else over gRPC.
 
-    The port is asked for once, with a Stats call at the first BatchGet, and kept; only after the port
-    refused is it asked for again (after 1 s, then less often while it keeps failing) — meanwhile gRPC
-    carries BatchGet. A refused BatchGet itself goes over gRPC in the same call, so it does not fail.
+    The port is asked for once, with a Stats call at the first BatchGet or Put, and kept; only after the
+    port refused is it asked for again (after 1 s, then less often while it keeps failing) — meanwhile gRPC
+    carries those calls. A refused call itself goes over gRPC in the same call, so it does not fail. A
+    vault that predates bulk Put does not say ``bulk_put`` in its Stats; its Puts stay on gRPC.
     """
 
     def __init__(self, grpc: Transport, address: str, options: ClientOptions) -> None:
         self._grpc = grpc
         self.address = address
         self._token = options.token
+        self._max_message_bytes = options.max_message_bytes
         self._bulk: BulkTransport | None = None
+        self._put = False
         self._ask_at = 0.0
         self._backoff = _DISCOVERY_BACKOFF_S[0]
         self._lock = threading.Lock()
@@ -246,14 +282,22 @@ class BulkFirst(Transport):
         """The bulk transport in use, None while BatchGet goes over gRPC."""
         return self._bulk
 
+    @property
+    def bulk_put(self) -> bool:
+        """Whether Puts go over the bulk port."""
+        return self._bulk is not None and self._put
+
     def handle(self, request: Request) -> bytes:
-        channel = self._bulk_for(request) if request.method == BATCH_GET else None
-        if channel is not None:
+        channel = self._bulk_for(request) if request.method in (BATCH_GET, PUT) else None
+        if channel is not None and (request.method == BATCH_GET or self._put):
             try:
                 reply = channel.handle(request)
             except BulkRefused as exc:
-                log.info("bulk port of %s refused, BatchGet goes over gRPC: %s", self.address, exc)
-                self._forget(channel)
+                if _answered(request, exc):
+                    log.debug("bulk port of %s refused a Put, sent over gRPC: %s", self.address, exc)
+                else:
+                    log.info("bulk port of %s refused, the call goes over gRPC: %s", self.address, exc)
+                    self._forget(channel)
             else:
                 self._backoff = _DISCOVERY_BACKOFF_S[0]
                 return reply
@@ -264,19 +308,25 @@ class BulkFirst(Transport):
             if self._bulk is not None or time.monotonic() < self._ask_at:
                 return self._bulk
             self._ask_at = time.monotonic() + self._backoff  # one discovery at a time
-        endpoint = self._discover(request.deadline)
-        if endpoint is None:
+        found = self._discover(request.deadline)
+        if found is None:
             return None
+        endpoint, self._put = found
         with self._lock:
-            self._bulk = self._bulk or BulkTransport(endpoint, token=self._token, address=self.address)
+            self._bulk = self._bulk or BulkTransport(
+                endpoint, token=self._token, address=self.address, max_message_bytes=self._max_message_bytes
+            )
             return self._bulk
 
-    def _discover(self, deadline: float) -> HostPort | None:
-        """The vault's bulk endpoint from its Stats, or None (no bulk port, or no answer)."""
+    def _discover(self, deadline: float) -> tuple[HostPort, bool] | None:
+        """The vault's bulk endpoint and whether it takes Put, from its Stats; None (no bulk port, or no
+        answer)."""
         try:
             raw = self._grpc.handle(Request(STATS, b"", deadline))
-            port = parse_reply(pb.StatsReply, raw, self.address).bulk_port
-            return HostPort(HostPort.parse(self.address).host, port) if port else None
+            reply = parse_reply(pb.StatsReply, raw, self.address)
+            if not reply.bulk_port:
+                return None
+            return HostPort(HostPort.parse(self.address).host, reply.bulk_port), reply.bulk_put
         except (VaultError, ValueError) as exc:
             log.debug("no bulk port for %s: %s", self.address, exc)
             return None
@@ -297,8 +347,16 @@ class BulkFirst(Transport):
         self._grpc.close()
 
 
-def _refused(address: str, details: str) -> BulkRefused:
-    return BulkRefused(f"UNAVAILABLE: bulk port refused: {details}", address=address, code="UNAVAILABLE")
+def _refused(address: str, details: str, code: str = "UNAVAILABLE") -> BulkRefused:
+    """``code`` is the refusing ERROR record's status; UNAVAILABLE when the connection itself failed."""
+    return BulkRefused(f"UNAVAILABLE: bulk port refused: {details}", address=address, code=code)
+
+
+def _answered(request: Request, exc: BulkRefused) -> bool:
+    """Whether a refusal is the vault's answer to this Put (RESOURCE_EXHAUSTED: over its limits, its
+    in-flight budget or a full store), not a sign that the bulk port is gone: sending the same bytes again
+    on a fresh connection would not help, and BatchGet should keep using the port."""
+    return request.method == PUT and exc.code != "UNAVAILABLE"
 
 
 def _set_deadline(conn: socket.socket, deadline: float) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -119,7 +119,8 @@ class GrpcTransport(Transport):
     def handle(self, request: Request) -> bytes:
         g = self._grpc
         try:
-            reply = g.stub(request.method)(request.body, timeout=request.remaining(), metadata=g.metadata)
+            body, timeout = _message(request.body), request.remaining()
+            reply = g.stub(request.method)(body, timeout=timeout, metadata=g.metadata)
             if request.sink is None:
                 return bytes(reply)
             try:
@@ -143,7 +144,8 @@ class AsyncGrpcTransport(AsyncTransport):
 
     async def handle(self, request: Request) -> bytes:
         g = self._grpc
-        call = g.stub(request.method)(request.body, timeout=request.remaining(), metadata=g.metadata)
+        body, timeout = _message(request.body), request.remaining()
+        call = g.stub(request.method)(body, timeout=timeout, metadata=g.metadata)
         try:
             if request.sink is None:
                 return bytes(await call)
@@ -162,6 +164,12 @@ class AsyncGrpcTransport(AsyncTransport):
 
 def _identity(value: Any) -> Any:
     return value
+
+
+def _message(body: bytes | Iterable[bytes]) -> bytes | Iterator[bytes]:
+    """A request as gRPC takes it: one message, or an iterator over a client stream's messages (a body
+    may be an iterable that can be iterated again, such as a Put's frames)."""
+    return body if isinstance(body, bytes) else iter(body)
 
 
 __all__ = [

@@ -16,7 +16,6 @@ an ERROR record (RESOURCE_EXHAUSTED). Idle connections are closed after ``idle_t
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import itertools
@@ -25,18 +24,19 @@ import resource
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+
+import numpy as np
 
 from tierkv.endpoints import bare_host, join_host_port
 from tierkv.limits import MAX_BULK_REQUEST_BYTES, MiB
 from tierkv.vault.service import LARGE_CALL_BYTES, VaultService, parse_message
 from tierkv.vault.status import Abort, Status, invalid
-from tierkv.wire import bulk, pb
+from tierkv.wire import bulk, gather, pb
 from tierkv.wire.framing import Buffer
 
 log = logging.getLogger(__name__)
 
-_IOV_MAX = 512
 _IO_TIMEOUT_S = 30.0
 _RECV_CHUNK = 1 * MiB
 _FD_RESERVE = 128
@@ -231,36 +231,55 @@ class BulkServer:
 
     def _answer(self, sock: socket.socket, head: bytes) -> bool:
         try:
-            token = self._read_token(sock, head)
-            with self.service.calls.scope("BatchGet", token) as who:
-                request = self._read_body(sock)
-                reply = self.service.batch_get(who, request)
-                try:
-                    for parts in reply.frames():
-                        frame = [bulk.record(bulk.FRAME, sum(len(p) for p in parts)), *parts]
-                        rest = _send_nowait(sock, frame)
-                        if rest:
-                            copy = b"".join(rest)
-                            reply.release()  # the peer is slow: never wait on it inside a read transaction
-                            _send_all(sock, [copy])
-                finally:
-                    self.service.finish_batch_get(reply)
+            op, token = self._read_token(sock, head)
+            if op == bulk.OP_PUT:
+                self._answer_put(sock, token)
+            else:
+                self._answer_get(sock, token)
             sock.sendall(bulk.record(bulk.END, 0))
             return True
         except Abort as exc:
             _send_error(sock, exc.status, exc.details)
             return False
 
+    def _answer_get(self, sock: socket.socket, token: bytes) -> None:
+        with self.service.calls.scope("BatchGet", token) as who:
+            request = self._read_body(sock)
+            reply = self.service.batch_get(who, request)
+            try:
+                for parts in reply.frames():
+                    frame = [bulk.record(bulk.FRAME, sum(len(p) for p in parts)), *parts]
+                    rest = _send_nowait(sock, frame)
+                    if rest:
+                        copy = b"".join(rest)
+                        reply.release()  # the peer is slow: never wait on it inside a read transaction
+                        gather.send_all(sock, [copy])
+            finally:
+                self.service.finish_batch_get(reply)
+
+    def _answer_put(self, sock: socket.socket, token: bytes) -> None:
+        """A Put: its frames are read whole (against the in-flight budget) before the store is touched, so a
+        slow sender never holds the write lock; the reply is one FRAME with the ``PutReply``."""
+        with self.service.calls.scope("Put", token) as who:
+            body = _PutBody(sock, self._budget, self.service.limits.max_message_bytes)
+            try:
+                reply = self.service.put(who, body.frames()).SerializeToString()
+            finally:
+                peak = self._budget.give(body.held)
+                if peak >= LARGE_CALL_BYTES:
+                    self.service.calls.memory.trim_soon()
+        sock.sendall(bulk.record(bulk.FRAME, len(reply)) + reply)
+
     @staticmethod
-    def _read_token(sock: socket.socket, head: bytes) -> bytes:
+    def _read_token(sock: socket.socket, head: bytes) -> tuple[int, bytes]:
         try:
-            token_len = bulk.parse_request_head(head)
+            op, token_len = bulk.parse_request_head(head)
         except (bulk.BulkProtocolError, ValueError) as exc:
             raise invalid(str(exc)) from exc
         token = _recv_exact(sock, token_len) if token_len else b""
         if token is None:
             raise invalid("truncated request")
-        return token
+        return op, token
 
     def _read_body(self, sock: socket.socket) -> pb.BatchGetRequest:
         """The request body, read in chunks against the in-flight budget (after the token was checked)."""
@@ -290,6 +309,49 @@ class BulkServer:
                 self.service.calls.memory.trim_soon()
 
 
+class _PutBody:
+    """The frames of one Put request as they are read; ``held`` bytes of them count against the budget
+    until the caller gives them back (after the store has written them)."""
+
+    def __init__(self, sock: socket.socket, budget: _Budget, max_frame_bytes: int) -> None:
+        self.sock = sock
+        self.budget = budget
+        self.max_frame_bytes = max_frame_bytes
+        self.held = 0
+
+    def frames(self) -> Iterator[memoryview]:
+        while True:
+            head = _recv_exact(self.sock, bulk.RECORD.size)
+            if head is None:
+                raise invalid("truncated request")
+            try:
+                kind, length = bulk.parse_request_record(head)
+            except bulk.BulkProtocolError as exc:
+                raise invalid(str(exc)) from exc
+            if kind == bulk.END:
+                return
+            if length > self.max_frame_bytes:
+                raise Abort(Status.RESOURCE_EXHAUSTED, f"a frame of {length} bytes is over max_message_bytes")
+            yield self._frame(length)
+
+    def _frame(self, length: int) -> memoryview:
+        """One frame's bytes, received straight into a buffer of its own (numpy's is not zero-filled
+        first), budgeted chunk by chunk as they arrive so a trickling sender holds only what it sent."""
+        view = np.empty(length, dtype=np.uint8).data.cast("B")
+        got = 0
+        while got < length:
+            n = min(_RECV_CHUNK, length - got)
+            self.budget.take(n)
+            self.held += n
+            k = self.sock.recv_into(view[got : got + n])
+            if k == 0:
+                raise invalid("truncated request")
+            self.budget.give(n - k)
+            self.held -= n - k
+            got += k
+        return view
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     """Exactly ``n`` bytes, or None when the peer closed before sending any of them."""
     buf = bytearray(n)
@@ -305,40 +367,21 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def _advance(pending: collections.deque[memoryview], sent: int) -> None:
-    while sent and pending:
-        head = pending[0]
-        if sent >= len(head):
-            sent -= len(head)
-            pending.popleft()
-        else:
-            pending[0] = head[sent:]
-            sent = 0
-
-
-def _send_all(sock: socket.socket, buffers: Sequence[Buffer]) -> None:
-    """Scatter-gather send of every byte (each ``sendmsg`` gets the socket timeout, so a slow but moving
-    peer is served; one that stops for longer than the timeout is dropped)."""
-    pending = collections.deque(memoryview(b).cast("B") for b in buffers if len(b))
-    while pending:
-        _advance(pending, sock.sendmsg(list(itertools.islice(pending, _IOV_MAX))))
-
-
 def _send_nowait(sock: socket.socket, buffers: Sequence[Buffer]) -> list[memoryview]:
     """Send what the socket takes without waiting; the unsent rest (empty when all went out)."""
-    pending = collections.deque(memoryview(b).cast("B") for b in buffers if len(b))
+    queue = gather.pending(buffers)
     timeout = sock.gettimeout()
     sock.setblocking(False)
     try:
-        while pending:
+        while queue:
             try:
-                sent = sock.sendmsg(list(itertools.islice(pending, _IOV_MAX)))
+                sent = sock.sendmsg(list(itertools.islice(queue, gather.IOV_MAX)))
             except BlockingIOError:
                 break
-            _advance(pending, sent)
+            gather.advance(queue, sent)
     finally:
         sock.settimeout(timeout)
-    return list(pending)
+    return list(queue)
 
 
 def _send_error(sock: socket.socket, status: Status, details: str) -> None:

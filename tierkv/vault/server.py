@@ -98,6 +98,7 @@ class VaultServer:
                     frame_bytes=vc.frame_bytes,
                     max_item_bytes=vc.max_batch_bytes,
                     max_batch_bytes=vc.max_batch_bytes,
+                    max_message_bytes=vc.max_message_bytes,
                 ),
                 successors=SuccessorLearner(window_s=vc.coaccess_window_s),
             )
@@ -158,7 +159,9 @@ class VaultServer:
                 self.service,
                 self._bulk_listener,
                 limits=BulkLimits(
-                    max_connections=vc.bulk_max_connections, idle_timeout_s=vc.bulk_idle_timeout_s
+                    max_connections=vc.bulk_max_connections,
+                    idle_timeout_s=vc.bulk_idle_timeout_s,
+                    max_inflight_bytes=vc.bulk_max_inflight_bytes,
                 ),
             )
             self.bulk.start()

@@ -19,7 +19,15 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from tierkv import __version__
-from tierkv.limits import MAX_BATCH_BYTES, MAX_ITEM_BYTES, MAX_KEYS_PER_CALL, MiB, check_key, check_namespace
+from tierkv.limits import (
+    MAX_BATCH_BYTES,
+    MAX_ITEM_BYTES,
+    MAX_KEYS_PER_CALL,
+    MAX_MESSAGE_BYTES,
+    MiB,
+    check_key,
+    check_namespace,
+)
 from tierkv.retention.classes import BlockMeta
 from tierkv.vault.auth import Principal
 from tierkv.vault.calls import Calls
@@ -34,6 +42,7 @@ from tierkv.vault.successors import (
     SuccessorLearner,
 )
 from tierkv.wire import FrameDecoder, FrameError, pb
+from tierkv.wire.framing import Buffer
 
 M = TypeVar("M", bound=Message)
 LARGE_CALL_BYTES = 16 * MiB
@@ -48,6 +57,8 @@ class Limits:
     frame_bytes: int = 4 * 1024 * 1024
     max_item_bytes: int = MAX_ITEM_BYTES
     max_batch_bytes: int = MAX_BATCH_BYTES
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    """The largest frame a Put may send (gRPC enforces it on its own messages, the bulk port here)."""
 
 
 class VaultService:
@@ -78,7 +89,7 @@ class VaultService:
 
     # -- methods -----------------------------------------------------------------------------------
 
-    def put(self, who: Principal, frames: Iterable[bytes]) -> pb.PutReply:
+    def put(self, who: Principal, frames: Iterable[Buffer]) -> pb.PutReply:
         decoder = FrameDecoder(
             max_item_bytes=self.limits.max_item_bytes, max_total_bytes=self.limits.max_batch_bytes
         )
@@ -184,6 +195,7 @@ class VaultService:
             sync_mode=self.store.sync_mode,
             policy=self.store.policy.name,
             bulk_port=self.bulk_port,
+            bulk_put=bool(self.bulk_port),
             tenant=who.tenant,
             access=who.access.value,
             expired=s.expired,

@@ -1,0 +1,48 @@
+"""Scatter-gather sends over a blocking socket, shared by both ends of tierkv-bulk/1.
+
+Both ends send frames as gather lists that still point into the blobs (LMDB's map on the vault, the
+caller's blobs on the client), so no payload is joined in Python. This is the wire layer's one helper that
+touches a socket; it keeps no state.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import socket
+from collections.abc import Callable, Sequence
+
+from tierkv.wire.framing import Buffer
+
+IOV_MAX = 512
+"""Buffers per ``sendmsg`` (Linux accepts 1024; half leaves room)."""
+
+
+def pending(buffers: Sequence[Buffer]) -> collections.deque[memoryview]:
+    """The non-empty buffers as byte views, ready for :func:`advance`."""
+    return collections.deque(memoryview(b).cast("B") for b in buffers if len(b))
+
+
+def advance(queue: collections.deque[memoryview], sent: int) -> None:
+    """Drop the ``sent`` bytes a ``sendmsg`` took from the front of ``queue``."""
+    while sent and queue:
+        head = queue[0]
+        if sent >= len(head):
+            sent -= len(head)
+            queue.popleft()
+        else:
+            queue[0] = head[sent:]
+            sent = 0
+
+
+def send_all(
+    sock: socket.socket, buffers: Sequence[Buffer], before: Callable[[], None] | None = None
+) -> None:
+    """Send every byte of ``buffers`` in order; ``before`` runs ahead of each ``sendmsg`` (a caller sets
+    the socket's timeout from its deadline there), so a slow but moving peer is served and one that stops
+    for longer than the timeout is dropped."""
+    queue = pending(buffers)
+    while queue:
+        if before is not None:
+            before()
+        advance(queue, sock.sendmsg(list(itertools.islice(queue, IOV_MAX))))
