@@ -2,7 +2,7 @@
 
 Each server runs in its own process, the client in this one. For blob sizes of 256 KiB, 1 MiB and 4 MiB
 and rounds of ``--round-mib`` MiB, it times tierkv ``put`` (one Put per round over the bulk port, a fast
-and a durable vault, and the fast vault's Put over gRPC as it went before tierkv 0.4) against redis-py
+and a durable vault, and the fast vault's Put over gRPC, as it went before Put moved to the bulk port) against redis-py
 ``MSET``, tierkv ``get`` / ``get_buffers`` (one BatchGet) against ``MGET``
 (hiredis parser), and a raw TCP pull of the same bytes. ``--dir`` puts the vaults' LMDB files somewhere
 else than the system's temporary directory: ``/dev/shm`` keeps a disk's writeback out of the Put figures,
