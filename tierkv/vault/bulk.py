@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 _IO_TIMEOUT_S = 30.0
 _RECV_CHUNK = 1 * MiB
+_LINGER_S = 2.0
+_LINGER_BYTES = 256 * MiB
 _FD_RESERVE = 128
 """File descriptors kept for everything but bulk connections (LMDB, gRPC, logs, metrics)."""
 
@@ -230,6 +232,7 @@ class BulkServer:
                 self._lock.notify_all()
 
     def _answer(self, sock: socket.socket, head: bytes) -> bool:
+        op = bulk.OP_BATCH_GET
         try:
             op, token = self._read_token(sock, head)
             if op == bulk.OP_PUT:
@@ -240,6 +243,8 @@ class BulkServer:
             return True
         except Abort as exc:
             _send_error(sock, exc.status, exc.details)
+            if op == bulk.OP_PUT:
+                _linger(sock)
             return False
 
     def _answer_get(self, sock: socket.socket, token: bytes) -> None:
@@ -388,6 +393,24 @@ def _send_error(sock: socket.socket, status: Status, details: str) -> None:
     payload = bulk.error_payload(status.name, details)
     with contextlib.suppress(OSError):
         sock.sendall(bulk.record(bulk.ERROR, len(payload)) + payload)
+
+
+def _linger(sock: socket.socket) -> None:
+    """After refusing a Put part-way: stop sending and drop what the client still sends, for at most
+    ``_LINGER_S`` and ``_LINGER_BYTES``, so that it reads the ERROR record. Closed with unread bytes, a
+    socket resets the connection, and the client would see a reset instead of the answer (HTTP servers
+    close the same way)."""
+    deadline = time.monotonic() + _LINGER_S
+    left = _LINGER_BYTES
+    buf = bytearray(_RECV_CHUNK)
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+        while left > 0 and (remaining := deadline - time.monotonic()) > 0:
+            sock.settimeout(remaining)
+            n = sock.recv_into(buf)
+            if not n:
+                return
+            left -= n
 
 
 def _refuse(sock: socket.socket, details: str) -> None:
