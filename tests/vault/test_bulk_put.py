@@ -13,6 +13,7 @@ import grpc
 from tests.conftest import VaultFactory
 from tests.vault.rawcalls import bulk_records, read_records, stats
 from tierkv import VaultClient
+from tierkv.vault.launcher import VaultProcess
 from tierkv.wire import Blob, bulk, pb
 from tierkv.wire.framing import encode_frames
 
@@ -31,6 +32,14 @@ def bulk_port(address: str, token: str | None = None) -> int:
         reply = stats(ch, token)
     assert reply.bulk_port and reply.bulk_put, "a vault with a bulk port says it takes Put there"
     return reply.bulk_port
+
+
+def configured(vault_factory: VaultFactory, tmp_path: Path, config: str) -> tuple[VaultProcess, int]:
+    """A vault started with ``config`` as its TOML file, and its bulk port."""
+    path = tmp_path / "vault.toml"
+    path.write_text(config)
+    v = vault_factory(extra_args=["--config", str(path)])
+    return v, bulk_port(v.address)
 
 
 def test_put_over_the_bulk_port_speaks_the_documented_protocol(vault_factory: VaultFactory) -> None:
@@ -103,10 +112,7 @@ def test_a_stalled_bulk_put_never_holds_up_other_writers(vault_factory: VaultFac
 def test_a_put_past_the_in_flight_budget_is_refused_then_sent_over_grpc(
     vault_factory: VaultFactory, tmp_path: Path
 ) -> None:
-    cfg = tmp_path / "budget.toml"
-    cfg.write_text('[vault]\nbulk_max_inflight_bytes = "1MiB"\n')
-    v = vault_factory(extra_args=["--config", str(cfg)])
-    port = bulk_port(v.address)
+    v, port = configured(vault_factory, tmp_path, '[vault]\nbulk_max_inflight_bytes = "1MiB"\n')
     records = bulk_records(port, put_request({b"big": os.urandom(3 << 20)}))
     assert records[-1][0] == bulk.ERROR and bulk.parse_error(records[-1][1])[0] == "RESOURCE_EXHAUSTED"
     blob = os.urandom(32 << 20)  # far more than socket buffers hold: the client is still sending when refused
@@ -119,10 +125,9 @@ def test_a_put_past_the_in_flight_budget_is_refused_then_sent_over_grpc(
 def test_a_bulk_put_frame_over_the_vaults_message_limit_is_refused(
     vault_factory: VaultFactory, tmp_path: Path
 ) -> None:
-    cfg = tmp_path / "small.toml"
-    cfg.write_text('[vault]\nmax_message_bytes = "1MiB"\nframe_bytes = "256KiB"\n')
-    v = vault_factory(extra_args=["--config", str(cfg)])
-    port = bulk_port(v.address)
+    _, port = configured(
+        vault_factory, tmp_path, '[vault]\nmax_message_bytes = "1MiB"\nframe_bytes = "256KiB"\n'
+    )
     frame = next(encode_frames([Blob(key=b"k", data=os.urandom(2 << 20))], frame_bytes=4 << 20))
     request = bulk.request_head(None, bulk.OP_PUT) + bulk.record(bulk.FRAME, len(frame)) + frame
     records = bulk_records(port, request)
