@@ -134,9 +134,10 @@ def test_a_busy_bulk_port_falls_back_to_grpc_then_is_used_again(
     vault_factory: VaultFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     v = vault_with(vault_factory, tmp_path, "[vault]\nbulk_max_connections = 2\n")
+    with VaultClient(v.address, bulk=False) as writer:  # so that no pooled bulk connection of ours is left
+        writer.put(b"ns", {b"k": b"v" * 1000})
     client, grpc = counted_client(v.address)
     with client:
-        client.put(b"ns", {b"k": b"v" * 1000})
         port = client.stats().bulk_port
         with busy_bulk_connections(port, 2), caplog.at_level(logging.INFO, "tierkv.client.bulk"):
             for _ in range(3):
