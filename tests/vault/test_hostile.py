@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import pytest
 
 from tests.conftest import VaultFactory
 from tests.vault.rawcalls import bulk_records, code_of, get, put, stats, unary
@@ -87,8 +88,17 @@ def test_fuzzed_calls_get_only_expected_codes_and_the_vault_keeps_serving(
     request = bulk.encode_request(
         None, pb.BatchGetRequest(namespace=b"keep", keys=[b"k"]).SerializeToString()
     )
-    for _ in range(150):
-        records = bulk_records(port, mutate(rng, request), half_close=True)
+    frame = seeds()["Put"]
+    put_request = b"".join(
+        [
+            bulk.request_head(None, bulk.OP_PUT),
+            bulk.record(bulk.FRAME, len(frame)),
+            frame,
+            bulk.record(bulk.END, 0),
+        ]
+    )
+    for i in range(300):
+        records = bulk_records(port, mutate(rng, request if i % 2 else put_request), half_close=True)
         for kind, payload in records:
             assert kind in (bulk.FRAME, bulk.END, bulk.ERROR)
             if kind == bulk.ERROR:
@@ -112,19 +122,24 @@ def test_rejections_are_logged_as_counts_not_one_line_each(vault_factory: VaultF
     assert "200" in lines[-1] and "Delete INVALID_ARGUMENT" in lines[-1]
 
 
-def test_declared_bodies_without_bytes_hold_no_memory(vault_factory: VaultFactory) -> None:
-    """32 connections each declare a 64 MiB BatchGet body and send none of it (no token set)."""
+@pytest.mark.parametrize("op", ["BatchGet", "Put"])
+def test_declared_bodies_without_bytes_hold_no_memory(vault_factory: VaultFactory, op: str) -> None:
+    """32 connections each declare a 64 MiB BatchGet body or Put frame and send 1 KiB of it (no token set)."""
     v = vault_factory()
     with grpc.insecure_channel(v.address) as ch:
         port = stats(ch).bulk_port
     assert v.proc is not None
     before = rss_bytes(v.proc.pid)
     socks = []
+    if op == "Put":
+        declared = bulk.request_head(None, bulk.OP_PUT) + bulk.record(bulk.FRAME, 64 << 20)
+    else:
+        head = bulk.REQUEST_HEAD.pack(bulk.MAGIC, bulk.VERSION, bulk.OP_BATCH_GET, 0)
+        declared = head + struct.pack("<I", 64 << 20)
     try:
         for _ in range(32):
             s = socket.create_connection(("127.0.0.1", port), timeout=10)
-            head = bulk.REQUEST_HEAD.pack(bulk.MAGIC, bulk.VERSION, bulk.OP_BATCH_GET, 0)
-            s.sendall(head + struct.pack("<I", 64 << 20) + b"\x0a" * 1024)
+            s.sendall(declared + b"\x0a" * 1024)
             socks.append(s)
         time.sleep(1.0)
         grown = rss_bytes(v.proc.pid) - before
