@@ -45,6 +45,7 @@ def test_client_uses_the_bulk_port_by_default(vault_factory: VaultFactory) -> No
         c.put(b"ns", {b"k": b"v"})
         assert c.get(b"ns", [b"k"]) == [b"v"]
         assert c.bulk_port == c.stats().bulk_port
+        assert c.stats().bulk_put
 
 
 @pytest.mark.parametrize(
@@ -87,7 +88,7 @@ def test_without_a_bulk_port_batch_get_stays_on_grpc(vault_factory: VaultFactory
     v = vault_factory(extra_args=["--config", str(cfg)])
     with VaultClient(v.address) as c:
         c.put(b"ns", {b"k": b"v" * 1000})
-        assert c.stats().bulk_port == 0
+        assert c.stats().bulk_port == 0 and not c.stats().bulk_put
         assert c.get(b"ns", [b"k"]) == [b"v" * 1000]
         assert c.bulk_port is None
 

@@ -309,6 +309,7 @@ def stats_from_reply(r: pb.StatsReply) -> VaultStats:
         bytes_in=r.bytes_in,
         bytes_out=r.bytes_out,
         bulk_port=r.bulk_port,
+        bulk_put=r.bulk_put,
         uptime_s=r.uptime_s,
         sync_mode=r.sync_mode,
         policy=r.policy,

@@ -81,6 +81,8 @@ class VaultStats:
     policy: str
     path: str
     bulk_port: int = 0
+    bulk_put: bool = False
+    """Whether the bulk port also takes Put (vaults that predate bulk Put say no)."""
     expired: int = 0
     protected_bytes: int = 0
     protected_overflow: int = 0
