@@ -2,7 +2,7 @@
 
 gRPC Python spends most of a large call in its own per-message work (on 2 cores it tops out near
 1.5 GB/s for BatchGet, below Redis and well below the ~2.5 GB/s a plain socket reaches, and it held Put to
-0.8 GB/s on a RAM disk where the store alone writes 1.2–2 GB/s). The vault therefore also listens on a
+0.8–0.95 GB/s on a RAM disk where the store alone writes 1.2–2 GB/s). The vault therefore also listens on a
 bulk port (advertised in ``StatsReply.bulk_port``; ``StatsReply.bulk_put`` says it takes Put too) where
 the same ``Frame`` messages travel with scatter-gather ``sendmsg``: out of LMDB's memory map for BatchGet,
 out of the caller's blobs for Put. gRPC keeps everything else: control calls, health, TLS; with TLS
