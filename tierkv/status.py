@@ -43,6 +43,9 @@ class NodeStatus:
     corrupt: int = 0
     uptime_s: float = 0.0
     sync_mode: str = ""
+    bulk_port: int = 0
+    """The vault's bulk data plane (0: none, BatchGet and Put go over gRPC)."""
+    bulk_put: bool = False
     expired: int = 0
     protected_bytes: int = 0
     protected_overflow: int = 0
@@ -86,6 +89,8 @@ def probe(role: Role, address: str, config: Config, timeout: float, token: str |
         corrupt=s.corrupt,
         uptime_s=round(s.uptime_s, 1),
         sync_mode=s.sync_mode,
+        bulk_port=s.bulk_port,
+        bulk_put=s.bulk_put,
         state="ok" if s.role == role else f"serves {s.role}",
         expired=s.expired,
         protected_bytes=s.protected_bytes,
