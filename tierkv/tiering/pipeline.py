@@ -260,13 +260,9 @@ class ColdTier(Generic[A]):
         corrupt: list[bytes] = []
         why = ""
         for i, blob in enumerate(blobs):
-            taken, rejected = target.taken(i)
-            if blob is not None and (taken or not isinstance(blob, int)):
+            if blob is not None:
                 try:
-                    if rejected is not None:
-                        raise rejected
-                    if not isinstance(blob, int) and not taken:
-                        target.take(i, len(result.decoded), blob)
+                    target.settle(i, len(result.decoded), blob)
                 except TierKVError as exc:
                     why = why or f"block {i}: {exc}"
                     corrupt.append(keys[i])

@@ -80,7 +80,7 @@ class Target(Generic[A]):
 
     def arrived(self, i: int, blob: Buffer) -> None:
         """A storage's ``on_blob``: place key ``i``'s blob now. Never raises: the outcome is kept for
-        :meth:`taken`, and an unexpected error is raised by :meth:`raise_error` once the get is over."""
+        :meth:`settle`, and an unexpected error is raised by :meth:`raise_error` once the get is over."""
         try:
             self.take(i, i, blob)
             outcome: TierKVError | None = None
@@ -93,10 +93,17 @@ class Target(Generic[A]):
         with self._lock:
             self._early[i] = outcome
 
-    def taken(self, i: int) -> tuple[bool, TierKVError | None]:
-        """Whether key ``i``'s blob was taken while it arrived, and why it did not verify (None: it did)."""
+    def settle(self, i: int, n: int, blob: Buffer | int) -> None:
+        """Key ``i``'s verdict: the one reached while its blob arrived, or, for a blob that was not taken
+        then (a prefetched one, or any when nothing streams), :meth:`take` into slot ``n`` now. ``blob``
+        is the size of a blob handed over on arrival. Raises :class:`TierKVError` when it did not verify."""
         with self._lock:
-            return i in self._early, self._early.get(i)
+            taken, rejected = i in self._early, self._early.get(i)
+        if rejected is not None:
+            raise rejected
+        if not taken:
+            assert not isinstance(blob, int), "a blob handed over on arrival always leaves a verdict"
+            self.take(i, n, blob)
 
     def raise_error(self) -> None:
         """Re-raise the first unexpected error a placement hit on a receiving thread."""
