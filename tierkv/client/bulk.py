@@ -97,9 +97,12 @@ class BulkTransport(Transport):
         token: str | None,
         address: str,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        takes_put: bool = True,
     ) -> None:
         self.endpoint = endpoint
         self.address = address
+        self.takes_put = takes_put
+        """Whether the vault takes Put on this port (its Stats say ``bulk_put``)."""
         self.max_message_bytes = max_message_bytes
         """The largest Put frame sent, as gRPC holds its messages to the client's limit."""
         self._token = token
@@ -272,7 +275,6 @@ class BulkFirst(Transport):
         self._token = options.token
         self._max_message_bytes = options.max_message_bytes
         self._bulk: BulkTransport | None = None
-        self._put = False
         self._ask_at = 0.0
         self._backoff = _DISCOVERY_BACKOFF_S[0]
         self._lock = threading.Lock()
@@ -285,11 +287,11 @@ class BulkFirst(Transport):
     @property
     def bulk_put(self) -> bool:
         """Whether Puts go over the bulk port."""
-        return self._bulk is not None and self._put
+        return self._bulk is not None and self._bulk.takes_put
 
     def handle(self, request: Request) -> bytes:
         channel = self._bulk_for(request) if request.method in (BATCH_GET, PUT) else None
-        if channel is not None and (request.method == BATCH_GET or self._put):
+        if channel is not None and (request.method == BATCH_GET or channel.takes_put):
             try:
                 reply = channel.handle(request)
             except BulkRefused as exc:
@@ -311,10 +313,14 @@ class BulkFirst(Transport):
         found = self._discover(request.deadline)
         if found is None:
             return None
-        endpoint, self._put = found
+        endpoint, takes_put = found
         with self._lock:
             self._bulk = self._bulk or BulkTransport(
-                endpoint, token=self._token, address=self.address, max_message_bytes=self._max_message_bytes
+                endpoint,
+                token=self._token,
+                address=self.address,
+                max_message_bytes=self._max_message_bytes,
+                takes_put=takes_put,
             )
             return self._bulk
 
