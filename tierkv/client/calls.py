@@ -88,8 +88,7 @@ class Calls:
         if not keys:
             return []
         assembler = GetAssembler(len(keys), self.address)
-        request = keys_request(pb.BatchGetRequest, namespace, keys)
-        yield Request(BATCH_GET, request, self.options.deadline(timeout), sink=assembler.feed)
+        yield self._batch_get(namespace, keys, timeout, assembler)
         return assembler.finish()
 
     def get_each(
@@ -99,10 +98,15 @@ class Calls:
         if not keys:
             return []
         assembler = GetAssembler(len(keys), self.address, on_blob)
-        request = keys_request(pb.BatchGetRequest, namespace, keys)
-        yield Request(BATCH_GET, request, self.options.deadline(timeout), sink=assembler.feed)
+        yield self._batch_get(namespace, keys, timeout, assembler)
         assembler.finish()
         return assembler.sizes
+
+    def _batch_get(
+        self, namespace: bytes, keys: Sequence[bytes], timeout: float | None, assembler: GetAssembler
+    ) -> Request:
+        request = keys_request(pb.BatchGetRequest, namespace, keys)
+        return Request(BATCH_GET, request, self.options.deadline(timeout), sink=assembler.feed)
 
     def prefix_lookup(
         self, namespace: bytes, keys: Sequence[bytes], timeout: float | None, lease_ms: int = 0
