@@ -8,17 +8,24 @@ from hypothesis import strategies as st
 
 from tierkv.wire import FrameError, bulk
 
+RECORD_PARSERS = {
+    "reply": (bulk.parse_record, bulk._RECORD_LIMITS),
+    "put request": (bulk.parse_request_record, bulk._REQUEST_RECORD_LIMITS),
+}
 
+
+@pytest.mark.parametrize("side", sorted(RECORD_PARSERS))
 @settings(max_examples=1000, deadline=None)
 @given(head=st.binary(max_size=12))
-def test_any_record_head_parses_or_is_a_frame_error(head: bytes) -> None:
+def test_any_record_head_parses_or_is_a_frame_error(side: str, head: bytes) -> None:
+    """Reply records may be FRAME, END or ERROR; a Put request's only FRAME or END."""
+    parse, limits = RECORD_PARSERS[side]
     try:
-        kind, length = bulk.parse_record(head)
+        kind, length = parse(head)
     except FrameError:
         return
     assert len(head) == bulk.RECORD.size
-    assert kind in (bulk.FRAME, bulk.END, bulk.ERROR)
-    assert length <= bulk._RECORD_LIMITS[kind]
+    assert kind in limits and length <= limits[kind]
 
 
 @settings(max_examples=1000, deadline=None)
@@ -29,17 +36,6 @@ def test_any_request_head_parses_or_is_a_frame_error(head: bytes) -> None:
     except FrameError:
         return
     assert head[:4] == bulk.MAGIC and op in bulk.OPS and 0 <= token_len <= bulk.MAX_TOKEN_BYTES
-
-
-@settings(max_examples=1000, deadline=None)
-@given(head=st.binary(max_size=12))
-def test_any_put_request_record_parses_or_is_a_frame_error(head: bytes) -> None:
-    try:
-        kind, length = bulk.parse_request_record(head)
-    except FrameError:
-        return
-    assert len(head) == bulk.RECORD.size
-    assert kind in (bulk.FRAME, bulk.END) and length <= bulk._REQUEST_RECORD_LIMITS[kind]
 
 
 @given(payload=st.binary(max_size=64))
