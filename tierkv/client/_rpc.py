@@ -317,14 +317,7 @@ def stats_from_reply(r: pb.StatsReply) -> VaultStats:
         expired=r.expired,
         protected_bytes=r.protected_bytes,
         protected_overflow=r.protected_overflow,
-        leases=LeaseCounts(
-            granted=r.leases.granted,
-            honoured=r.leases.honoured,
-            expired=r.leases.expired,
-            refused=r.leases.refused,
-            held=r.leases.held,
-            leased_bytes=r.leases.leased_bytes,
-        ),
+        leases=LeaseCounts(**{f.name: getattr(r.leases, f.name) for f in dataclasses.fields(LeaseCounts)}),
         tenant=r.tenant,
         access=r.access,
         tenants=tuple(
