@@ -257,7 +257,7 @@ def test_a_read_closes_after_hand_overs_in_progress_and_refuses_later_ones() -> 
         handed.append(i)
 
     read = _EachRead(b"ns", keys(3), [[0], [0], [0]], on_blob)
-    worker = threading.Thread(target=read.arrived, args=(0, [0, 1, 2], 0, b"a"))
+    worker = threading.Thread(target=read.arrived, args=(0, 0, b"a"))
     worker.start()
     assert entered.wait(10)
     closer = threading.Thread(target=read.close)
@@ -267,7 +267,7 @@ def test_a_read_closes_after_hand_overs_in_progress_and_refuses_later_ones() -> 
     release.set()
     closer.join(10)
     worker.join(10)
-    read.arrived(0, [0, 1, 2], 1, b"bb")
+    read.arrived(0, 1, b"bb")
     assert handed == [0] and read.results == [1, None, None]
 
 

@@ -15,10 +15,11 @@ from collections.abc import Callable
 
 import pytest
 
-from tierkv.client._rpc import GetAssembler, parse_reply
+from tierkv.client._rpc import BlobSink, GetAssembler, parse_reply
 from tierkv.client.bulk import RecvPool, _Wire, read_reply
 from tierkv.errors import VaultError
 from tierkv.wire import Blob, bulk, encode_frames, pb
+from tierkv.wire.framing import Buffer
 
 SEED = 20240610
 
@@ -108,12 +109,38 @@ def fuzzed_records(rng: random.Random) -> bytes:
     return damage(rng, stream) if rng.random() < 0.5 else stream
 
 
-@pytest.mark.parametrize("streamed", [False, True], ids=["kept", "streamed-into-reused-buffers"])
-def test_fuzzed_bulk_replies_raise_only_vault_error(streamed: bool) -> None:
+class LandingSink:
+    """Receives every key it is offered straight into memory of its own, like a restore into a cache."""
+
+    def __init__(self, handed: list[tuple[int, bytes]]) -> None:
+        self.handed = handed
+
+    def __call__(self, i: int, blob: Buffer) -> None:
+        self.handed.append((i, bytes(blob)))
+
+    def land(self, i: int, size: int) -> Landed:
+        return Landed(self.handed, i, size)
+
+
+class Landed:
+    def __init__(self, handed: list[tuple[int, bytes]], i: int, size: int) -> None:
+        self.handed, self.i, self.memory = handed, i, bytearray(size)
+        self.buffers = [memoryview(self.memory)]
+
+    def landed(self) -> None:
+        self.handed.append((self.i, bytes(self.memory)))
+
+    def abandon(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("mode", ["kept", "streamed", "landed"])
+def test_fuzzed_bulk_replies_raise_only_vault_error(mode: str) -> None:
     """The bulk reply reader over a real socket pair, fed what a broken or hostile port might send; also
-    as ``get_each`` reads it (blobs handed over as they arrive, frames received into reused buffers)."""
+    as ``get_each`` reads it (blobs handed over as they arrive, frames received into reused buffers), and
+    as a restore reads it (blobs received straight into the sink's memory)."""
     errors: dict[str, int] = {}
-    pool = RecvPool(max_bytes=1 << 16) if streamed else None
+    pool = RecvPool(max_bytes=1 << 16) if mode != "kept" else None
 
     def one(rng: random.Random) -> None:
         ours, theirs = socket.socketpair()
@@ -123,10 +150,14 @@ def test_fuzzed_bulk_replies_raise_only_vault_error(streamed: bool) -> None:
             theirs.shutdown(socket.SHUT_WR)
             n = rng.randint(0, 6)
             handed: list[tuple[int, bytes]] = []
-            sink = (lambda i, blob: handed.append((i, bytes(blob)))) if streamed else None
+            sink: BlobSink | None = None
+            if mode == "streamed":
+                sink = lambda i, blob: handed.append((i, bytes(blob)))
+            elif mode == "landed":
+                sink = LandingSink(handed)
             assembler = GetAssembler(n, "fuzz:1", sink)
             try:
-                read_reply(_Wire(ours, time.monotonic() + 5, "fuzz:1", pool), assembler.feed)
+                read_reply(_Wire(ours, time.monotonic() + 5, "fuzz:1", pool), assembler)
                 assembler.finish()
             except VaultError as exc:
                 errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1

@@ -221,3 +221,30 @@ def test_decoding_garbage_never_raises_anything_but_codec_errors() -> None:
 def test_codec_package_does_not_import_torch() -> None:
     code = "import sys, tierkv.codec, tierkv.keys; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_verify_parts_checks_a_raw_blob_received_in_pieces() -> None:
+    from tierkv.codec import encode
+    from tierkv.codec.blob import verify_parts
+
+    values = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    blob = encode(values, codec="raw", tokens=3)
+    head = 56 + 8 * 3
+    rows = [blob[head : head + 48], blob[head + 48 :]]
+    ok = {"expect_shape": (2, 3, 4), "expect_dtype": "float32", "expect_tokens": 3}
+    assert verify_parts(blob[:head], rows, **ok).payload_len == 96
+    flipped = bytearray(rows[1])
+    flipped[0] ^= 1
+    with pytest.raises(CorruptBlobError, match="payload checksum"):
+        verify_parts(blob[:head], [rows[0], bytes(flipped)], **ok)
+    with pytest.raises(CorruptBlobError, match="add up"):
+        verify_parts(blob[:head], rows[:1], **ok)
+    with pytest.raises(CorruptBlobError, match="head"):
+        verify_parts(blob[: head + 8], [rows[0][8:], rows[1]], **ok)
+    with pytest.raises(CodecError, match="dtype"):
+        verify_parts(blob[:head], rows, **{**ok, "expect_dtype": "float16"})
+    with pytest.raises(CodecError, match="shape"):
+        verify_parts(blob[:head], rows, **{**ok, "expect_shape": (3, 2, 4)})
+    int8 = encode(values, codec="int8", tokens=3)
+    with pytest.raises(CodecError, match="codec"):
+        verify_parts(int8[:head], [int8[head:]], **ok)

@@ -15,6 +15,7 @@ from tierkv.wire.framing import (
     FrameLimitError,
     build_frame,
     parse_frame,
+    read_frame_head,
 )
 
 
@@ -209,3 +210,56 @@ def test_pieces_beyond_the_blob_size_are_a_frame_error() -> None:
 
 def test_namespace_and_key_limits_come_from_the_shared_module() -> None:
     assert (MAX_KEY_BYTES, MAX_NAMESPACE_BYTES) == (limits.MAX_KEY_BYTES, limits.MAX_NAMESPACE_BYTES)
+
+
+class Reads:
+    """Exact reads from a byte string, as a transport's reader makes them."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def __call__(self, n: int) -> bytes:
+        assert self.pos + n <= len(self.data), "read past the frame"
+        self.pos += n
+        return self.data[self.pos - n : self.pos]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=3000), max_size=6),
+    frame_bytes=st.integers(min_value=1, max_value=5000),
+)
+def test_read_frame_head_reads_exactly_the_head_of_tierkv_frames(sizes: list[int], frame_bytes: int) -> None:
+    blobs = [Blob(key=b"k%d" % i, data=os.urandom(n), index=i) for i, n in enumerate(sizes)]
+    for frame in encode_frames(blobs, frame_bytes=frame_bytes, namespace=b"ns"):
+        reads = Reads(frame)
+        head = read_frame_head(reads, len(frame))
+        header, body = parse_frame(frame)
+        assert isinstance(head, tuple), "tierkv's own layout is read head first"
+        assert head == (header, len(body)) and reads.pos == len(frame) - len(body)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=64))
+def test_read_frame_head_of_any_bytes_agrees_with_the_full_parser_or_falls_back(data: bytes) -> None:
+    reads = Reads(data)
+    try:
+        head = read_frame_head(reads, len(data))
+    except FrameError:
+        return
+    if isinstance(head, tuple):
+        header, body = parse_frame(data)
+        assert head == (header, len(body))
+    else:
+        assert head == data[: reads.pos], "a fallback hands back exactly the bytes it read"
+
+
+def test_a_frame_written_by_plain_protobuf_falls_back_to_the_full_parser() -> None:
+    header = pb.FrameHeader(segments=[pb.Segment(key=b"k", size=3, length=3)])
+    head_bytes = header.SerializeToString()
+    frame = b"\x12\x03abc" + b"\x0a" + bytes([len(head_bytes)]) + head_bytes  # valid, body field first
+    reads = Reads(frame)
+    head = read_frame_head(reads, len(frame))
+    assert isinstance(head, bytes) and head == frame[: reads.pos]
+    [blob] = FrameDecoder(max_item_bytes=10).feed(head + frame[reads.pos :])
+    assert bytes(blob.data or b"") == b"abc"

@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -60,3 +61,33 @@ def test_gather_lists_carry_the_same_bytes_as_joined_frames() -> None:
     joined = list(encode_frames(blobs, frame_bytes=4096, namespace=b"ns"))
     gathered = [b"".join(parts) for parts in encode_frame_parts(blobs, frame_bytes=4096, namespace=b"ns")]
     assert joined == gathered
+
+
+def test_recv_all_fills_many_small_buffers_in_order_and_reports_progress() -> None:
+    whole = os.urandom(300_000)
+    sizes = [0, 7, 1, 4096] * 700  # more than IOV_MAX buffers
+    buffers, pos = [], 0
+    for wanted in sizes:
+        n = min(wanted, len(whole) - pos)
+        buffers.append(memoryview(bytearray(n)))
+        pos += n
+    buffers.append(memoryview(bytearray(len(whole) - pos)))
+    left, right = socket.socketpair()
+    sender = threading.Thread(target=lambda: (left.sendall(whole), left.close()))
+    sender.start()
+    seen: list[int] = []
+    with right:
+        gather.recv_all(right, buffers, progress=seen.append)
+    sender.join(30)
+    assert b"".join(bytes(b) for b in buffers) == whole
+    assert sum(seen) == len(whole) and len(seen) >= 2
+
+
+def test_recv_all_reports_a_peer_that_closes_mid_message_and_what_came_before() -> None:
+    left, right = socket.socketpair()
+    left.sendall(b"abc")
+    left.close()
+    seen: list[int] = []
+    with right, pytest.raises(ConnectionResetError):
+        gather.recv_all(right, [memoryview(bytearray(2)), memoryview(bytearray(5))], progress=seen.append)
+    assert sum(seen) == 3

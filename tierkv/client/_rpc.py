@@ -4,11 +4,12 @@ exceptions. Nothing here does I/O."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -34,7 +35,8 @@ from tierkv.limits import CLIENT_BATCH_BYTES, FRAME_BYTES, MAX_MESSAGE_BYTES
 from tierkv.retention.classes import BlockMeta, unpack_tokens
 from tierkv.vault.leases import LeaseCounts
 from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb
-from tierkv.wire.framing import FOUND, Buffer, encode_frame_parts
+from tierkv.wire.framing import FOUND, Buffer, encode_frame_parts, read_frame_head
+from tierkv.wire.landing import Landing, LandingSink
 
 M = TypeVar("M", bound=Message)
 
@@ -199,13 +201,25 @@ BlobSink = Callable[[int, Buffer], None]
 the blob is valid only during the call."""
 
 
+class FrameReader(Protocol):
+    """Exact reads of one reply frame from a transport (the bulk port's connection)."""
+
+    def read(self, n: int) -> Buffer:
+        """The next ``n`` bytes, valid until the next read."""
+
+    def read_into(self, buffers: Sequence[memoryview]) -> None:
+        """Fill ``buffers`` in order with the next bytes."""
+
+
 class GetAssembler:
     """Collects BatchGet frames into one result per requested key, in request order. Whatever a peer
     sends, it raises nothing but :class:`VaultError`.
 
     Without ``on_blob`` each found blob is kept in ``results``; with it, each is handed to ``on_blob`` as
     soon as it is complete and only its size is kept (``sizes``), so the frame it came in can be reused
-    for the next one.
+    for the next one. A transport that reads frames itself calls :meth:`receive` instead of passing
+    whole frames: then an ``on_blob`` that is a :class:`~tierkv.wire.landing.LandingSink` gets each blob
+    that lies whole in one frame received straight into the memory it offers.
     """
 
     def __init__(self, n_keys: int, address: str, on_blob: BlobSink | None = None) -> None:
@@ -214,12 +228,65 @@ class GetAssembler:
         self.sizes: list[int | None] = [None] * n_keys
         self._decoder = FrameDecoder(max_item_bytes=1 << 40)
         self._on_blob = on_blob
+        self._lands = on_blob if isinstance(on_blob, LandingSink) else None
 
     def feed(self, frame: Buffer) -> None:
-        try:
+        """One whole frame."""
+        with self._malformed("malformed BatchGet reply"):
             blobs = self._decoder.feed(frame)
-        except FrameError as exc:
-            raise VaultError(f"malformed BatchGet reply: {exc}", address=self.address) from None
+        self._deliver(blobs, {})
+
+    __call__ = feed
+    """A transport's sink: fed whole frames, unless it reads them through :meth:`receive`."""
+
+    def receive(self, reader: FrameReader, length: int) -> None:
+        """Read one ``length``-byte frame through ``reader``, landing the blobs the sink takes."""
+        with self._malformed("malformed BatchGet reply"):
+            head = read_frame_head(reader.read, length)
+        if not isinstance(head, tuple):
+            self.feed(head + bytes(reader.read(length - len(head))))
+            return
+        header, body_len = head
+        with self._malformed("malformed BatchGet reply"):
+            self._decoder.check(header, body_len)
+        landings = self._landings(header)
+        if not landings:
+            pieces = _split_body(reader.read(body_len), header)
+        else:
+            buffers: list[memoryview] = []
+            pieces = []
+            for k, seg in enumerate(header.segments):
+                piece = _NOTHING if k in landings else memoryview(bytearray(seg.length))
+                buffers.extend(landings[k].buffers if k in landings else [piece])
+                pieces.append(piece)
+            try:
+                reader.read_into(buffers)
+            except BaseException:
+                for landing in landings.values():
+                    landing.abandon()
+                raise
+        with self._malformed("malformed BatchGet reply"):
+            blobs = self._decoder.take(header, pieces)
+        self._deliver(blobs, {header.segments[k].index: landing for k, landing in landings.items()})
+
+    def _landings(self, header: pb.FrameHeader) -> dict[int, Landing]:
+        """The landing for each segment the sink takes whole (by segment position in the frame)."""
+        if self._lands is None or self._decoder.midway:
+            return {}
+        out: dict[int, Landing] = {}
+        keys: set[int] = set()
+        for k, seg in enumerate(header.segments):
+            if seg.status != FOUND or not seg.size or seg.length != seg.size or seg.index in keys:
+                continue
+            if not 0 <= seg.index < len(self.sizes) or self.sizes[seg.index] is not None:
+                continue
+            landing = self._lands.land(seg.index, seg.size)
+            if landing is not None:
+                out[k] = landing
+                keys.add(seg.index)
+        return out
+
+    def _deliver(self, blobs: list[Blob], landed: dict[int, Landing]) -> None:
         for blob in blobs:
             if not 0 <= blob.index < len(self.results):
                 raise VaultError("BatchGet reply names a key that was not asked for", address=self.address)
@@ -227,18 +294,40 @@ class GetAssembler:
                 continue
             if self.sizes[blob.index] is not None:
                 raise VaultError("BatchGet reply names a key twice", address=self.address)
+            landing = landed.get(blob.index)
+            if landing is not None:
+                self.sizes[blob.index] = sum(len(b) for b in landing.buffers)
+                landing.landed()
+                continue
             self.sizes[blob.index] = len(blob.data)
             if self._on_blob is None:
                 self.results[blob.index] = blob.data
             else:
                 self._on_blob(blob.index, blob.data)
 
-    def finish(self) -> list[Buffer | None]:
+    @contextlib.contextmanager
+    def _malformed(self, what: str) -> Iterator[None]:
         try:
-            self._decoder.close()
+            yield
         except FrameError as exc:
-            raise VaultError(f"truncated BatchGet reply: {exc}", address=self.address) from None
+            raise VaultError(f"{what}: {exc}", address=self.address) from None
+
+    def finish(self) -> list[Buffer | None]:
+        with self._malformed("truncated BatchGet reply"):
+            self._decoder.close()
         return self.results
+
+
+_NOTHING = memoryview(b"")
+"""The piece of a segment that was landed: its bytes are where its landing put them."""
+
+
+def _split_body(body: Buffer, header: pb.FrameHeader) -> list[memoryview]:
+    view, pos, pieces = memoryview(body).cast("B"), 0, []
+    for seg in header.segments:
+        pieces.append(view[pos : pos + seg.length])
+        pos += seg.length
+    return pieces
 
 
 def as_bytes(results: Sequence[Buffer | None]) -> list[bytes | None]:

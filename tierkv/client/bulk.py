@@ -20,8 +20,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, runtime_checkable
 
-from tierkv.client._rpc import ClientOptions, PutFrames, error_for, parse_reply
+from tierkv.client._rpc import ClientOptions, FrameReader, PutFrames, error_for, parse_reply
 from tierkv.client.transport import BATCH_GET, PUT, STATS, Request, Transport
 from tierkv.endpoints import HostPort
 from tierkv.errors import VaultError, VaultUnavailable
@@ -181,16 +182,31 @@ class BulkTransport(Transport):
             conn.close()
 
 
+@runtime_checkable
+class FrameReceiver(Protocol):
+    """A sink that reads each reply frame itself (:meth:`GetAssembler.receive`), so that it can choose
+    where each blob's bytes go before they are read."""
+
+    def receive(self, reader: FrameReader, length: int) -> None: ...
+
+
 def read_reply(wire: _Wire, sink: Callable[[Buffer], None] | None) -> None:
-    """Read one reply up to its END record, handing every frame to ``sink``.
+    """Read one reply up to its END record, handing every frame to ``sink`` (or letting a
+    :class:`FrameReceiver` read it).
 
     Raises :class:`BulkRefused` when nothing of a reply came, ``VaultUnavailable`` (DEADLINE_EXCEEDED, or
     a connection lost mid-reply), the status an ERROR record names, or ``VaultError`` for bytes that are
     not tierkv-bulk/1 — never anything else, whatever the peer sends.
     """
     first = True
+    receiver = sink if isinstance(sink, FrameReceiver) else None
     while True:
-        kind, payload = wire.record()
+        kind, length = wire.head()
+        if kind == bulk.FRAME and receiver is not None and length:
+            receiver.receive(wire, length)
+            first = False
+            continue
+        payload = wire.read(length) if length else b""
         if kind == bulk.END:
             return
         if kind == bulk.ERROR:
@@ -204,7 +220,8 @@ def read_reply(wire: _Wire, sink: Callable[[Buffer], None] | None) -> None:
 
 
 class _Wire:
-    """One connection's exact sends and reads against a deadline, failing in the tierkv exceptions."""
+    """One connection's exact sends and reads against a deadline, failing in the tierkv exceptions.
+    It is the :class:`FrameReader` of the reply it reads."""
 
     def __init__(
         self, conn: socket.socket, deadline: float, address: str, pool: RecvPool | None = None
@@ -219,26 +236,27 @@ class _Wire:
         with self._errors():
             gather.send_all(self.conn, buffers, lambda: _set_deadline(self.conn, self.deadline))
 
-    def record(self) -> tuple[int, Buffer]:
+    def head(self) -> tuple[int, int]:
+        """The next record's kind and payload length."""
+        raw = self._exact(memoryview(bytearray(bulk.RECORD.size)))
         try:
-            kind, length = bulk.parse_record(self.read(bulk.RECORD.size))
+            return bulk.parse_record(raw)
         except FrameError as exc:
             raise VaultError(f"malformed bulk reply: {exc}", address=self.address) from None
-        if not length:
-            return kind, b""
-        return kind, self.read(length, self.pool.take(length) if self.pool is not None else None)
 
-    def read(self, n: int, into: memoryview | None = None) -> memoryview:
-        view = memoryview(bytearray(n)) if into is None else into
-        got = 0
+    def read(self, n: int) -> memoryview:
+        """The next ``n`` bytes, in a reused receive buffer when this reply has a pool."""
+        return self._exact(self.pool.take(n) if self.pool is not None else memoryview(bytearray(n)))
+
+    def read_into(self, buffers: Sequence[memoryview]) -> None:
         with self._errors():
-            while got < n:
-                _set_deadline(self.conn, self.deadline)
-                k = self.conn.recv_into(view[got:])
-                if k == 0:
-                    raise ConnectionResetError("the vault closed the bulk connection")
-                got += k
-                self.received += k
+            gather.recv_all(self.conn, buffers, lambda: _set_deadline(self.conn, self.deadline), self._count)
+
+    def _count(self, n: int) -> None:
+        self.received += n
+
+    def _exact(self, view: memoryview) -> memoryview:
+        self.read_into([view])
         return view
 
     @contextlib.contextmanager

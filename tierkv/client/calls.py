@@ -106,7 +106,7 @@ class Calls:
         self, namespace: bytes, keys: Sequence[bytes], timeout: float | None, assembler: GetAssembler
     ) -> Request:
         request = keys_request(pb.BatchGetRequest, namespace, keys)
-        return Request(BATCH_GET, request, self.options.deadline(timeout), sink=assembler.feed)
+        return Request(BATCH_GET, request, self.options.deadline(timeout), sink=assembler)
 
     def prefix_lookup(
         self, namespace: bytes, keys: Sequence[bytes], timeout: float | None, lease_ms: int = 0

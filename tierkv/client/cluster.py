@@ -39,6 +39,7 @@ from tierkv.config import Config, TLSConfig
 from tierkv.errors import VaultError
 from tierkv.roles import COLD_ROLE_NAMES, Role, role_for
 from tierkv.wire.framing import Buffer
+from tierkv.wire.landing import Landing, LandingSink
 
 log = logging.getLogger(__name__)
 
@@ -496,27 +497,30 @@ class _BufferRead(_Read[Buffer]):
 
 
 class _EachRead(_Read[int]):
-    """A read of sizes whose blobs stream to the caller's ``on_blob`` as they arrive."""
+    """A read of sizes whose blobs stream to the caller's ``on_blob`` as they arrive.
+
+    When ``on_blob`` is a :class:`~tierkv.wire.landing.LandingSink`, a key with one owner is received
+    straight into the memory it offers: one vault can write there, so no two copies race into it. A
+    landing counts as a hand-over from its offer to its end, so :meth:`close` waits for it too.
+    """
 
     def __init__(
         self, namespace: bytes, keys: Sequence[bytes], owners: list[list[int]], on_blob: BlobSink
     ) -> None:
         super().__init__(namespace, keys, owners)
         self.on_blob = on_blob
+        self._lands = on_blob if isinstance(on_blob, LandingSink) else None
 
     def work(self, vault: int, indices: Sequence[int]) -> Work[list[int | None]]:
         keys = [self.keys[i] for i in indices]
-        return partial(
-            _get_each, namespace=self.namespace, keys=keys, on_blob=partial(self.arrived, vault, indices)
-        )
+        return partial(_get_each, namespace=self.namespace, keys=keys, on_blob=_Share(self, vault, indices))
 
     def size(self, item: int) -> int:
         return item
 
-    def arrived(self, vault: int, indices: Sequence[int], j: int, blob: Buffer) -> None:
-        """A vault thread's blob for its ``j``-th key: its size recorded and the blob handed to
-        ``on_blob``, unless another copy came first or the read is over."""
-        i = indices[j]
+    def arrived(self, vault: int, i: int, blob: Buffer) -> None:
+        """A vault thread's blob for key ``i``: its size recorded and the blob handed to ``on_blob``,
+        unless another copy came first or the read is over."""
         with self._cond:
             if self._closed or self.results[i] is not None:
                 return
@@ -526,9 +530,67 @@ class _EachRead(_Read[int]):
         try:
             self.on_blob(i, blob)
         finally:
-            with self._cond:
-                self._handing -= 1
-                self._cond.notify_all()
+            self._handed()
+
+    def land(self, vault: int, i: int, size: int) -> Landing | None:
+        """The caller's landing for key ``i``, when it offers one and no other vault may send the key."""
+        if self._lands is None or len(self.owners[i]) != 1:
+            return None
+        with self._cond:
+            if self._closed or self.results[i] is not None:
+                return None
+            landing = self._lands.land(i, size)
+            if landing is None:
+                return None
+            self._handing += 1
+        return _Counted(self, vault, i, landing)
+
+    def _handed(self) -> None:
+        with self._cond:
+            self._handing -= 1
+            self._cond.notify_all()
+
+
+class _Share:
+    """One vault's sink in an :class:`_EachRead`: its key positions mapped to the read's."""
+
+    def __init__(self, read: _EachRead, vault: int, indices: Sequence[int]) -> None:
+        self.read, self.vault, self.indices = read, vault, indices
+
+    def __call__(self, j: int, blob: Buffer) -> None:
+        self.read.arrived(self.vault, self.indices[j], blob)
+
+    def land(self, j: int, size: int) -> Landing | None:
+        return self.read.land(self.vault, self.indices[j], size)
+
+
+class _Counted:
+    """A landing that records the key's size when it lands and ends its hand-over either way."""
+
+    def __init__(self, read: _EachRead, vault: int, i: int, inner: Landing) -> None:
+        self.read, self.vault, self.i, self.inner = read, vault, i, inner
+
+    @property
+    def buffers(self) -> Sequence[memoryview]:
+        return self.inner.buffers
+
+    def landed(self) -> None:
+        size = sum(len(b) for b in self.inner.buffers)
+        with self.read._cond:
+            keep = not self.read._closed and self.read.results[self.i] is None
+            if keep:
+                self.read.results[self.i] = size
+                self.read.bytes_in[self.vault] += size
+        try:
+            self.inner.landed() if keep else self.inner.abandon()
+        finally:
+            self.read._handed()
+
+    def abandon(self) -> None:
+        try:
+            self.inner.abandon()
+        finally:
+            self.read._handed()
 
 
 def _cold_roles(roles: Mapping[str, Sequence[str] | str]) -> dict[Role, list[str]]:

@@ -32,6 +32,7 @@ from tierkv.codec.header import (
     LayerGroup,
     as_byte_view,
     check_u32,
+    checksum_parts,
     dtype_info,
     read_header,
 )
@@ -221,6 +222,37 @@ def open_blob(blob: Buffer) -> tuple[BlobHeader, npt.NDArray[np.uint8]]:
     if xxhash.xxh3_64_intdigest(payload.data) != header.payload_checksum:
         raise CorruptBlobError("payload checksum mismatch")
     return header, payload
+
+
+def verify_parts(
+    head: Buffer,
+    payload: Sequence[Buffer],
+    *,
+    expect_shape: Sequence[int],
+    expect_dtype: DTypeArg,
+    expect_tokens: int | None = None,
+    expect_layer_group: LayerGroup | None = None,
+) -> BlobHeader:
+    """Verify a ``raw`` blob that arrived in pieces: its header in ``head``, its payload spread over
+    ``payload`` (the rows of a cache it was received into). Checks what :func:`open_blob` and
+    :func:`check_expectations` check, shape and dtype always: the bytes are already where values of that
+    shape and dtype live, so nothing else may pass."""
+    header = read_header(head, partial=True)
+    if len(as_byte_view(head)) != header.header_len:
+        raise CorruptBlobError(f"{len(head)} bytes of head for a header of {header.header_len}")
+    check_expectations(
+        header,
+        expect_shape=expect_shape,
+        expect_dtype=expect_dtype,
+        expect_codec="raw",
+        expect_tokens=expect_tokens,
+        expect_layer_group=expect_layer_group,
+    )
+    if sum(len(memoryview(p).cast("B")) for p in payload) != header.payload_len:
+        raise CorruptBlobError(f"payload parts do not add up to the header's {header.payload_len} bytes")
+    if checksum_parts(payload) != header.payload_checksum:
+        raise CorruptBlobError("payload checksum mismatch")
+    return header
 
 
 def verify(blob: Buffer) -> BlobHeader:

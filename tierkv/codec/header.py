@@ -33,7 +33,7 @@ import enum
 import logging
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias
@@ -169,9 +169,23 @@ def as_byte_view(blob: Buffer) -> memoryview:
     return view.toreadonly()
 
 
+def header_len(ndim: int) -> int:
+    """Bytes of the header of a blob of ``ndim`` dimensions (where its payload starts)."""
+    return MIN_HEADER_LEN + _U64.size * ndim
+
+
 def checksum(data: Buffer) -> int:
     """xxh3_64 (seed 0) of ``data``; the checksum used for headers and payloads."""
     return int(xxhash.xxh3_64_intdigest(data))
+
+
+def checksum_parts(parts: Sequence[Buffer]) -> int:
+    """:func:`checksum` of the concatenation of ``parts``, without joining them (a payload received
+    straight into the rows of a cache)."""
+    state = xxhash.xxh3_64()
+    for part in parts:
+        state.update(part)
+    return int(state.intdigest())
 
 
 @dataclass(frozen=True)
@@ -196,7 +210,7 @@ class BlobHeader:
 
     @property
     def header_len(self) -> int:
-        return MIN_HEADER_LEN + _U64.size * len(self.shape)
+        return header_len(len(self.shape))
 
     @property
     def blob_len(self) -> int:

@@ -25,7 +25,8 @@ from tierkv.tiering.batches import byte_batches
 from tierkv.tiering.prefetch import DEFAULT_TIMEOUT_S, Prefetcher
 from tierkv.tiering.spec import Expect, StreamSpec
 from tierkv.tiering.storage import BlobSink, Storage, put_tagged
-from tierkv.tiering.target import Place, Target
+from tierkv.tiering.target import Place, Rows, Target
+from tierkv.wire.landing import Renumbered
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,8 @@ class Restored:
     ``place_s`` are the time spent verifying and decoding blobs and in the hook's ``place``, wherever
     it happened. ``gone`` lists
     the keys the vaults no longer hold: missing from the answer, or corrupt and deleted. ``prefetched``
-    counts the blobs taken from the prefetch buffer instead of the vaults (verified all the same).
+    counts the blobs taken from the prefetch buffer instead of the vaults (verified all the same);
+    ``landed`` the blobs received straight into the hook's ``rows`` (verified there, copied never).
     """
 
     asked: int
@@ -87,6 +89,7 @@ class Restored:
     decode_s: float = 0.0
     verify_s: float = 0.0
     place_s: float = 0.0
+    landed: int = 0
 
     @property
     def leading(self) -> int:
@@ -177,6 +180,7 @@ class ColdTier(Generic[A]):
         out: Callable[[int], A] | None = None,
         *,
         place: Place[A] | None = None,
+        rows: Rows | None = None,
         leading_only: bool = False,
     ) -> Restored:
         """One get for ``keys``; every blob verified against ``expect`` and decoded into ``out(n)``.
@@ -184,7 +188,9 @@ class ColdTier(Generic[A]):
         ``expect`` is one header for every key or one per key (e.g. a state's SSM and CONV blobs, which
         share a role). A hook that stores ``raw`` blobs in its cache's own dtype passes ``place`` instead
         of ``out``: each verified blob is then handed over as a view of the received bytes as soon as it
-        arrives, and the hook's own copy into its cache is the only one (no decode buffer). With
+        arrives, and the hook's own copy into its cache is the only one (no decode buffer); a hook that
+        also passes ``rows`` (where each key's values lie as bytes) has blobs received straight there
+        where the transport can, and then nothing is copied at all. With
         ``leading_only`` decoding stops at the first block that is missing or corrupt (a hook that can
         only use a leading run; nothing is placed while it arrives then); otherwise every block is tried
         and the hook learns which failed. Corrupt blobs are deleted from the vaults, so the next store of that
@@ -193,20 +199,20 @@ class ColdTier(Generic[A]):
         """
         if place is not None and spec.codec != "raw":
             raise ValueError(f"place takes the values of raw blobs; {spec.codec} blobs are decoded into out")
-        target = Target(self.arrays, expect, out, place)
+        target = Target(self.arrays, expect, out, place, rows)
         result = Restored(len(keys))
         if not keys:
             return result
         t = time.perf_counter()
         streamed = target.streams and not leading_only
-        blobs = self._get(spec, keys, result, target.arrived if streamed else None)
+        blobs = self._get(spec, keys, result, target if streamed else None)
         result.get_s = time.perf_counter() - t
         target.raise_error()
         result.fetched_bytes = sum(_size(b) for b in blobs if b is not None)
         t = time.perf_counter()
         corrupt, why = self._decode(blobs, keys, target, result, leading_only)
         result.decode_s = time.perf_counter() - t
-        result.verify_s, result.place_s = target.verify_s, target.place_s
+        result.verify_s, result.place_s, result.landed = target.verify_s, target.place_s, target.landed
         if corrupt:
             logger.warning(
                 "%s: %d of %d blobs rejected and deleted (first: %s)", spec.role, len(corrupt), len(keys), why
@@ -226,7 +232,7 @@ class ColdTier(Generic[A]):
         with self.prefetch.foreground():
             taken = self.prefetch.take(spec.namespace, spec.role, keys)
             rest = [i for i in range(len(keys)) if i not in taken]
-            sink = None if on_blob is None else (lambda j, blob: on_blob(rest[j], blob))
+            sink = None if on_blob is None else Renumbered(on_blob, rest)
             fetched = self._fetch(spec, [keys[i] for i in rest], sink) if rest else []
         blobs: list[Buffer | int | None] = [None] * len(keys)
         for i, blob in [*taken.items(), *zip(rest, fetched, strict=True)]:

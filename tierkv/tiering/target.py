@@ -6,6 +6,12 @@ blob as a zero-copy view to ``place(i, values)``, which copies it into the cache
 the socket. Placing is order-free, so it can happen while the rest of the reply is still arriving:
 :meth:`Target.arrived` is the storage's ``on_blob`` and runs on whichever thread received the blob, so
 verifying and copying one blob overlaps the vault sending the next.
+
+A hook that also says where each key's values lie as bytes (``rows(i)``: its cache's own rows) gets
+blobs received straight there where the transport can (:meth:`Target.land`, see
+:mod:`tierkv.wire.landing`): the blob's header goes to a small buffer, its payload into the rows, and it
+is verified where it lies (header, expectations, payload checksum over the rows). Nothing is copied
+after the socket then; a blob that does not verify leaves garbage in rows the restore reports as failed.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Generic
+from typing import Any, Generic
 
 from tierkv.codec import Buffer
+from tierkv.codec.blob import verify_parts
+from tierkv.codec.header import header_len
 from tierkv.errors import TierKVError
 from tierkv.tiering.arrays import A, Arrays, ViewingArrays
 from tierkv.tiering.spec import Expect
@@ -23,6 +31,10 @@ from tierkv.tiering.spec import Expect
 Place = Callable[[int, A], None]
 """Takes ``(index of the key, verified values)``: the values are a zero-copy view of a ``raw`` blob, valid
 only during the call, which the hook copies straight into its cache."""
+
+Rows = Callable[[int], Sequence[memoryview] | None]
+"""Takes the index of a key: the writable byte rows its values go to, in order (memory that holds nothing
+valid until the restore says so), or None where they do not lie as plain bytes."""
 
 
 class Target(Generic[A]):
@@ -34,6 +46,7 @@ class Target(Generic[A]):
         expect: Expect | Sequence[Expect],
         out: Callable[[int], A] | None,
         place: Place[A] | None,
+        rows: Rows | None = None,
     ) -> None:
         if (out is None) == (place is None):
             raise ValueError("restore takes exactly one of out and place")
@@ -46,6 +59,9 @@ class Target(Generic[A]):
         self.expect = expect
         self.out = out
         self.place = place
+        self.rows = rows if place is not None else None
+        self.landed = 0
+        """Blobs received straight into ``rows`` (and then verified, or not)."""
         self._lock = threading.Lock()
         self._early: dict[int, TierKVError | None] = {}
         self.verify_s = 0.0
@@ -81,8 +97,27 @@ class Target(Generic[A]):
     def arrived(self, i: int, blob: Buffer) -> None:
         """A storage's ``on_blob``: place key ``i``'s blob now. Never raises: the outcome is kept for
         :meth:`settle`, and an unexpected error is raised by :meth:`raise_error` once the get is over."""
+        self._verdict(i, lambda: self.take(i, i, blob))
+
+    __call__ = arrived
+
+    def land(self, i: int, size: int) -> _Landed | None:
+        """Where key ``i``'s blob of ``size`` bytes can be received: a header buffer, then its rows; None
+        unless the hook gave rows and they hold exactly the payload of the blob expected."""
+        if self.rows is None:
+            return None
+        expect = self.nth(i)
+        if expect.codec != "raw" or expect.dtype is None:
+            return None
+        rows = self.rows(i)
+        head = header_len(len(expect.shape))
+        if rows is None or head + sum(len(r) for r in rows) != size:
+            return None
+        return _Landed(self, i, [memoryview(bytearray(head)), *rows], expect.dtype)
+
+    def _verdict(self, i: int, check: Callable[[], object]) -> None:
         try:
-            self.take(i, i, blob)
+            check()
             outcome: TierKVError | None = None
         except TierKVError as exc:
             outcome = exc
@@ -111,4 +146,32 @@ class Target(Generic[A]):
             raise self._error
 
 
-__all__ = ["Place", "Target"]
+class _Landed:
+    """One blob being received into a target's rows."""
+
+    def __init__(self, target: Target[Any], i: int, buffers: list[memoryview], dtype: str) -> None:
+        self.target, self.i, self.buffers, self.dtype = target, i, buffers, dtype
+
+    def landed(self) -> None:
+        target, expect = self.target, self.target.nth(self.i)
+        t0 = time.perf_counter()
+        target._verdict(
+            self.i,
+            lambda: verify_parts(
+                self.buffers[0],
+                self.buffers[1:],
+                expect_shape=expect.shape,
+                expect_dtype=self.dtype,
+                expect_tokens=expect.tokens,
+                expect_layer_group=expect.layer_group,
+            ),
+        )
+        with target._lock:
+            target.verify_s += time.perf_counter() - t0
+            target.landed += 1
+
+    def abandon(self) -> None:
+        """Nothing to undo: the key has no verdict, so the restore counts it as not received."""
+
+
+__all__ = ["Place", "Rows", "Target"]

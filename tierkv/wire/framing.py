@@ -16,7 +16,7 @@ This module does no I/O: it turns blobs into frame bytes and frame bytes back in
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from google.protobuf.message import DecodeError
 
@@ -157,6 +157,46 @@ def _split(view: memoryview, header: pb.FrameHeader) -> memoryview | None:
     return view[body_pos:] if body_pos + body_len == len(view) else None
 
 
+def read_frame_head(read: Callable[[int], Buffer], length: int) -> tuple[pb.FrameHeader, int] | bytes:
+    """Read only the head of a ``length``-byte Frame through ``read(n)`` (exactly ``n`` bytes): its
+    header and its body's length, so that the receiver can choose where the body goes before a byte of
+    it is read. A frame not laid out as tierkv writes it returns the bytes read so far instead; the caller
+    reads the rest and parses the whole frame with :func:`parse_frame`."""
+    peek = bytes(read(min(length, _HEAD_PEEK)))
+    if len(peek) < 2 or peek[0] != 0x0A:
+        return peek
+    head_len, pos = _read_varint(memoryview(peek), 1)
+    head_end = pos + head_len
+    body_len = _body_len(length - head_end - 1)
+    if body_len is None:
+        return peek
+    prefix_len = length - body_len
+    if prefix_len < len(peek):
+        return peek
+    prefix = peek + bytes(read(prefix_len - len(peek)))
+    if prefix[head_end] != 0x12 or prefix[head_end + 1 :] != _varint(body_len):
+        return prefix
+    header = pb.FrameHeader()
+    try:
+        header.ParseFromString(prefix[pos:head_end])
+    except DecodeError as exc:
+        raise FrameError(f"not a tierkv.v1.Frame: {exc}") from exc
+    return header, body_len
+
+
+_HEAD_PEEK = 6
+"""Bytes that hold a Frame's first tag and its header length whatever that is."""
+
+
+def _body_len(rest: int) -> int | None:
+    """The body length ``n`` with ``len(varint(n)) + n == rest``, if any."""
+    for width in range(1, 11):
+        n = rest - width
+        if n >= 0 and len(_varint(n)) == width:
+            return n
+    return None
+
+
 def encode_frames(blobs: Iterable[Blob], *, frame_bytes: int, namespace: bytes = b"") -> Iterator[bytes]:
     """Pack blobs into frames whose body is at most ``frame_bytes``; larger blobs span several frames.
 
@@ -234,6 +274,16 @@ class FrameDecoder:
 
     def feed(self, frame: Buffer) -> list[Blob]:
         header, body = parse_frame(frame)
+        self.check(header, len(body))
+        pieces, pos = [], 0
+        for seg in header.segments:
+            pieces.append(body[pos : pos + seg.length])
+            pos += seg.length
+        return self.take(header, pieces)
+
+    def check(self, header: pb.FrameHeader, body_len: int) -> None:
+        """Validate a frame's header against its body length and the limits before any of its body is
+        used (a receiver that places bodies itself calls this before reading them)."""
         if self.frames == 0:
             self.namespace = header.namespace
         elif header.namespace and header.namespace != self.namespace:
@@ -241,26 +291,34 @@ class FrameDecoder:
         self.frames += 1
         if len(self.namespace or b"") > MAX_NAMESPACE_BYTES:
             raise FrameError(f"namespace longer than {MAX_NAMESPACE_BYTES} bytes")
-        out: list[Blob] = []
         pos = 0
         for seg in header.segments:
             if not seg.key or len(seg.key) > MAX_KEY_BYTES:
                 raise FrameError(f"key length {len(seg.key)} outside 1..{MAX_KEY_BYTES}")
-            if seg.length > seg.size or pos + seg.length > len(body):
+            if seg.length > seg.size or pos + seg.length > body_len:
                 raise FrameError("segment lengths do not match the frame body")
             if seg.size > self.max_item_bytes:
                 raise FrameLimitError(f"blob of {seg.size} bytes exceeds the limit of {self.max_item_bytes}")
-            piece = body[pos : pos + seg.length]
             pos += seg.length
             self.total_bytes += seg.length
             if self.max_total_bytes is not None and self.total_bytes > self.max_total_bytes:
                 raise FrameLimitError(f"call carries more than {self.max_total_bytes} bytes")
+        if pos != body_len:
+            raise FrameError("frame body longer than its segments")
+
+    def take(self, header: pb.FrameHeader, pieces: Sequence[memoryview]) -> list[Blob]:
+        """The blobs a :meth:`check`-ed frame completes, given each segment's piece of the body."""
+        out: list[Blob] = []
+        for seg, piece in zip(header.segments, pieces, strict=True):
             done = self._take(seg, piece)
             if done is not None:
                 out.append(done)
-        if pos != len(body):
-            raise FrameError("frame body longer than its segments")
         return out
+
+    @property
+    def midway(self) -> bool:
+        """Whether a blob that spans frames is still being reassembled."""
+        return self._partial is not None
 
     def _take(self, seg: pb.Segment, piece: memoryview) -> Blob | None:
         if self._partial is not None:
@@ -325,4 +383,5 @@ __all__ = [
     "meta_from_pb",
     "meta_to_pb",
     "parse_frame",
+    "read_frame_head",
 ]

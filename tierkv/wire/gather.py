@@ -1,4 +1,4 @@
-"""Scatter-gather sends over a blocking socket, shared by both ends of tierkv-bulk/1.
+"""Scatter-gather sends and receives over a blocking socket, shared by both ends of tierkv-bulk/1.
 
 Both ends send frames as gather lists that still point into the blobs (LMDB's map on the vault, the
 caller's blobs on the client), so no payload is joined in Python. This is the wire layer's one helper that
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from tierkv.wire.framing import Buffer
 
 IOV_MAX = 512
-"""Buffers per ``sendmsg`` (Linux accepts 1024; half leaves room)."""
+"""Buffers per ``sendmsg`` or ``recvmsg_into`` (Linux accepts 1024; half leaves room)."""
 
 
 def pending(buffers: Sequence[Buffer]) -> collections.deque[memoryview]:
@@ -46,3 +46,25 @@ def send_all(
         if before is not None:
             before()
         advance(queue, sock.sendmsg(list(itertools.islice(queue, IOV_MAX))))
+
+
+def recv_all(
+    sock: socket.socket,
+    buffers: Sequence[memoryview],
+    before: Callable[[], None] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Fill every byte of ``buffers`` in order from ``sock`` (``recvmsg_into``: a blob received straight
+    into the rows of a cache, no copy after the socket). ``before`` as in :func:`send_all`; ``progress``
+    is told each receive's byte count as it comes (so a caller knows whether any byte came before a
+    failure). The peer closing first is a :class:`ConnectionResetError`."""
+    queue = pending(buffers)
+    while queue:
+        if before is not None:
+            before()
+        got = sock.recvmsg_into(list(itertools.islice(queue, IOV_MAX)))[0]
+        if got == 0:
+            raise ConnectionResetError("the peer closed the connection mid-message")
+        if progress is not None:
+            progress(got)
+        advance(queue, got)

@@ -108,6 +108,7 @@ def test_identical_prompt_is_restored_from_the_vault(llm: Any, reference: dict[s
     second, restored = generate_counted(llm, STORED)
     assert restored["lookup_hit_tokens"] == 9 * BLOCK_SIZE
     assert restored["restored_blocks"] == 9
+    assert restored["load_landed_blocks"] == 9, "received straight into the CPU cache's block rows"
     assert restored.get("load_errors", 0) == 0
     assert_same(first, reference["stored"])
     assert_same(second, reference["stored"])
@@ -139,6 +140,7 @@ def test_corrupted_block_is_reported_and_recomputed(
     out, seen = generate_counted(llm, CORRUPTED)
     assert seen["load_errors"] == 1
     assert seen["restored_blocks"] == 8
+    assert seen["load_landed_blocks"] == 9, "the bad block too landed in its row, then was recomputed"
     assert_same(out, reference["corrupted"])
     with VaultClient(vault.address) as client:
         (healed,) = client.get(namespace, [key])

@@ -149,6 +149,25 @@ def test_byte_writes_refuse_a_wrong_block_or_size() -> None:
         legacy.write_bytes(0, row)
 
 
+def test_byte_rows_are_each_layers_block_memory_in_payload_order() -> None:
+    """What a restore receives straight into: a group's rows of one block, layer by layer, are the
+    cache's own memory (bytes written there are the block's values); none unless every layer is dense."""
+    layers = [torch.zeros(B, H, N, 2 * D) for _ in range(3)]
+    group = KVGroupView([attention_view(f"l{i}", t, GEOM) for i, t in enumerate(layers)])
+    block = torch.randn(3, H, N, 2 * D)
+    rows = group.byte_rows(5)
+    assert rows is not None and [len(r) for r in rows] == [block[0].numel() * 4] * 3
+    payload = block.view(torch.uint8).numpy().reshape(-1)
+    for i, row in enumerate(rows):
+        row[:] = payload[i * len(row) : (i + 1) * len(row)]
+    assert all(torch.equal(layers[i][5], block[i]) for i in range(3))
+    assert all(torch.count_nonzero(layers[i][:5]) == 0 for i in range(3))
+    with pytest.raises(IndexError):
+        group.byte_rows(B)
+    legacy = KVGroupView([attention_view("legacy", torch.zeros(2, B, N, H, D), GEOM)])
+    assert legacy.byte_rows(0) is None
+
+
 def test_kernel_blocks_smaller_than_manager_blocks_are_regrouped() -> None:
     geom = AttentionGeometry(num_blocks=3, num_kv_heads=H, block_size=8, head_size=D)
     tensor = torch.randn(6, H, 4, 2 * D)  # two kernel blocks of 4 tokens per manager block of 8

@@ -163,6 +163,15 @@ class AttentionLayerView:
         """Whether :meth:`write_bytes` can be used: each block is one dense run of CPU memory."""
         return self._rows is not None
 
+    def row(self, block_id: int) -> memoryview:
+        """Block ``block_id``'s bytes in this layer as a writable view of the cache (see
+        :meth:`write_bytes`; a restore can receive a blob's layer straight into it)."""
+        if self._rows is None:
+            raise ValueError(f"layer {self.name} has no dense block rows")
+        if not 0 <= block_id < self._rows.shape[0]:
+            raise IndexError(f"block {block_id} out of range for layer {self.name}")
+        return memoryview(self._rows[block_id])
+
     def write_bytes(self, block_id: int, data: npt.NDArray[np.uint8]) -> None:
         """Copy one block's exact bytes (its logical values, dense) into the block's memory.
 
@@ -240,6 +249,13 @@ class KVGroupView:
         ids = torch.as_tensor(list(block_ids), dtype=torch.long, device=self.device)
         for i, layer in enumerate(self.layers):
             layer.scatter(ids, blocks[:, i])
+
+    def byte_rows(self, block_id: int) -> list[memoryview] | None:
+        """Each layer's bytes of one block, writable, in the order a blob's payload holds them; None unless
+        every layer's blocks are dense rows of CPU memory."""
+        if not all(x.takes_bytes for x in self.layers):
+            return None
+        return [x.row(block_id) for x in self.layers]
 
     def write(self, block_id: int, block: torch.Tensor) -> None:
         """Write one ``[layers, heads, block_size, width]`` block, layer by layer (as bytes where the

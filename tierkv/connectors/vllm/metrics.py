@@ -62,6 +62,7 @@ _HELP = {
     "load_get_us": "Microseconds of loads spent in gets (blobs placed on arrival are copied within it)",
     "load_verify_us": "Microseconds of loads spent verifying and decoding blobs",
     "load_copy_us": "Microseconds of loads spent copying blocks into the KV cache",
+    "load_landed_blocks": "Blobs received straight into the KV cache (verified there, never copied)",
 }
 HELD_GAUGE = "tierkv_connector_gpu_protect_held_blocks"
 """Blocks held now: ``gpu_protect_holds`` minus ``gpu_protect_releases``, kept as a gauge."""

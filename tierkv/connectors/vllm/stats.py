@@ -49,6 +49,7 @@ COUNTERS: tuple[str, ...] = (
     "load_get_us",
     "load_verify_us",
     "load_copy_us",
+    "load_landed_blocks",
 )
 """Every counter the connector reports, in a fixed order.
 
@@ -71,7 +72,8 @@ and bytes evicted unused, jobs that gave up, blobs that failed verification. Whe
 microseconds: ``lookup_us`` in the vaults' prefix lookups (lookup threads), ``lookup_wait_us`` of scheduler
 steps waiting for them; ``load_us`` in load jobs, of which ``load_get_us`` in the gets (blobs written into
 the cache as they arrive are verified and copied within it), ``load_verify_us`` verifying and decoding
-blobs and ``load_copy_us`` copying them into the cache, wherever that happened.
+blobs and ``load_copy_us`` copying them into the cache, wherever that happened; ``load_landed_blocks``
+counts the blobs received straight into the cache (no copy; verified where they landed).
 """
 
 

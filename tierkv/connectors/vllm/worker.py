@@ -339,8 +339,15 @@ class WorkerSide:
         spec, keys = self._specs[stream], [r.key for r in refs]
         scatter_s = 0.0
         if spec.codec == "raw" and view.device.type == "cpu":
+            rows = None
+            if isinstance(view, KVGroupView):
+                rows = lambda i: view.byte_rows(refs[i].block_id)  # noqa: E731
             got = self._tier.restore(
-                spec, keys, self._expect[stream], place=lambda i, block: view.write(refs[i].block_id, block)
+                spec,
+                keys,
+                self._expect[stream],
+                place=lambda i, block: view.write(refs[i].block_id, block),
+                rows=rows,
             )
         else:
             buffer = torch.empty((len(refs), *view.block_shape), dtype=view.dtype, device=view.device)
@@ -352,6 +359,7 @@ class WorkerSide:
         self.counters.add("load_get_us", _us(got.get_s))
         self.counters.add("load_verify_us", _us(got.verify_s))
         self.counters.add("load_copy_us", _us(got.place_s + scatter_s))
+        self.counters.add("load_landed_blocks", got.landed)
         bad.extend(refs[i] for i in got.failed)
         if self.report is not None and got.gone:
             self.report.gone(got.gone)
