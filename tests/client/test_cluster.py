@@ -245,6 +245,15 @@ def test_get_each_hands_each_blob_over_once_and_never_after_it_returned(vault_fa
     assert all(blob == blobs[ks[i]] for _, i, blob in seen)
 
 
+def closing(read: _EachRead) -> threading.Thread:
+    """``read.close()`` on a thread of its own, checked to be still waiting for a hand-over."""
+    closer = threading.Thread(target=read.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive(), "close returned while a hand-over was in progress"
+    return closer
+
+
 def test_a_read_closes_after_hand_overs_in_progress_and_refuses_later_ones() -> None:
     """The guarantee behind ``on_blob`` with a share still running past the deadline: ``close`` waits
     for a hand-over in progress, and a blob arriving after it is neither recorded nor handed over."""
@@ -260,10 +269,7 @@ def test_a_read_closes_after_hand_overs_in_progress_and_refuses_later_ones() -> 
     worker = threading.Thread(target=read.arrived, args=(0, 0, b"a"))
     worker.start()
     assert entered.wait(10)
-    closer = threading.Thread(target=read.close)
-    closer.start()
-    closer.join(0.2)
-    assert closer.is_alive(), "close returned while a blob was being handed over"
+    closer = closing(read)
     release.set()
     closer.join(10)
     worker.join(10)

@@ -4,11 +4,11 @@ the assembler's frame reading, and the cluster read's hand-over bookkeeping."""
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 
 import pytest
 
+from tests.client.test_cluster import closing
 from tierkv.client._rpc import GetAssembler
 from tierkv.client.cluster import _EachRead
 from tierkv.errors import VaultError
@@ -132,10 +132,7 @@ def test_a_cluster_read_closes_only_after_a_landing_in_progress_ends() -> None:
     read = _EachRead(b"ns", [b"a", b"b"], [[0], [0]], sink)
     landing = read.land(0, 0, 4)
     assert landing is not None
-    closer = threading.Thread(target=read.close)
-    closer.start()
-    closer.join(0.2)
-    assert closer.is_alive(), "close returned while bytes could still land"
+    closer = closing(read)
     landing.landed()
     closer.join(10)
     assert not closer.is_alive() and read.results == [None, None]
