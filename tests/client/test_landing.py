@@ -50,10 +50,10 @@ class Landing:
 
 
 class Sink:
-    """Lands the keys in ``lands``, takes the others as buffers."""
+    """Lands the keys in ``lands``, takes the others as buffers; ``short`` offers a byte too few."""
 
-    def __init__(self, lands: set[int]) -> None:
-        self.lands = lands
+    def __init__(self, lands: set[int], short: bool = False) -> None:
+        self.lands, self.short = lands, short
         self.landings: dict[int, Landing] = {}
         self.handed: dict[int, bytes] = {}
 
@@ -63,7 +63,7 @@ class Sink:
     def land(self, i: int, size: int) -> Landing | None:
         if i not in self.lands:
             return None
-        self.landings[i] = Landing(size)
+        self.landings[i] = Landing(size - self.short)
         return self.landings[i]
 
 
@@ -148,3 +148,10 @@ def test_a_cluster_read_lands_only_keys_with_one_owner_and_records_their_size() 
     landing.landed()
     assert read.results == [4, None] and sink.landings[0].ends == ["landed"]
     assert read.land(0, 0, 4) is None, "a key that landed is not landed twice"
+
+
+def test_a_landing_of_the_wrong_size_is_abandoned_and_the_blob_handed_over() -> None:
+    sink = Sink({0}, short=True)
+    assembler = GetAssembler(1, "peer:1", sink)
+    receive_all(assembler, list(encode_frames([Blob(key=b"k", data=b"abcd", index=0)], frame_bytes=64)))
+    assert sink.landings[0].ends == ["abandoned"] and sink.handed == {0: b"abcd"}

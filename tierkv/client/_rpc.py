@@ -281,9 +281,13 @@ class GetAssembler:
             if not 0 <= seg.index < len(self.sizes) or self.sizes[seg.index] is not None:
                 continue
             landing = self._lands.land(seg.index, seg.size)
-            if landing is not None:
-                out[k] = landing
-                keys.add(seg.index)
+            if landing is None:
+                continue
+            if sum(len(b) for b in landing.buffers) != seg.size:  # would desynchronise the stream
+                landing.abandon()
+                continue
+            out[k] = landing
+            keys.add(seg.index)
         return out
 
     def _deliver(self, blobs: list[Blob], landed: dict[int, Landing]) -> None:
