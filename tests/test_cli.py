@@ -211,7 +211,15 @@ def test_status_watch_stops_on_ctrl_c(vault_factory: VaultFactory, tmp_path: Pat
     cfg = tmp_path / "tierkv.toml"
     cfg.write_text(f'[cluster.kv_cold]\nhost = "127.0.0.1"\nport = {kv.port}\n')
     cmd = [sys.executable, "-m", "tierkv", "status", "-c", str(cfg), "--json", "--watch", "0.2"]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+    # Ctrl-C as a terminal delivers it: a suite started in the background (``make test &``) inherits an
+    # ignored SIGINT, which Python then keeps ignoring, so the child gets the default disposition back.
+    with subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
+    ) as proc:
         assert proc.stdout is not None
         first = proc.stdout.readline()
         proc.send_signal(signal.SIGINT)
