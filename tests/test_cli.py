@@ -62,7 +62,9 @@ def test_status_reports_every_vault_over_rpc(vault_factory: VaultFactory, tmp_pa
     assert nodes["kv_cold"]["keys"] == 1 and nodes["kv_cold"]["hit_rate"] == 0.5
     assert nodes["kv_cold"]["used_bytes"] == 103 and nodes["kv_cold"]["max_bytes"] == 64 * 1024**2
     assert (nodes["kv_cold"]["tenant"], nodes["kv_cold"]["access"]) == ("default", "admin")
-    assert nodes["kv_cold"]["bulk_port"] > 0 and nodes["kv_cold"]["bulk_put"]
+    assert (
+        nodes["kv_cold"]["bulk_port"] > 0 and nodes["kv_cold"]["bulk_put"] and nodes["kv_cold"]["bulk_lookup"]
+    )
     assert nodes["ssm_cold"]["serving_role"] == "ssm_cold" and nodes["ssm_cold"]["rtt_ms"] > 0
     table = tierkv("status", "--config", str(cfg))
     assert table.returncode == 0 and "kv_cold" in table.stdout and "50.0%" in table.stdout

@@ -44,8 +44,9 @@ class NodeStatus:
     uptime_s: float = 0.0
     sync_mode: str = ""
     bulk_port: int = 0
-    """The vault's bulk data plane (0: none, BatchGet and Put go over gRPC)."""
+    """The vault's bulk data plane (0: none, BatchGet, Put and PrefixLookup go over gRPC)."""
     bulk_put: bool = False
+    bulk_lookup: bool = False
     expired: int = 0
     protected_bytes: int = 0
     protected_overflow: int = 0
@@ -91,6 +92,7 @@ def probe(role: Role, address: str, config: Config, timeout: float, token: str |
         sync_mode=s.sync_mode,
         bulk_port=s.bulk_port,
         bulk_put=s.bulk_put,
+        bulk_lookup=s.bulk_lookup,
         state="ok" if s.role == role else f"serves {s.role}",
         expired=s.expired,
         protected_bytes=s.protected_bytes,

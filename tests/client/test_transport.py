@@ -19,7 +19,7 @@ from tests.conftest import VaultFactory
 from tests.processes import stopped
 from tierkv import AsyncVaultClient, VaultClient
 from tierkv.client.bulk import BulkFirst
-from tierkv.client.transport import BATCH_GET, PUT, STATS, GrpcTransport, Request, Transport
+from tierkv.client.transport import BATCH_GET, PREFIX_LOOKUP, PUT, STATS, GrpcTransport, Request, Transport
 from tierkv.endpoints import HostPort
 from tierkv.errors import VaultUnavailable
 from tierkv.retention import BlockMeta
@@ -90,30 +90,46 @@ def test_puts_go_over_the_bulk_port_with_the_same_result(vault_factory: VaultFac
         assert client.inspect(b"ns", b"k0").source == "system", "retention metadata travels too"
 
 
-class WithoutBulkPut(Counting):
-    """A vault that predates bulk Put, as its clients see it: its Stats never say ``bulk_put``."""
+class Predating(Counting):
+    """A vault that predates bulk Put and bulk PrefixLookup, as its clients see it: its Stats never say
+    ``bulk_put`` or ``bulk_lookup``."""
 
     def handle(self, request: Request) -> bytes:
         reply = super().handle(request)
         if request.method != STATS:
             return reply
         stats = pb.StatsReply.FromString(reply)
-        stats.bulk_put = False
+        stats.bulk_put = stats.bulk_lookup = False
         return stats.SerializeToString()
 
 
-def test_puts_to_a_vault_without_bulk_put_stay_on_grpc(vault_factory: VaultFactory) -> None:
+def test_puts_and_lookups_to_a_vault_that_predates_them_on_the_bulk_port_stay_on_grpc(
+    vault_factory: VaultFactory,
+) -> None:
     v = vault_factory()
     client = VaultClient(v.address)
     client.transport.close()
-    grpc = WithoutBulkPut(GrpcTransport(v.address, client.options))
+    grpc = Predating(GrpcTransport(v.address, client.options))
     client.transport = BulkFirst(grpc, v.address, client.options)
     with client:
         client.put(b"ns", {b"a": b"1"})
         client.put(b"ns", {b"b": b"2"})
         assert client.get(b"ns", [b"a", b"b"]) == [b"1", b"2"]
-        assert grpc.calls[PUT] == 2 and grpc.calls[BATCH_GET] == 0, grpc.calls
-        assert client.bulk_port is not None
+        assert client.prefix_lookup(b"ns", [b"a", b"b"]) == 2
+        assert grpc.calls[PUT] == 2 and grpc.calls[PREFIX_LOOKUP] == 1, grpc.calls
+        assert grpc.calls[BATCH_GET] == 0 and client.bulk_port is not None
+
+
+def test_lookups_go_over_the_bulk_port_with_the_same_answer(vault_factory: VaultFactory) -> None:
+    v = vault_factory()
+    client, grpc = counted_client(v.address)
+    with client:
+        client.put(b"ns", {b"a": b"1", b"b": b"2"})
+        assert client.prefix_lookup(b"ns", [b"a", b"b", b"c"], lease_ms=1000) == 2
+        assert client.prefix_lookup(b"ns", [b"c", b"a"]) == 0
+        assert grpc.calls[PREFIX_LOOKUP] == 0 and grpc.calls[STATS] == 1, grpc.calls
+        leases = client.stats().leases
+        assert leases is not None and leases.granted == 2
 
 
 def test_a_put_to_a_stalled_vault_over_the_bulk_port_is_unavailable_in_time(

@@ -97,8 +97,13 @@ def test_fuzzed_calls_get_only_expected_codes_and_the_vault_keeps_serving(
             bulk.record(bulk.END, 0),
         ]
     )
+    lookup = bulk.encode_request(
+        None,
+        pb.PrefixLookupRequest(namespace=b"keep", keys=[b"k"], lease_ms=100).SerializeToString(),
+        bulk.OP_PREFIX_LOOKUP,
+    )
     for i in range(300):
-        records = bulk_records(port, mutate(rng, request if i % 2 else put_request), half_close=True)
+        records = bulk_records(port, mutate(rng, (put_request, request, lookup)[i % 3]), half_close=True)
         for kind, payload in records:
             assert kind in (bulk.FRAME, bulk.END, bulk.ERROR)
             if kind == bulk.ERROR:

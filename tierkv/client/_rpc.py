@@ -403,6 +403,7 @@ def stats_from_reply(r: pb.StatsReply) -> VaultStats:
         bytes_out=r.bytes_out,
         bulk_port=r.bulk_port,
         bulk_put=r.bulk_put,
+        bulk_lookup=r.bulk_lookup,
         uptime_s=r.uptime_s,
         sync_mode=r.sync_mode,
         policy=r.policy,

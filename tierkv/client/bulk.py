@@ -1,4 +1,5 @@
-"""The client side of tierkv-bulk/1 (see :mod:`tierkv.wire.bulk`): BatchGet and Put over a plain socket.
+"""The client side of tierkv-bulk/1 (see :mod:`tierkv.wire.bulk`): BatchGet, Put and PrefixLookup over a
+plain socket.
 
 :class:`BulkTransport` keeps a small pool of connections to one vault's bulk port. A BatchGet reply's
 frames are read into one buffer per frame and handed to the request's sink, so blobs come back as
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from tierkv.client._rpc import ClientOptions, FrameReader, PutFrames, error_for, parse_reply
-from tierkv.client.transport import BATCH_GET, PUT, STATS, Request, Transport
+from tierkv.client.transport import BATCH_GET, PREFIX_LOOKUP, PUT, STATS, Request, Transport
 from tierkv.endpoints import HostPort
 from tierkv.errors import VaultError, VaultUnavailable
 from tierkv.limits import MAX_MESSAGE_BYTES
@@ -91,7 +92,7 @@ def _unexported(buf: bytearray) -> bool:
 
 
 class BulkTransport(Transport):
-    """BatchGet and Put over one vault's bulk port (other methods are not carried here)."""
+    """BatchGet, Put and PrefixLookup over one vault's bulk port (other methods are not carried here)."""
 
     def __init__(
         self,
@@ -101,11 +102,14 @@ class BulkTransport(Transport):
         address: str,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         takes_put: bool = True,
+        takes_lookup: bool = True,
     ) -> None:
         self.endpoint = endpoint
         self.address = address
         self.takes_put = takes_put
         """Whether the vault takes Put on this port (its Stats say ``bulk_put``)."""
+        self.takes_lookup = takes_lookup
+        """Whether the vault answers PrefixLookup on this port (its Stats say ``bulk_lookup``)."""
         self.max_message_bytes = max_message_bytes
         """The largest Put frame sent, as gRPC holds its messages to the client's limit."""
         self._token = token
@@ -139,6 +143,9 @@ class BulkTransport(Transport):
             wire.send([bulk.encode_request(self._token, request.body)])
             read_reply(wire, request.sink)
             return b""
+        if request.method == PREFIX_LOOKUP and isinstance(request.body, bytes):
+            wire.send([bulk.encode_request(self._token, request.body, bulk.OP_PREFIX_LOOKUP)])
+            return _one_frame(wire)
         if request.method == PUT and isinstance(request.body, PutFrames):
             wire.send([bulk.request_head(self._token, bulk.OP_PUT)])
             for parts in request.body.parts():
@@ -149,12 +156,8 @@ class BulkTransport(Transport):
                     raise error_for("RESOURCE_EXHAUSTED", details, self.address)
                 wire.send([bulk.record(bulk.FRAME, size), *parts])
             wire.send([bulk.record(bulk.END, 0)])
-            replies: list[bytes] = []
-            read_reply(wire, lambda frame: replies.append(bytes(frame)))
-            if len(replies) != 1:
-                raise VaultError(f"a bulk Put reply of {len(replies)} frames", address=self.address)
-            return replies[0]
-        raise ValueError(f"the bulk port carries BatchGet and Put only, not {request.method}")
+            return _one_frame(wire)
+        raise ValueError(f"the bulk port carries BatchGet, Put and PrefixLookup only, not {request.method}")
 
     def _take(self) -> socket.socket | None:
         with self._lock:
@@ -182,6 +185,15 @@ class BulkTransport(Transport):
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+def _one_frame(wire: _Wire) -> bytes:
+    """The reply of a Put or PrefixLookup: exactly one frame, the reply message."""
+    replies: list[bytes] = []
+    read_reply(wire, lambda frame: replies.append(bytes(frame)))
+    if len(replies) != 1:
+        raise VaultError(f"a bulk reply of {len(replies)} frames where one was due", address=wire.address)
+    return replies[0]
 
 
 @runtime_checkable
@@ -280,13 +292,14 @@ class _Wire:
 
 
 class BulkFirst(Transport):
-    """BatchGet, and Put where the vault takes it, over the vault's bulk port while it offers one;
-    everything else over gRPC.
+    """BatchGet, and Put and PrefixLookup where the vault takes them, over the vault's bulk port while it
+    offers one; everything else over gRPC.
 
-    The port is asked for once, with a Stats call at the first BatchGet or Put, and kept; only after the
+    The port is asked for once, with a Stats call at the first call it could carry, and kept; only after the
     port refused is it asked for again (after 1 s, then less often while it keeps failing) — meanwhile gRPC
     carries those calls. A refused call itself goes over gRPC in the same call, so it does not fail. A
-    vault that predates bulk Put does not say ``bulk_put`` in its Stats; its Puts stay on gRPC.
+    vault that predates bulk Put does not say ``bulk_put`` in its Stats; its Puts stay on gRPC, and so do
+    the PrefixLookups of one that does not say ``bulk_lookup``.
     """
 
     def __init__(self, grpc: Transport, address: str, options: ClientOptions) -> None:
@@ -310,8 +323,8 @@ class BulkFirst(Transport):
         return self._bulk is not None and self._bulk.takes_put
 
     def handle(self, request: Request) -> bytes:
-        channel = self._bulk_for(request) if request.method in (BATCH_GET, PUT) else None
-        if channel is not None and (request.method == BATCH_GET or channel.takes_put):
+        channel = self._bulk_for(request) if request.method in _BULK_METHODS else None
+        if channel is not None and _carries(channel, request.method):
             try:
                 reply = channel.handle(request)
             except BulkRefused as exc:
@@ -333,26 +346,24 @@ class BulkFirst(Transport):
         found = self._discover(request.deadline)
         if found is None:
             return None
-        endpoint, takes_put = found
         with self._lock:
             self._bulk = self._bulk or BulkTransport(
-                endpoint,
+                HostPort(HostPort.parse(self.address).host, found.bulk_port),
                 token=self._token,
                 address=self.address,
                 max_message_bytes=self._max_message_bytes,
-                takes_put=takes_put,
+                takes_put=found.bulk_put,
+                takes_lookup=found.bulk_lookup,
             )
             return self._bulk
 
-    def _discover(self, deadline: float) -> tuple[HostPort, bool] | None:
-        """The vault's bulk endpoint and whether it takes Put, from its Stats; None (no bulk port, or no
-        answer)."""
+    def _discover(self, deadline: float) -> pb.StatsReply | None:
+        """The vault's Stats when it offers a bulk port (they say its port and which operations it takes
+        there); None (no bulk port, or no answer)."""
         try:
             raw = self._grpc.handle(Request(STATS, b"", deadline))
             reply = parse_reply(pb.StatsReply, raw, self.address)
-            if not reply.bulk_port:
-                return None
-            return HostPort(HostPort.parse(self.address).host, reply.bulk_port), reply.bulk_put
+            return reply if reply.bulk_port else None
         except (VaultError, ValueError) as exc:
             log.debug("no bulk port for %s: %s", self.address, exc)
             return None
@@ -371,6 +382,18 @@ class BulkFirst(Transport):
         if channel is not None:
             channel.close()
         self._grpc.close()
+
+
+_BULK_METHODS = (BATCH_GET, PUT, PREFIX_LOOKUP)
+
+
+def _carries(channel: BulkTransport, method: str) -> bool:
+    """Whether ``method`` goes over this bulk port (BatchGet always; the others where the vault says so)."""
+    if method == PUT:
+        return channel.takes_put
+    if method == PREFIX_LOOKUP:
+        return channel.takes_lookup
+    return method == BATCH_GET
 
 
 def _refused(address: str, details: str, code: str = "UNAVAILABLE") -> BulkRefused:

@@ -83,6 +83,8 @@ class VaultStats:
     bulk_port: int = 0
     bulk_put: bool = False
     """Whether the bulk port also takes Put (vaults that predate bulk Put say no)."""
+    bulk_lookup: bool = False
+    """Whether the bulk port also answers PrefixLookup (vaults that predate it say no)."""
     expired: int = 0
     protected_bytes: int = 0
     protected_overflow: int = 0

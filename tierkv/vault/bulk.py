@@ -1,4 +1,5 @@
-"""The vault side of tierkv-bulk/1 (see :mod:`tierkv.wire.bulk`): BatchGet over a plain TCP socket.
+"""The vault side of tierkv-bulk/1 (see :mod:`tierkv.wire.bulk`): BatchGet, Put and PrefixLookup over a
+plain TCP socket.
 
 Each connection gets a thread that reads a request head and token, authenticates in the same call scope
 as gRPC (so validation, auth, metrics and rejection logging are shared), and only then reads the body:
@@ -30,7 +31,7 @@ import numpy as np
 
 from tierkv.endpoints import bare_host, join_host_port
 from tierkv.limits import MAX_BULK_REQUEST_BYTES, MiB
-from tierkv.vault.service import LARGE_CALL_BYTES, VaultService, parse_message
+from tierkv.vault.service import LARGE_CALL_BYTES, M, VaultService, parse_message
 from tierkv.vault.status import Abort, Status, invalid
 from tierkv.wire import bulk, gather, pb
 from tierkv.wire.framing import Buffer
@@ -237,6 +238,8 @@ class BulkServer:
             op, token = self._read_token(sock, head)
             if op == bulk.OP_PUT:
                 self._answer_put(sock, token)
+            elif op == bulk.OP_PREFIX_LOOKUP:
+                self._answer_lookup(sock, token)
             else:
                 self._answer_get(sock, token)
             sock.sendall(bulk.record(bulk.END, 0))
@@ -249,7 +252,7 @@ class BulkServer:
 
     def _answer_get(self, sock: socket.socket, token: bytes) -> None:
         with self.service.calls.scope("BatchGet", token) as who:
-            request = self._read_body(sock)
+            request = self._read_body(sock, pb.BatchGetRequest)
             reply = self.service.batch_get(who, request)
             try:
                 for parts in reply.frames():
@@ -275,6 +278,13 @@ class BulkServer:
                     self.service.calls.memory.trim_soon()
         sock.sendall(bulk.record(bulk.FRAME, len(reply)) + reply)
 
+    def _answer_lookup(self, sock: socket.socket, token: bytes) -> None:
+        """A PrefixLookup, answered as gRPC answers it; the reply is one FRAME with the reply message."""
+        with self.service.calls.scope("PrefixLookup", token) as who:
+            request = self._read_body(sock, pb.PrefixLookupRequest)
+            reply = self.service.prefix_lookup(who, request).SerializeToString()
+        sock.sendall(bulk.record(bulk.FRAME, len(reply)) + reply)
+
     @staticmethod
     def _read_token(sock: socket.socket, head: bytes) -> tuple[int, bytes]:
         try:
@@ -286,7 +296,7 @@ class BulkServer:
             raise invalid("truncated request")
         return op, token
 
-    def _read_body(self, sock: socket.socket) -> pb.BatchGetRequest:
+    def _read_body(self, sock: socket.socket, message: type[M]) -> M:
         """The request body, read in chunks against the in-flight budget (after the token was checked)."""
         size_raw = _recv_exact(sock, bulk.LENGTH.size)
         if size_raw is None:
@@ -307,7 +317,7 @@ class BulkServer:
                 chunks.append(chunk)
             body = b"".join(chunks)
             chunks.clear()
-            return parse_message(pb.BatchGetRequest, body)
+            return parse_message(message, body)
         finally:
             peak = self._budget.give(held)
             if peak >= LARGE_CALL_BYTES:

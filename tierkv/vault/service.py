@@ -196,6 +196,7 @@ class VaultService:
             policy=self.store.policy.name,
             bulk_port=self.bulk_port,
             bulk_put=bool(self.bulk_port),
+            bulk_lookup=bool(self.bulk_port),
             tenant=who.tenant,
             access=who.access.value,
             expired=s.expired,

@@ -6,17 +6,21 @@ gRPC Python spends most of a large call in its own per-message work (on 2 cores 
 bulk port (advertised in ``StatsReply.bulk_port``; ``StatsReply.bulk_put`` says it takes Put too) where
 the same ``Frame`` messages travel with scatter-gather ``sendmsg``: out of LMDB's memory map for BatchGet,
 out of the caller's blobs for Put. gRPC keeps everything else: control calls, health, TLS; with TLS
-configured the bulk port is off and both stay on gRPC.
+configured the bulk port is off and both stay on gRPC. PrefixLookup, asked once for every request an
+engine schedules, is answered there too (``StatsReply.bulk_lookup``): 0.22–0.30 ms a lookup against
+0.72–0.84 ms over gRPC, from Python on loopback.
 
 Request (client → vault)::
 
     b"TKVB" | u8 version (1) | u8 op | u32 token length | token | body
 
-    op 1, BatchGet: body = u32 length | BatchGetRequest
-    op 2, Put:      body = records FRAME* END, each FRAME one Put frame exactly as gRPC would stream it
+    op 1, BatchGet:     body = u32 length | BatchGetRequest
+    op 2, Put:          body = records FRAME* END, each FRAME one Put frame exactly as gRPC would stream it
+    op 3, PrefixLookup: body = u32 length | PrefixLookupRequest
 
 Records are ``u8 kind | u32 length | payload`` both ways. Reply (vault → client): kind FRAME carries one
-``tierkv.v1.Frame`` of a BatchGet reply, or the one serialized ``PutReply`` of a Put; END (length 0)
+``tierkv.v1.Frame`` of a BatchGet reply, or the one serialized ``PutReply`` of a Put or
+``PrefixLookupReply`` of a lookup; END (length 0)
 closes a complete reply — the connection then takes the next request —; ERROR carries ``"STATUS_NAME
 details"`` in UTF-8 and the vault closes the connection. This module does no I/O; everything it cannot
 parse is a :class:`FrameError`.
@@ -33,7 +37,8 @@ MAGIC = b"TKVB"
 VERSION = 1
 OP_BATCH_GET = 1
 OP_PUT = 2
-OPS = (OP_BATCH_GET, OP_PUT)
+OP_PREFIX_LOOKUP = 3
+OPS = (OP_BATCH_GET, OP_PUT, OP_PREFIX_LOOKUP)
 FRAME, END, ERROR = 1, 2, 3
 REQUEST_HEAD = struct.Struct("<4sBBI")
 LENGTH = struct.Struct("<I")
@@ -57,9 +62,9 @@ def request_head(token: str | None, op: int) -> bytes:
     return REQUEST_HEAD.pack(MAGIC, VERSION, op, len(secret)) + secret
 
 
-def encode_request(token: str | None, request: bytes) -> bytes:
-    """A whole BatchGet request."""
-    return b"".join([request_head(token, OP_BATCH_GET), LENGTH.pack(len(request)), request])
+def encode_request(token: str | None, request: bytes, op: int = OP_BATCH_GET) -> bytes:
+    """A whole BatchGet (or PrefixLookup) request."""
+    return b"".join([request_head(token, op), LENGTH.pack(len(request)), request])
 
 
 def parse_request_head(head: Buffer) -> tuple[int, int]:

@@ -438,6 +438,7 @@ class StatsReply(_message.Message):
     CLASSES_FIELD_NUMBER: _builtins.int
     LEASES_FIELD_NUMBER: _builtins.int
     BULK_PUT_FIELD_NUMBER: _builtins.int
+    BULK_LOOKUP_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     role: _builtins.str
     keys: _builtins.int
@@ -469,6 +470,8 @@ class StatsReply(_message.Message):
     """protected stores past the cap, kept unprotected"""
     bulk_put: _builtins.bool
     """the bulk port also takes Put (tierkv-bulk/1 operation 2)"""
+    bulk_lookup: _builtins.bool
+    """the bulk port also answers PrefixLookup (tierkv-bulk/1 operation 3)"""
     @_builtins.property
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantStats]:
         """every tenant's figures (admin callers only)"""
@@ -509,10 +512,11 @@ class StatsReply(_message.Message):
         classes: _abc.Iterable[Global___ClassStats] | None = ...,
         leases: Global___LeaseStats | None = ...,
         bulk_put: _builtins.bool = ...,
+        bulk_lookup: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["leases", b"leases"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["access", b"access", "bulk_port", b"bulk_port", "bulk_put", b"bulk_put", "bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "classes", b"classes", "corrupt", b"corrupt", "evictions", b"evictions", "expired", b"expired", "hits", b"hits", "keys", b"keys", "leases", b"leases", "max_bytes", b"max_bytes", "misses", b"misses", "path", b"path", "policy", b"policy", "protected_bytes", b"protected_bytes", "protected_overflow", b"protected_overflow", "role", b"role", "sync_mode", b"sync_mode", "tenant", b"tenant", "tenants", b"tenants", "uptime_s", b"uptime_s", "used_bytes", b"used_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access", b"access", "bulk_lookup", b"bulk_lookup", "bulk_port", b"bulk_port", "bulk_put", b"bulk_put", "bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "classes", b"classes", "corrupt", b"corrupt", "evictions", b"evictions", "expired", b"expired", "hits", b"hits", "keys", b"keys", "leases", b"leases", "max_bytes", b"max_bytes", "misses", b"misses", "path", b"path", "policy", b"policy", "protected_bytes", b"protected_bytes", "protected_overflow", b"protected_overflow", "role", b"role", "sync_mode", b"sync_mode", "tenant", b"tenant", "tenants", b"tenants", "uptime_s", b"uptime_s", "used_bytes", b"used_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
