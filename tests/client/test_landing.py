@@ -155,3 +155,13 @@ def test_a_landing_of_the_wrong_size_is_abandoned_and_the_blob_handed_over() -> 
     assembler = GetAssembler(1, "peer:1", sink)
     receive_all(assembler, list(encode_frames([Blob(key=b"k", data=b"abcd", index=0)], frame_bytes=64)))
     assert sink.landings[0].ends == ["abandoned"] and sink.handed == {0: b"abcd"}
+
+
+def test_a_reply_found_malformed_after_its_bytes_landed_abandons_the_landing() -> None:
+    """Every landing ends, landed or abandoned, whatever the reply holds: a cluster read waits for it."""
+    sink = Sink({0})
+    assembler = GetAssembler(1, "peer:1", sink)
+    blobs = [Blob(key=b"stray", data=b"zz", index=5), Blob(key=b"k", data=b"abcd", index=0)]
+    with pytest.raises(VaultError, match="not asked for"):
+        receive_all(assembler, list(encode_frames(blobs, frame_bytes=64, namespace=b"ns")))
+    assert sink.landings[0].ends == ["abandoned"]

@@ -252,22 +252,25 @@ class GetAssembler:
         landings = self._landings(header)
         if not landings:
             pieces = _split_body(reader.read(body_len), header)
-        else:
+            self._deliver(self._take(header, pieces), {})
+            return
+        open_landings = {header.segments[k].index: landing for k, landing in landings.items()}
+        try:
             buffers: list[memoryview] = []
             pieces = []
             for k, seg in enumerate(header.segments):
                 piece = _NOTHING if k in landings else memoryview(bytearray(seg.length))
                 buffers.extend(landings[k].buffers if k in landings else [piece])
                 pieces.append(piece)
-            try:
-                reader.read_into(buffers)
-            except BaseException:
-                for landing in landings.values():
-                    landing.abandon()
-                raise
+            reader.read_into(buffers)
+            self._deliver(self._take(header, pieces), open_landings)
+        finally:
+            for landing in open_landings.values():  # the reply broke off or turned out malformed
+                landing.abandon()
+
+    def _take(self, header: pb.FrameHeader, pieces: list[memoryview]) -> list[Blob]:
         with self._malformed("malformed BatchGet reply"):
-            blobs = self._decoder.take(header, pieces)
-        self._deliver(blobs, {header.segments[k].index: landing for k, landing in landings.items()})
+            return self._decoder.take(header, pieces)
 
     def _landings(self, header: pb.FrameHeader) -> dict[int, Landing]:
         """The landing for each segment the sink takes whole (by segment position in the frame)."""
@@ -291,6 +294,8 @@ class GetAssembler:
         return out
 
     def _deliver(self, blobs: list[Blob], landed: dict[int, Landing]) -> None:
+        """Hand each blob over, or end its landing (taking it out of ``landed``: whatever is left there
+        when this raises was never ended)."""
         for blob in blobs:
             if not 0 <= blob.index < len(self.results):
                 raise VaultError("BatchGet reply names a key that was not asked for", address=self.address)
@@ -298,7 +303,7 @@ class GetAssembler:
                 continue
             if self.sizes[blob.index] is not None:
                 raise VaultError("BatchGet reply names a key twice", address=self.address)
-            landing = landed.get(blob.index)
+            landing = landed.pop(blob.index, None)
             if landing is not None:
                 self.sizes[blob.index] = sum(len(b) for b in landing.buffers)
                 landing.landed()
