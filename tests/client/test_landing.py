@@ -115,15 +115,6 @@ def test_a_frame_cut_short_abandons_its_landings_and_fails_the_get() -> None:
     assert assembler.sizes == [None, None]
 
 
-def test_a_key_named_twice_is_refused_even_when_it_would_land() -> None:
-    sink = Sink({0})
-    assembler = GetAssembler(1, "peer:1", sink)
-    twice = [Blob(key=b"k", data=b"first", index=0), Blob(key=b"k", data=b"other", index=0)]
-    with pytest.raises(VaultError, match="twice"):
-        receive_all(assembler, list(encode_frames(twice, frame_bytes=4096, namespace=b"ns")))
-    assert bytes(sink.landings[0].memory) == b"first" and sink.handed == {}
-
-
 def test_a_cluster_read_closes_only_after_a_landing_in_progress_ends() -> None:
     """A landing writes into the caller's memory until it ends, so ``close`` (the get returning) waits
     for it; one that ends once the read is closing is abandoned, its key not reported, as a blob handed
@@ -157,11 +148,29 @@ def test_a_landing_of_the_wrong_size_is_abandoned_and_the_blob_handed_over() -> 
     assert sink.landings[0].ends == ["abandoned"] and sink.handed == {0: b"abcd"}
 
 
-def test_a_reply_found_malformed_after_its_bytes_landed_abandons_the_landing() -> None:
-    """Every landing ends, landed or abandoned, whatever the reply holds: a cluster read waits for it."""
+KEY = Blob(key=b"k", data=b"abcd", index=0)
+
+
+@pytest.mark.parametrize(
+    ("blobs", "match", "ends"),
+    [
+        ([Blob(key=b"k", data=b"abcd", index=0), Blob(key=b"k", data=b"other", index=0)], "twice", "landed"),
+        (
+            [Blob(key=b"stray", data=b"zz", index=5), Blob(key=b"k", data=b"abcd", index=0)],
+            "not asked",
+            "abandoned",
+        ),
+    ],
+    ids=["a key named twice", "a key not asked for before it"],
+)
+def test_a_malformed_reply_fails_and_every_landing_in_it_ends(
+    blobs: list[Blob], match: str, ends: str
+) -> None:
+    """Every landing ends, landed or abandoned, whatever the reply holds (a cluster read waits for it);
+    a second copy of a landed key is refused, not handed over."""
     sink = Sink({0})
     assembler = GetAssembler(1, "peer:1", sink)
-    blobs = [Blob(key=b"stray", data=b"zz", index=5), Blob(key=b"k", data=b"abcd", index=0)]
-    with pytest.raises(VaultError, match="not asked for"):
-        receive_all(assembler, list(encode_frames(blobs, frame_bytes=64, namespace=b"ns")))
-    assert sink.landings[0].ends == ["abandoned"]
+    with pytest.raises(VaultError, match=match):
+        receive_all(assembler, list(encode_frames(blobs, frame_bytes=4096, namespace=b"ns")))
+    assert sink.landings[0].ends == [ends] and sink.handed == {}
+    assert ends == "abandoned" or bytes(sink.landings[0].memory) == b"abcd"
