@@ -4,6 +4,7 @@ the assembler's frame reading, and the cluster read's hand-over bookkeeping."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 
 import pytest
@@ -174,3 +175,16 @@ def test_a_malformed_reply_fails_and_every_landing_in_it_ends(
         receive_all(assembler, list(encode_frames(blobs, frame_bytes=4096, namespace=b"ns")))
     assert sink.landings[0].ends == [ends] and sink.handed == {}
     assert ends == "abandoned" or bytes(sink.landings[0].memory) == b"abcd"
+
+
+def test_an_abandoned_landing_ends_its_hand_over_and_reports_nothing() -> None:
+    sink = Sink({0})
+    read = _EachRead(b"ns", [b"a"], [[0]], sink)
+    landing = read.land(0, 0, 4)
+    assert landing is not None
+    landing.abandon()
+    closer = threading.Thread(target=read.close)
+    closer.start()
+    closer.join(5)
+    assert not closer.is_alive(), "an abandoned landing still held the read open"
+    assert read.results == [None] and sink.landings[0].ends == ["abandoned"]

@@ -35,7 +35,7 @@ from tierkv.limits import CLIENT_BATCH_BYTES, FRAME_BYTES, MAX_MESSAGE_BYTES
 from tierkv.retention.classes import BlockMeta, unpack_tokens
 from tierkv.vault.leases import LeaseCounts
 from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb
-from tierkv.wire.framing import FOUND, Buffer, encode_frame_parts, read_frame_head
+from tierkv.wire.framing import FOUND, Buffer, encode_frame_parts, read_frame_head, split_body
 from tierkv.wire.landing import Landing, LandingSink
 
 M = TypeVar("M", bound=Message)
@@ -240,7 +240,11 @@ class GetAssembler:
     """A transport's sink: fed whole frames, unless it reads them through :meth:`receive`."""
 
     def receive(self, reader: FrameReader, length: int) -> None:
-        """Read one ``length``-byte frame through ``reader``, landing the blobs the sink takes."""
+        """Read one ``length``-byte frame through ``reader``, landing the blobs the sink takes (a sink
+        that lands nothing gets the frame read whole, in one read, as from :meth:`feed`)."""
+        if self._lands is None:
+            self.feed(reader.read(length))
+            return
         with self._malformed("malformed BatchGet reply"):
             head = read_frame_head(reader.read, length)
         if not isinstance(head, tuple):
@@ -251,7 +255,7 @@ class GetAssembler:
             self._decoder.check(header, body_len)
         landings = self._landings(header)
         if not landings:
-            pieces = _split_body(reader.read(body_len), header)
+            pieces = split_body(reader.read(body_len), header)
             self._deliver(self._take(header, pieces), {})
             return
         open_landings = {header.segments[k].index: landing for k, landing in landings.items()}
@@ -329,14 +333,6 @@ class GetAssembler:
 
 _NOTHING = memoryview(b"")
 """The piece of a segment that was landed: its bytes are where its landing put them."""
-
-
-def _split_body(body: Buffer, header: pb.FrameHeader) -> list[memoryview]:
-    view, pos, pieces = memoryview(body).cast("B"), 0, []
-    for seg in header.segments:
-        pieces.append(view[pos : pos + seg.length])
-        pos += seg.length
-    return pieces
 
 
 def as_bytes(results: Sequence[Buffer | None]) -> list[bytes | None]:

@@ -522,15 +522,28 @@ class _EachRead(_Read[int]):
         """A vault thread's blob for key ``i``: its size recorded and the blob handed to ``on_blob``,
         unless another copy came first or the read is over."""
         with self._cond:
-            if self._closed or self.results[i] is not None:
+            if not self._record(vault, i, len(blob)):
                 return
-            self.results[i] = len(blob)
-            self.bytes_in[vault] += len(blob)
             self._handing += 1
         try:
             self.on_blob(i, blob)
         finally:
-            self._handed()
+            self.hand_over_ended()
+
+    def _record(self, vault: int, i: int, size: int) -> bool:
+        """Under the lock: key ``i`` found at ``vault`` with ``size`` bytes, unless another copy came first
+        or the read is over (then False)."""
+        if self._closed or self.results[i] is not None:
+            return False
+        self.results[i] = size
+        self.bytes_in[vault] += size
+        return True
+
+    def landed(self, vault: int, i: int, size: int) -> bool:
+        """A landing of key ``i`` ended with every byte in: whether it counts (the read is still open and
+        no other copy came first)."""
+        with self._cond:
+            return self._record(vault, i, size)
 
     def land(self, vault: int, i: int, size: int) -> Landing | None:
         """The caller's landing for key ``i``, when it offers one and no other vault may send the key."""
@@ -545,7 +558,8 @@ class _EachRead(_Read[int]):
             self._handing += 1
         return _Counted(self, vault, i, landing)
 
-    def _handed(self) -> None:
+    def hand_over_ended(self) -> None:
+        """A hand-over (a blob handed to ``on_blob``, or a landing) is over: :meth:`close` may go on."""
         with self._cond:
             self._handing -= 1
             self._cond.notify_all()
@@ -575,22 +589,19 @@ class _Counted:
         return self.inner.buffers
 
     def landed(self) -> None:
-        size = sum(len(b) for b in self.inner.buffers)
-        with self.read._cond:
-            keep = not self.read._closed and self.read.results[self.i] is None
-            if keep:
-                self.read.results[self.i] = size
-                self.read.bytes_in[self.vault] += size
         try:
-            self.inner.landed() if keep else self.inner.abandon()
+            if self.read.landed(self.vault, self.i, sum(len(b) for b in self.inner.buffers)):
+                self.inner.landed()
+            else:
+                self.inner.abandon()
         finally:
-            self.read._handed()
+            self.read.hand_over_ended()
 
     def abandon(self) -> None:
         try:
             self.inner.abandon()
         finally:
-            self.read._handed()
+            self.read.hand_over_ended()
 
 
 def _cold_roles(roles: Mapping[str, Sequence[str] | str]) -> dict[Role, list[str]]:

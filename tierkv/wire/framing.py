@@ -184,6 +184,15 @@ def read_frame_head(read: Callable[[int], Buffer], length: int) -> tuple[pb.Fram
     return header, body_len
 
 
+def split_body(body: Buffer, header: pb.FrameHeader) -> list[memoryview]:
+    """Each segment's piece of a frame's body (zero-copy slices), in order."""
+    view, pos, pieces = memoryview(body).cast("B"), 0, []
+    for seg in header.segments:
+        pieces.append(view[pos : pos + seg.length])
+        pos += seg.length
+    return pieces
+
+
 _HEAD_PEEK = 6
 """Bytes that hold a Frame's first tag and its header length whatever that is."""
 
@@ -275,11 +284,7 @@ class FrameDecoder:
     def feed(self, frame: Buffer) -> list[Blob]:
         header, body = parse_frame(frame)
         self.check(header, len(body))
-        pieces, pos = [], 0
-        for seg in header.segments:
-            pieces.append(body[pos : pos + seg.length])
-            pos += seg.length
-        return self.take(header, pieces)
+        return self.take(header, split_body(body, header))
 
     def check(self, header: pb.FrameHeader, body_len: int) -> None:
         """Validate a frame's header against its body length and the limits before any of its body is
@@ -384,4 +389,5 @@ __all__ = [
     "meta_to_pb",
     "parse_frame",
     "read_frame_head",
+    "split_body",
 ]
