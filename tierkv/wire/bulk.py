@@ -7,8 +7,8 @@ bulk port (advertised in ``StatsReply.bulk_port``; ``StatsReply.bulk_put`` says 
 the same ``Frame`` messages travel with scatter-gather ``sendmsg``: out of LMDB's memory map for BatchGet,
 out of the caller's blobs for Put. gRPC keeps everything else: control calls, health, TLS; with TLS
 configured the bulk port is off and both stay on gRPC. PrefixLookup, asked once for every request an
-engine schedules, is answered there too (``StatsReply.bulk_lookup``): 0.22–0.30 ms a lookup against
-0.72–0.84 ms over gRPC, from Python on loopback.
+engine schedules, is answered there too (``StatsReply.bulk_lookup``): 0.24–0.31 ms a lookup against
+0.81–0.83 ms over gRPC, from Python on loopback.
 
 Request (client → vault)::
 
