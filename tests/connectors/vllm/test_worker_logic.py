@@ -6,6 +6,7 @@ import hashlib
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -41,7 +42,12 @@ def kv_view(caches: list[torch.Tensor]) -> KVGroupView:
 
 
 def make_worker(
-    address: str, views: dict[int, list[GroupView]], *, timeout: float = 2.0, **options: object
+    address: str,
+    views: dict[int, list[GroupView]],
+    *,
+    timeout: float = 2.0,
+    cluster: type[Cluster] = Cluster,
+    **options: object,
 ) -> WorkerSide:
     groups = [
         GroupPlan(g, KV, BS, ("x",)) if isinstance(v[0], KVGroupView) else GroupPlan(g, STATE, BS, ("s",))
@@ -54,7 +60,7 @@ def make_worker(
         topo,
         stream_views,
         namespaces,
-        lambda: Cluster({"kv_cold": address}, timeout=timeout),
+        lambda: cluster({"kv_cold": address}, timeout=timeout),
         **options,  # type: ignore[arg-type]
     )
 
@@ -153,17 +159,42 @@ def test_sync_loads_finish_inside_submit_and_report_only_errors(vault_address: s
         worker.shutdown()
 
 
-def test_long_requests_move_in_chunks(vault_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+class CountingCluster(Cluster):
+    """A real cluster client that counts the gets it sends."""
+
+    gets = 0
+
+    def get_each(self, *args: Any, **kwargs: Any) -> Any:
+        CountingCluster.gets += 1
+        return super().get_each(*args, **kwargs)
+
+    def get_buffers(self, *args: Any, **kwargs: Any) -> Any:
+        CountingCluster.gets += 1
+        return super().get_buffers(*args, **kwargs)
+
+
+@pytest.mark.parametrize(("codec", "gets"), [("raw", 1), ("int8", 3)])
+def test_long_requests_move_in_chunks_unless_received_into_the_cache(
+    vault_address: str, monkeypatch: pytest.MonkeyPatch, codec: str, gets: int
+) -> None:
+    """Stores and decoded loads go ``CHUNK_BLOCKS`` at a time (bounded memory); a raw load received
+    straight into the cache holds no buffer, so it is one get."""
     monkeypatch.setattr(worker_module, "CHUNK_BLOCKS", 2)
+    monkeypatch.setattr(CountingCluster, "gets", 0)
     caches = kv_caches()
-    worker = make_worker(vault_address, {0: [kv_view(caches)]})
+    worker = make_worker(vault_address, {0: [kv_view(caches)]}, codec=codec, cluster=CountingCluster)
     try:
         store(worker, "a", refs(0, [0, 1, 2, 3, 4], [1, 2, 3, 4, 5]))
         assert worker.counters.totals()["stored_blocks"] == 5
+        before = CountingCluster.gets
         load(worker, "b", refs(0, [0, 1, 2, 3, 4], [7, 8, 9, 10, 11]))
+        assert CountingCluster.gets - before == gets
         assert worker.take_load_errors() == set()
         for cache in caches:
-            assert torch.equal(cache[7:12], cache[1:6])
+            if codec == "raw":
+                assert torch.equal(cache[7:12], cache[1:6])
+            else:
+                torch.testing.assert_close(cache[7:12], cache[1:6], atol=0.05, rtol=0.02)
     finally:
         worker.shutdown()
 

@@ -39,7 +39,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CHUNK_BLOCKS = 64
-"""Blocks copied out of (or fetched into) the KV cache at a time, bounding the memory a transfer holds."""
+"""Blocks copied out of (or fetched into) the KV cache at a time, bounding the memory a transfer holds.
+
+A load received straight into the cache holds no such memory and takes all its blocks in one get."""
 
 GroupView = KVGroupView | StateGroupView
 
@@ -316,8 +318,9 @@ class WorkerSide:
             if view is None:
                 bad.extend(refs)
                 continue
-            for i in range(0, len(refs), CHUNK_BLOCKS):
-                n, size = self._load_chunk(stream, view, refs[i : i + CHUNK_BLOCKS], bad)
+            step = len(refs) if self._lands(stream, view) else CHUNK_BLOCKS
+            for i in range(0, len(refs), step):
+                n, size = self._load_chunk(stream, view, refs[i : i + step], bad)
                 loaded += n
                 nbytes += size
         self.counters.add("restored_blocks", loaded)
@@ -338,7 +341,7 @@ class WorkerSide:
         """
         spec, keys = self._specs[stream], [r.key for r in refs]
         scatter_s = 0.0
-        if spec.codec == "raw" and view.device.type == "cpu":
+        if self._writes_in_place(stream, view):
             rows = None
             if isinstance(view, KVGroupView):
                 rows = lambda i: view.byte_rows(refs[i].block_id)  # noqa: E731
@@ -366,6 +369,16 @@ class WorkerSide:
         return len(got.decoded), got.decoded_bytes
 
     # -- helpers -----------------------------------------------------------------------------------
+
+    def _writes_in_place(self, stream: Stream, view: GroupView) -> bool:
+        """Whether blobs of ``stream`` go into the cache as they arrive (``raw`` on a CPU cache)."""
+        return self._specs[stream].codec == "raw" and view.device.type == "cpu"
+
+    def _lands(self, stream: Stream, view: GroupView) -> bool:
+        """Whether blobs of ``stream`` are received straight into the cache's rows: such a load holds no
+        buffer of its own, so it needs no chunking, and one get saves a round trip per chunk (the vault
+        reads the next blob while the previous one is on the wire, and nothing waits between chunks)."""
+        return isinstance(view, KVGroupView) and self._writes_in_place(stream, view)
 
     def _by_stream(self, refs: Sequence[BlockRef]) -> dict[Stream, list[BlockRef]]:
         out: dict[Stream, list[BlockRef]] = defaultdict(list)
