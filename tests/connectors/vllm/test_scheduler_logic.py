@@ -7,6 +7,7 @@ the half is driven directly, for the paths that engine cannot be steered into on
 from __future__ import annotations
 
 import hashlib
+import socket
 import time
 from dataclasses import dataclass
 
@@ -107,3 +108,109 @@ def test_a_lookup_that_stops_short_reports_the_first_missing_block_gone(vault: V
         assert events.keys == [KEYS[3]]
     finally:
         scheduler.shutdown()
+
+
+def put_blocks(address: str, keys: list[bytes]) -> None:
+    with Cluster({"kv_cold": address}) as cluster:
+        assert cluster.put(NAMESPACE, dict.fromkeys(keys, b"blob")) == len(keys)
+
+
+def matched_after(scheduler: SchedulerSide, request: FakeRequest, local: int) -> tuple[int | None, bool]:
+    """Ask, with ``local`` tokens already in vLLM's own cache, until the lookup has answered."""
+    deadline = time.monotonic() + 20
+    while (answer := scheduler.matched_tokens(request, local))[0] is None:
+        assert time.monotonic() < deadline, "lookup never answered"
+        time.sleep(0.005)
+    return answer
+
+
+def settle(scheduler: SchedulerSide, lookups: int) -> None:
+    deadline = time.monotonic() + 20
+    while scheduler.counters.totals()["lookups"] < lookups:
+        assert time.monotonic() < deadline, "the lookup on arrival never ran"
+        time.sleep(0.005)
+
+
+def test_a_prompt_is_looked_up_on_arrival_and_vllm_is_answered_from_that_lookup(vault: VaultProcess) -> None:
+    put_blocks(vault.address, KEYS[:5])
+    scheduler = make_scheduler(vault.address, lookup_lease_ms=2000)
+    try:
+        request = FakeRequest("r", num_tokens=6 * BS + 1)
+        scheduler.track(request)
+        settle(scheduler, 1)
+        # vLLM's own cache holds the first 2 blocks: the lookup of the whole prompt answers for the rest
+        assert matched_after(scheduler, request, 2 * BS) == (3 * BS, True)
+        assert scheduler.counters.totals()["lookups"] == 1, "no second lookup"
+        scheduler.after_alloc(request, [[10, 11, 12, 13, 14, 15]], 3 * BS)
+        (load,) = scheduler.take_jobs({}).loads
+        assert [(r.position, r.block_id, r.key) for r in load.refs] == [
+            (p, 10 + p, KEYS[p]) for p in range(2, 5)
+        ]
+    finally:
+        scheduler.shutdown()
+
+
+def test_a_lookup_on_arrival_that_says_nothing_past_the_local_hit_is_asked_again(vault: VaultProcess) -> None:
+    """The vaults miss block 1, which vLLM holds: the leading run from block 0 ends before the blocks that
+    matter, so those are looked up on their own."""
+    put_blocks(vault.address, [KEYS[0], *KEYS[2:5]])
+    scheduler = make_scheduler(vault.address)
+    try:
+        request = FakeRequest("r", num_tokens=6 * BS + 1)
+        scheduler.track(request)
+        settle(scheduler, 1)
+        assert matched_after(scheduler, request, 2 * BS) == (3 * BS, True)
+        assert scheduler.counters.totals()["lookups"] == 2
+    finally:
+        scheduler.shutdown()
+
+
+def test_a_lookup_on_arrival_older_than_half_its_lease_is_not_trusted(vault: VaultProcess) -> None:
+    put_blocks(vault.address, KEYS[:3])
+    scheduler = make_scheduler(vault.address, lookup_lease_ms=100)
+    try:
+        request = FakeRequest("r", num_tokens=6 * BS + 1)
+        scheduler.track(request)
+        settle(scheduler, 1)
+        time.sleep(0.06)  # past half the lease: the vaults may drop the blocks before the load
+        assert matched_after(scheduler, request, BS) == (2 * BS, True)
+        assert scheduler.counters.totals()["lookups"] == 2
+    finally:
+        scheduler.shutdown()
+
+
+def test_no_lookup_on_arrival_when_switched_off(vault: VaultProcess) -> None:
+    scheduler = make_scheduler(vault.address, lookup_on_arrival=False)
+    try:
+        scheduler.track(FakeRequest("r", num_tokens=6 * BS + 1))
+        time.sleep(0.1)
+        assert scheduler.counters.totals()["lookups"] == 0
+    finally:
+        scheduler.shutdown()
+
+
+def test_a_slow_lookup_delays_one_step_not_every_step() -> None:
+    """A vault that accepts and never answers: the first step waits its budget for the lookup, later
+    steps ask and move on (the wait is recorded once)."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        topo = make_topology([GroupPlan(0, KV, BS, ("l0",))], [], BS)
+        scheduler = SchedulerSide(
+            topo,
+            {topo.streams[0]: [NAMESPACE]},
+            lambda: Cluster({"kv_cold": address}, timeout=1.0),
+            lambda request: KEYS[: request.num_tokens // BS],
+            lookup_wait_s=0.05,
+        )
+        try:
+            request = FakeRequest("r", num_tokens=6 * BS + 1)
+            scheduler.track(request)
+            waited = []
+            for _ in range(3):
+                assert scheduler.matched_tokens(request, 0) == (None, False)
+                waited.append(scheduler.counters.totals()["lookup_wait_us"])
+                scheduler.take_jobs({})  # the next step, with a fresh wait budget
+            assert waited[0] >= 40_000, "the first step waited for the lookup"
+            assert waited[1] == waited[2] == waited[0], "later steps did not wait again"
+        finally:
+            scheduler.shutdown()

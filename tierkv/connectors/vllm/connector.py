@@ -235,6 +235,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 lookup_threads=self.settings.lookup_threads,
                 lookup_lease_ms=self.settings.lookup_lease_ms,
                 lookup_wait_s=self.settings.lookup_wait_ms / 1000,
+                lookup_on_arrival=self.settings.lookup_on_arrival,
                 counters=self.counters,
                 retention=retention_from_config(self.settings.config),
                 events=self._events,

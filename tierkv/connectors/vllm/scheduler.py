@@ -4,9 +4,13 @@ It holds no vLLM types beyond what it reads from requests (``request_id``, ``num
 ``block_hashes`` ...), so its rules live in :mod:`tierkv.connectors.vllm.plan` and its behaviour is
 tested against vLLM's real ``Scheduler``.
 
-Prefix lookups run on a small thread pool: the first ``get_num_new_matched_tokens`` for a request starts
-one and waits for it while the step's wait budget (``lookup_wait_s``) lasts; a lookup that did not finish
-in time answers ``None`` ("ask again") and later calls answer from it once it has. Each lookup is one
+Prefix lookups run on a small thread pool. A request's whole prompt is looked up as it arrives
+(``lookup_on_arrival``; models without recurrent state), so that by the time vLLM schedules it (at once on an
+idle engine, steps later on a busy one) the answer is in or on its way; the first
+``get_num_new_matched_tokens`` answers from it when it covers the blocks past vLLM's local hit, and
+otherwise starts a lookup of those. Either is waited for while the step's wait budget (``lookup_wait_s``)
+lasts; a lookup that did not finish in time answers ``None`` ("ask again") and later calls answer from it
+once it has. Each lookup is one
 ``prefix_lookup`` per stored stream (and TP/PP rank) plus, for hybrid models, a few single-key probes for
 the recurrent state at the hit's last block. A vault that is down answers "nothing" within its deadline.
 
@@ -57,8 +61,34 @@ KeyFunction = Callable[[Any], list[bytes]]
 
 @dataclass
 class _Lookup:
+    """A lookup of the blocks of ``window``: ``future`` gives how many leading blocks the vaults hold."""
+
     window: Window
     future: Future[int]
+    started: float
+    waited: bool = False
+
+    def covers(self, window: Window, max_age: float) -> bool:
+        """Whether this lookup may answer for ``window``: it spans it and its lease (if any) is young."""
+        fresh = max_age <= 0 or time.monotonic() - self.started < max_age
+        return fresh and self.window.start <= window.start and window.stop <= self.window.stop
+
+    def hits_in(self, window: Window) -> int | None:
+        """Leading blocks of ``window`` held (after :meth:`covers` and once done); None when this lookup's
+        leading run ends before ``window`` starts, which says nothing about the blocks of ``window``."""
+        end = self.window.start + self.future.result()
+        if end < window.start:
+            return None
+        return min(end, window.stop) - window.start
+
+    def resolved(self, window: Window) -> _Lookup | None:
+        """This (done) lookup's answer for ``window`` as a lookup of its own, or None if it has none."""
+        hits = self.hits_in(window)
+        if hits is None:
+            return None
+        done: Future[int] = Future()
+        done.set_result(hits)
+        return _Lookup(window, done, self.started)
 
 
 class SchedulerSide:
@@ -79,6 +109,7 @@ class SchedulerSide:
         lookup_threads: int = 2,
         lookup_lease_ms: int = 0,
         lookup_wait_s: float = 0.0,
+        lookup_on_arrival: bool = True,
         counters: Counters | None = None,
         retention: Retention | None = None,
         events: ColdEvents | None = None,
@@ -97,6 +128,7 @@ class SchedulerSide:
         self.max_state_probes = max_state_probes
         self.lookup_lease_ms = lookup_lease_ms
         self.lookup_wait_s = lookup_wait_s
+        self.lookup_on_arrival = lookup_on_arrival and not topology.state_groups
         self._wait_left = lookup_wait_s
         self.counters = counters or Counters()
         self.layouts = RequestLayouts(self.counters, retention)
@@ -120,6 +152,11 @@ class SchedulerSide:
         """Remember a new request (recurrent-state snapshots are offered by request id) and its layout."""
         self._requests[request.request_id] = request
         self._chunks[request.request_id] = self.layouts.chunks(request)
+        if self.lookup_on_arrival and self.restores and self.topology.restorable:
+            keys = self.block_keys(request)
+            window = restore_window(request.num_tokens, 0, self.topology.block_size, len(keys))
+            if window.size:
+                self._start_lookup(request.request_id, keys, window)
 
     def layout(self, request: Any) -> list[Chunk] | None:
         """The request's prompt layout, as read when it arrived (None: it has none)."""
@@ -143,12 +180,8 @@ class SchedulerSide:
         window = restore_window(request.num_tokens, num_computed_tokens, self.topology.block_size, len(keys))
         if window.size == 0:
             return 0, False
-        entry = self._lookups.get(request.request_id)
-        if entry is None or entry.window != window:
-            entry = _Lookup(window, self._pool.submit(self._lookup, keys[window.start : window.stop], window))
-            self._lookups[request.request_id] = entry
-            self._wait(entry.future)
-        if not entry.future.done():
+        entry = self._answering(request.request_id, keys, window)
+        if entry is None:
             return None, False
         hits = entry.future.result()
         if self.events is not None and hits < window.size:
@@ -157,14 +190,42 @@ class SchedulerSide:
         tokens = claimed_tokens(window, hits, self.topology.block_size)
         return (tokens, not self.sync_loads) if tokens else (0, False)
 
-    def _wait(self, future: Future[int]) -> None:
-        """Wait for a new lookup while this step's budget lasts: one the vaults answer in a millisecond is
-        then used at once, instead of after another engine step (and the lookup thread gets the GIL
-        meanwhile, which a spinning step loop would hold)."""
-        if self._wait_left <= 0:
+    def _answering(self, rid: str, keys: list[bytes], window: Window) -> _Lookup | None:
+        """The done lookup that answers for ``window`` (this request's earlier one where it can, a new
+        one otherwise), or None while it runs past this step's wait budget."""
+        entry = self._lookups.get(rid)
+        if entry is not None and entry.window != window:
+            # an earlier lookup of a wider window (the one started on arrival) may answer for this one
+            if entry.covers(window, self.lookup_lease_ms / 2000):
+                self._wait(entry)
+                if not entry.future.done():
+                    return None
+                entry = entry.resolved(window)
+            else:
+                entry = None
+        if entry is None:
+            entry = self._start_lookup(rid, keys, window)
+        self._wait(entry)
+        if not entry.future.done():
+            return None
+        self._lookups[rid] = entry
+        return entry
+
+    def _start_lookup(self, rid: str, keys: list[bytes], window: Window) -> _Lookup:
+        future = self._pool.submit(self._lookup, keys[window.start : window.stop], window)
+        entry = self._lookups[rid] = _Lookup(window, future, time.monotonic())
+        return entry
+
+    def _wait(self, entry: _Lookup) -> None:
+        """Wait for a lookup the first time vLLM asks about it, while this step's budget lasts: one the
+        vaults answer in a millisecond is then used at once, instead of after another engine step (and the
+        lookup thread gets the GIL meanwhile, which a spinning step loop would hold). Never again for the
+        same lookup: a slow vault delays one step, not every step until its deadline."""
+        if entry.waited or entry.future.done() or self._wait_left <= 0:
             return
+        entry.waited = True
         start = time.perf_counter()
-        wait([future], timeout=self._wait_left)
+        wait([entry.future], timeout=self._wait_left)
         waited = time.perf_counter() - start
         self._wait_left -= waited
         self.counters.add("lookup_wait_us", round(waited * 1e6))

@@ -50,7 +50,10 @@ class ConnectorSettings:
     the vault caps it at 10 s), so that a block reported is still there when the load asks for it.
     ``lookup_wait_ms``: how long one scheduler step may wait, in all, for new requests' lookups, so a
     lookup the vaults answer quickly is used in the step that asked (0: never wait; every lookup then
-    costs at least one more engine step).
+    costs at least one more engine step). ``lookup_on_arrival``: look a request's prompt up as it
+    arrives, before vLLM schedules it, so a request that waited in the queue finds its answer ready (one
+    vault lookup per arriving request, also for prompts vLLM's own cache holds; models without recurrent
+    state only).
     """
 
     config_path: str = ""
@@ -77,6 +80,7 @@ class ConnectorSettings:
     evict_remember: int = setting(1 << 16, minimum=1)
     lookup_lease_ms: int = setting(2000, minimum=0, maximum=10_000)
     lookup_wait_ms: float = setting(10.0, minimum=0.0, maximum=1000.0)
+    lookup_on_arrival: bool = True
     config: Config = dataclasses.field(default=Config(), metadata={"internal": True})
 
     @classmethod
