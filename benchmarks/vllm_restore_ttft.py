@@ -8,7 +8,7 @@ TierKVConnector against a real vault process on 127.0.0.1:
   (asynchronous lookup, one BatchGet, checksum, decode, write into the paged cache);
 - ``local``: the same prompt again, served by vLLM's own prefix cache (the floor for any restore).
 
-- ``wire``: the bare data plane in the same run: one ``get_buffers`` of as many blobs of the same size,
+- ``wire``: the bare data plane in the same run: one ``get_buffers`` of as many blobs of the same size and codec,
   stored just before (as the restore's were), from the same vault, through the same client, nothing
   decoded or written.
 
@@ -22,7 +22,7 @@ of separate series drift apart more than a run's own three measurements do. TTFT
 token. Run from the repository root with the vLLM environment (scripts/setup-vllm-env.sh):
 
     .venv-vllm/bin/python -m benchmarks.vllm_restore_ttft [--model small|medium] [--runs 5]
-        [--lengths 256,960,2048] [--load-mode async|sync]
+        [--lengths 256,960,2048] [--load-mode async|sync] [--codec raw|int8]
 """
 
 from __future__ import annotations
@@ -71,9 +71,10 @@ class Wire:
     same blobs again (1–2 ms more for 33 MB here).
     """
 
-    def __init__(self, address: str, shape: dict[str, int]) -> None:
+    def __init__(self, address: str, shape: dict[str, int], codec: str = "raw") -> None:
         from tierkv.client.cluster import Cluster
 
+        self.codec = codec
         self.cluster = Cluster({"kv_cold": [address]})
         self.block = (shape["layers"], shape["kv_heads"], BLOCK_SIZE, 2 * shape["head_dim"])
         self.blobs: dict[int, list[bytes]] = {}
@@ -85,7 +86,7 @@ class Wire:
         from tierkv.codec.torch_codec import encode_tensor
 
         self.blobs[blocks] = [
-            encode_tensor(torch.randn(self.block), codec="raw", tokens=BLOCK_SIZE) for _ in range(blocks)
+            encode_tensor(torch.randn(self.block), codec=self.codec, tokens=BLOCK_SIZE) for _ in range(blocks)
         ]
 
     def read(self, blocks: int) -> float:
@@ -207,6 +208,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--lengths", default="256,960")
     parser.add_argument("--load-mode", choices=["async", "sync"], default="async")
+    parser.add_argument("--codec", choices=["raw", "int8"], default="raw")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -215,9 +217,9 @@ def main() -> None:
         max_len = max(lengths) + 64
         model = write_tiny_llama(Path(tmp) / "model", **shape, max_positions=max_len)
         vault = VaultProcess(Path(tmp) / "vault", max_bytes="1GiB").start()
-        wire = Wire(vault.address, shape)
+        wire = Wire(vault.address, shape, args.codec)
         try:
-            extra = {"kv_cold": vault.address, "load_mode": args.load_mode}
+            extra = {"kv_cold": vault.address, "load_mode": args.load_mode, "codec": args.codec}
             llm = make_llm(model, extra, max_model_len=max_len)
             try:
                 rows = measure(llm, wire, lengths, args.runs)
@@ -228,7 +230,8 @@ def main() -> None:
             wire.close()
             vault.stop()
     if args.json:
-        report = {"model": args.model, "load_mode": args.load_mode, "shape": shape, "rows": rows}
+        report = {"model": args.model, "load_mode": args.load_mode, "codec": args.codec, "shape": shape}
+        report["rows"] = rows
         print(json.dumps({**report, "counters": totals}))
         return
     print_report(args, shape, rows, totals)
@@ -239,7 +242,9 @@ def print_report(
 ) -> None:
     kib = kv_bytes_per_token(shape) * BLOCK_SIZE / 1024
     print(f"model {args.model} {shape}, block {BLOCK_SIZE} tokens = {kib:.0f} KiB of float32 KV")
-    print(f"{args.load_mode} loads, medians of {args.runs} runs; bound = local + 1.5 x wire")
+    print(
+        f"{args.load_mode} loads, {args.codec} blobs, medians of {args.runs} runs; bound = local + 1.5 x wire"
+    )
     print(
         f"{'tokens':>7} {'prefill ms':>11} {'restore ms':>11} {'local ms':>9} {'wire ms':>8} {'GB/s':>5}"
         f" {'bound ms':>9} {'met':>4} {'runs met':>9} {'margin ms':>10} {'prefill/restore':>16}"
