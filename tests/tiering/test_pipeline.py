@@ -317,3 +317,34 @@ def test_numpy_blocks_are_placed_from_views_too_and_arrays_that_cannot_view_are_
             RAW, keys(2), RAW.expect(SHAPE, TOKENS), place=lambda i, v: None
         )
     assert storage.calls["get"] == 1, "refused before anything was fetched"
+
+
+def test_into_decodes_every_good_block_into_the_next_row_and_deletes_the_corrupt_ones() -> None:
+    storage = MemoryStorage()
+    tier = ColdTier(storage, TorchArrays())
+    data = [torch.randn(SHAPE, dtype=torch.float16) for _ in range(5)]
+    tier.store(KV, [(k, d, TOKENS) for k, d in zip(keys(5), data, strict=True)])
+    space = storage.blobs[("kv_cold", NS)]
+    del space[keys(5)[1]]
+    bad = space[keys(5)[3]]
+    space[keys(5)[3]] = bad[:-1] + bytes([bad[-1] ^ 0xFF])
+    into = torch.full((5, *SHAPE), float("nan"), dtype=torch.float16)
+    got = tier.restore(KV, keys(5), KV.expect(SHAPE, TOKENS, "float16"), into=into)
+    assert got.decoded == [0, 2, 4] and got.failed == [1, 3] and got.rejected == 1
+    assert got.gone == [keys(5)[1], keys(5)[3]] and keys(5)[3] not in space and storage.calls["delete"] == 1
+    assert got.decoded_bytes < got.fetched_bytes and got.verify_s > 0
+    for n, i in enumerate(got.decoded):  # the int8 round trip, row by row
+        torch.testing.assert_close(into[n], data[i], atol=0.05, rtol=0.05)
+    assert torch.isnan(into[3:]).all()
+
+
+def test_into_needs_arrays_that_decode_rows_and_takes_every_block() -> None:
+    _, tier, _ = stored(2)
+    with pytest.raises(ValueError, match="arrays that decode rows"):
+        tier.restore(RAW, keys(2), RAW.expect(SHAPE, TOKENS), into=np.zeros((2, *SHAPE), np.float32))
+    torch_tier = ColdTier(MemoryStorage(), TorchArrays())
+    into = torch.zeros((2, *SHAPE))
+    with pytest.raises(ValueError, match="without out, place and leading_only"):
+        torch_tier.restore(RAW, keys(2), RAW.expect(SHAPE, TOKENS), into=into, leading_only=True)
+    with pytest.raises(ValueError, match="one expect"):
+        torch_tier.restore(RAW, keys(2), [RAW.expect(SHAPE, TOKENS)] * 2, into=into)

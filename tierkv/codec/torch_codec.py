@@ -195,20 +195,8 @@ def _dequantize(
         else torch.empty(header.value_count, dtype=TORCH_DTYPES[target], device=device)
     )
     g = layout.group_size
-    step = max(1, layout.full_groups) if accelerator else max(1, CPU_DECODE_VALUES // g)
-    scratch = None if accelerator or target == "float32" else _cpu_scratch(step * g)
-    # narrow() rather than [a:b]: torch's Python indexing costs microseconds a call, which small blobs feel
     for first, q, scales in _records(layout, payload[: layout.groups_len], device, accelerator):
-        n = q.shape[0]
-        dst = out.narrow(0, first, q.numel()).view(q.shape)
-        for r0 in range(0, n, step):
-            rows = min(step, n - r0)
-            if rows == n:
-                _scale_rows(q, scales, dst, scratch)
-            else:
-                _scale_rows(
-                    q.narrow(0, r0, rows), scales.narrow(0, r0, rows), dst.narrow(0, r0, rows), scratch
-                )
+        scale_groups(q, scales, out.narrow(0, first, q.numel()).view(q.shape), accelerator=accelerator)
     pos = 0
     for index in indices:
         start = int(index) * g
@@ -218,6 +206,21 @@ def _dequantize(
         out[start : start + n].copy_(host)
         pos += n
     return out.view(header.shape)
+
+
+def scale_groups(q: torch.Tensor, scales: torch.Tensor, dst: torch.Tensor, *, accelerator: bool) -> None:
+    """``dst = q * scales`` for groups ``q`` (n, width) int8 and ``scales`` (n, 1) float32: in one pass on
+    an ``accelerator``, on CPU in steps whose float32 scratch stays in L2."""
+    n, width = q.shape
+    step = n if accelerator else max(1, CPU_DECODE_VALUES // width)
+    scratch = None if accelerator or dst.dtype == torch.float32 else _cpu_scratch(min(step, n) * width)
+    # narrow() rather than [a:b]: torch's Python indexing costs microseconds a call, which small blobs feel
+    for r0 in range(0, n, step):
+        rows = min(step, n - r0)
+        if rows == n:
+            _scale_rows(q, scales, dst, scratch)
+        else:
+            _scale_rows(q.narrow(0, r0, rows), scales.narrow(0, r0, rows), dst.narrow(0, r0, rows), scratch)
 
 
 def _records(
@@ -348,6 +351,33 @@ def decode_tensor(
     dequantized on ``device`` (only int8 + scales travel); raw payloads are copied, on CPU straight into
     the tensor's memory.
     """
+    header, payload = open_checked(
+        blob,
+        expect_shape=expect_shape,
+        expect_dtype=expect_dtype,
+        expect_codec=expect_codec,
+        expect_tokens=expect_tokens,
+        expect_layer_group=expect_layer_group,
+    )
+    target = header.dtype if dtype is None else dtype_name(dtype)
+    if target not in TORCH_DTYPES:
+        raise CodecError(f"{header.dtype} blobs do not decode to torch tensors (float dtypes only)")
+    return header, decode_opened(
+        header, payload, target, torch.device(device) if out is None else out.device, out
+    )
+
+
+def open_checked(
+    blob: Buffer,
+    *,
+    expect_shape: Sequence[int] | None = None,
+    expect_dtype: TorchDTypeArg = None,
+    expect_codec: str | None = None,
+    expect_tokens: int | None = None,
+    expect_layer_group: LayerGroup | None = None,
+) -> tuple[BlobHeader, npt.NDArray[np.uint8]]:
+    """Verify a blob (checksums, expectations, an int8 exception table) without decoding it: the header
+    and a view of its payload, for :func:`decode_opened`."""
     header, payload = np_blob.open_blob(blob)
     np_blob.check_expectations(
         header,
@@ -357,18 +387,31 @@ def decode_tensor(
         expect_tokens=expect_tokens,
         expect_layer_group=expect_layer_group,
     )
-    target = header.dtype if dtype is None else dtype_name(dtype)
-    if target not in TORCH_DTYPES or header.dtype not in TORCH_DTYPES:
+    if header.dtype not in TORCH_DTYPES:
         raise CodecError(f"{header.dtype} blobs do not decode to torch tensors (float dtypes only)")
+    if header.codec == "int8":
+        int8_codec.parse_exceptions(
+            payload, int8_codec.Int8Layout(header.value_count, header.group_size), header.dtype_info
+        )
+    return header, payload
+
+
+def decode_opened(
+    header: BlobHeader,
+    payload: npt.NDArray[np.uint8],
+    target: str,
+    dev: torch.device,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode a blob :func:`open_checked` verified into ``target`` values on ``dev`` (into ``out``)."""
     torch_dtype = TORCH_DTYPES[target]
-    dev = torch.device(device) if out is None else out.device
     if out is not None and (tuple(out.shape) != header.shape or out.dtype != torch_dtype):
         raise CodecError(
             f"out is {out.dtype}{list(out.shape)}, blob decodes to {torch_dtype}{list(header.shape)}"
         )
     if header.codec == "int8":
-        return header, _decode_int8(header, payload, target, dev, out)
-    return header, _decode_raw(header, payload, target, dev, out)
+        return _decode_int8(header, payload, target, dev, out)
+    return _decode_raw(header, payload, target, dev, out)
 
 
 def _decode_int8(

@@ -45,7 +45,7 @@ What a new engine hook writes (``tierkv/connectors/<engine>/``)
     hook needs more, the pipeline is missing something: add it here, once.
 """
 
-from tierkv.tiering.arrays import Arrays, NumpyArrays, ViewingArrays
+from tierkv.tiering.arrays import Arrays, NumpyArrays, RowArrays, ViewingArrays
 from tierkv.tiering.background import BoundedWorker
 from tierkv.tiering.batches import byte_batches
 from tierkv.tiering.checks import at_least, one_of
@@ -67,6 +67,7 @@ __all__ = [
     "NumpyArrays",
     "Place",
     "Restored",
+    "RowArrays",
     "Storage",
     "StoreTally",
     "StreamSpec",

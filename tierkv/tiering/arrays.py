@@ -5,18 +5,21 @@ route for MLX arrays, through numpy), :class:`tierkv.tiering.tensors.TorchArrays
 own module so this package never imports torch). ``decode_into`` verifies the blob against an
 :class:`~tierkv.tiering.spec.Expect` and writes the values into caller-provided memory. Implementations
 that can also hand out a ``raw`` blob's values without copying them (:class:`ViewingArrays`: ``view``
-verifies the same way) serve hooks that write blocks straight into their cache. Both raise
+verifies the same way) serve hooks that write blocks straight into their cache; those that decode many
+blobs into the rows of one array at once (:class:`RowArrays`) serve hooks that decode into a buffer. All raise
 :class:`~tierkv.errors.TierKVError` for anything that does not verify.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from tierkv.codec import Buffer, LayerGroup, decode, encode
+from tierkv.errors import TierKVError
 from tierkv.tiering.spec import Expect
 
 A = TypeVar("A")
@@ -36,6 +39,16 @@ class ViewingArrays(Arrays[A], Protocol[A]):
     """:class:`Arrays` that also verify a ``raw`` blob and return its values over the blob's memory."""
 
     def view(self, blob: Buffer, expect: Expect) -> A: ...
+
+
+@runtime_checkable
+class RowArrays(Arrays[A_contra], Protocol[A_contra]):
+    """:class:`Arrays` that verify a restore's blobs all at once and decode the n-th good one into row n
+    of one array: cheaper than blob by blob where a codec pays a fixed cost per call (torch's int8)."""
+
+    def decode_rows(
+        self, blobs: Sequence[Buffer], into: A_contra, expect: Expect
+    ) -> list[TierKVError | None]: ...
 
 
 class NumpyArrays:

@@ -20,7 +20,7 @@ from tierkv.codec import Buffer
 from tierkv.errors import TierKVError
 from tierkv.limits import HOOK_PUT_BYTES
 from tierkv.retention import BlockMeta
-from tierkv.tiering.arrays import A, Arrays
+from tierkv.tiering.arrays import A, Arrays, RowArrays
 from tierkv.tiering.batches import byte_batches
 from tierkv.tiering.prefetch import DEFAULT_TIMEOUT_S, Prefetcher
 from tierkv.tiering.spec import Expect, StreamSpec
@@ -182,6 +182,7 @@ class ColdTier(Generic[A]):
         place: Place[A] | None = None,
         rows: Rows | None = None,
         leading_only: bool = False,
+        into: A | None = None,
     ) -> Restored:
         """One get for ``keys``; every blob verified against ``expect`` and decoded into ``out(n)``.
 
@@ -193,12 +194,19 @@ class ColdTier(Generic[A]):
         where the transport can, and then nothing is copied at all. With
         ``leading_only`` decoding stops at the first block that is missing or corrupt (a hook that can
         only use a leading run; nothing is placed while it arrives then); otherwise every block is tried
-        and the hook learns which failed. Corrupt blobs are deleted from the vaults, so the next store of that
-        prefix replaces them instead of every later restore failing on them again. With prefetch on,
-        blobs come from the prefetch buffer first, and the chain's likely successors are prefetched after.
+        and the hook learns which failed. A hook that decodes into one buffer passes it as ``into`` (with
+        :class:`RowArrays` and one ``expect`` for every key): the n-th good block goes into row n, every
+        blob is verified first and the good ones are decoded together (:meth:`RowArrays.decode_rows`).
+        Corrupt blobs are deleted from the vaults, so the next store of that prefix replaces them instead
+        of every later restore failing on them again. With prefetch on, blobs come from the prefetch
+        buffer first, and the chain's likely successors are prefetched after.
         """
         if place is not None and spec.codec != "raw":
             raise ValueError(f"place takes the values of raw blobs; {spec.codec} blobs are decoded into out")
+        if into is not None:
+            if out is not None or place is not None or leading_only:
+                raise ValueError("into takes every good block; it goes without out, place and leading_only")
+            return self._restore_rows(spec, keys, expect, into)
         target = Target(self.arrays, expect, out, place, rows)
         result = Restored(len(keys))
         if not keys:
@@ -213,6 +221,47 @@ class ColdTier(Generic[A]):
         corrupt, why = self._decode(blobs, keys, target, result, leading_only)
         result.decode_s = time.perf_counter() - t
         result.verify_s, result.place_s, result.landed = target.verify_s, target.place_s, target.landed
+        self._settle(spec, keys, result, corrupt, why)
+        return result
+
+    def _restore_rows(
+        self, spec: StreamSpec, keys: Sequence[bytes], expect: Expect | Sequence[Expect], into: A
+    ) -> Restored:
+        """:meth:`restore` into the rows of ``into``: one get, then every blob verified, then decoded."""
+        if not isinstance(self.arrays, RowArrays) or not isinstance(expect, Expect):
+            raise ValueError("into needs arrays that decode rows and one expect for every key")
+        result = Restored(len(keys))
+        if not keys:
+            return result
+        t = time.perf_counter()
+        blobs = self._get(spec, keys, result, None)
+        result.get_s = time.perf_counter() - t
+        present = [
+            (i, blob) for i, blob in enumerate(blobs) if blob is not None and not isinstance(blob, int)
+        ]
+        result.fetched_bytes = sum(len(blob) for _, blob in present)
+        t = time.perf_counter()
+        verdicts = self.arrays.decode_rows([blob for _, blob in present], into, expect)
+        result.decode_s = result.verify_s = time.perf_counter() - t
+        corrupt: list[bytes] = []
+        why = ""
+        for (i, blob), verdict in zip(present, verdicts, strict=True):
+            if verdict is None:
+                result.decoded.append(i)
+                result.decoded_bytes += len(blob)
+            else:
+                why = why or f"block {i}: {verdict}"
+                corrupt.append(keys[i])
+                result.rejected += 1
+        good = set(result.decoded)
+        result.gone = [key for i, key in enumerate(keys) if i not in good]
+        self._settle(spec, keys, result, corrupt, why)
+        return result
+
+    def _settle(
+        self, spec: StreamSpec, keys: Sequence[bytes], result: Restored, corrupt: list[bytes], why: str
+    ) -> None:
+        """Delete the corrupt blobs from the vaults (logged once per restore) and prefetch what comes next."""
         if corrupt:
             logger.warning(
                 "%s: %d of %d blobs rejected and deleted (first: %s)", spec.role, len(corrupt), len(keys), why
@@ -220,7 +269,6 @@ class ColdTier(Generic[A]):
             self.storage.delete(spec.namespace, corrupt, role=spec.role)
         if self.prefetch is not None and result.decoded:
             self.prefetch.request(spec.namespace, spec.role, keys)
-        return result
 
     def _get(
         self, spec: StreamSpec, keys: Sequence[bytes], result: Restored, on_blob: BlobSink | None

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from tierkv.codec import Buffer, LayerGroup
 from tierkv.codec.torch_codec import decode_tensor, encode_tensor, view_tensor
+from tierkv.codec.torch_rows import decode_rows
+from tierkv.errors import TierKVError
 from tierkv.tiering.spec import Expect
 
 
 class TorchArrays:
-    """Encode blocks with :func:`encode_tensor`; decode into ``out`` (any device, strided) with one copy, or
-    view a raw blob without any."""
+    """Encode blocks with :func:`encode_tensor`; decode into ``out`` (any device, strided) with one copy,
+    many blobs into the rows of one tensor at once, or view a raw blob without copying."""
 
     def encode(self, block: torch.Tensor, codec: str, tokens: int, layer_group: LayerGroup) -> bytes:
         return encode_tensor(block, codec=codec, tokens=tokens, layer_group=layer_group)
@@ -21,6 +25,20 @@ class TorchArrays:
             blob,
             dtype=out.dtype,
             out=out,
+            expect_shape=expect.shape,
+            expect_dtype=expect.dtype,
+            expect_codec=expect.codec,
+            expect_tokens=expect.tokens,
+            expect_layer_group=expect.layer_group,
+        )
+
+    def decode_rows(
+        self, blobs: Sequence[Buffer], into: torch.Tensor, expect: Expect
+    ) -> list[TierKVError | None]:
+        """Verify every blob, then decode the n-th good one into ``into[n]`` (int8 runs on CPU at once)."""
+        return decode_rows(
+            blobs,
+            into,
             expect_shape=expect.shape,
             expect_dtype=expect.dtype,
             expect_codec=expect.codec,

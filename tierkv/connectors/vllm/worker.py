@@ -336,8 +336,9 @@ class WorkerSide:
 
         A ``raw`` stream on a CPU cache is written straight from the received bytes, block by block, as
         each blob verifies: one copy after the socket. Otherwise (int8, or a GPU cache) the pipeline
-        decodes into one buffer on the cache's device (the n-th good block into row n) and the good blocks
-        are scattered into the cache at once.
+        decodes into one buffer on the cache's device (the n-th good block into row n; int8 blobs on CPU
+        all at once, see :mod:`tierkv.codec.torch_rows`) and the good blocks are scattered into the cache
+        at once.
         """
         spec, keys = self._specs[stream], [r.key for r in refs]
         scatter_s = 0.0
@@ -354,7 +355,7 @@ class WorkerSide:
             )
         else:
             buffer = torch.empty((len(refs), *view.block_shape), dtype=view.dtype, device=view.device)
-            got = self._tier.restore(spec, keys, self._expect[stream], buffer.__getitem__)
+            got = self._tier.restore(spec, keys, self._expect[stream], into=buffer)
             start = time.perf_counter()
             if got.decoded:
                 view.scatter([refs[i].block_id for i in got.decoded], buffer[: len(got.decoded)])

@@ -1,0 +1,89 @@
+"""Many blobs into the rows of one tensor: the same bits as blob by blob, bad blobs skipped, not written."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tierkv.codec import torch_rows  # noqa: E402
+from tierkv.codec.torch_codec import decode_tensor, encode_tensor  # noqa: E402
+from tierkv.codec.torch_rows import decode_rows  # noqa: E402
+from tierkv.errors import CodecError, CorruptBlobError  # noqa: E402
+
+SHAPE = (2, 3, 4, 16)
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+KINDS = ["int8", "int8", "int8", "int8-inf", "raw", "corrupt", "wrong-shape"]
+"""What each blob of a restore may be: mostly plain int8 (the runs decoded at once), an int8 blob with an
+exception table, a raw one, one whose bytes were damaged and one of another shape."""
+
+
+def make_blob(kind: str, dtype: torch.dtype, seed: int) -> bytes:
+    values = torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed)) * (1 + seed % 5)
+    if kind == "int8-inf":
+        values[0, 0, 0, 3] = float("inf")
+    if kind == "wrong-shape":
+        values = values[:1]
+    blob = bytearray(encode_tensor(values.to(dtype), codec="raw" if kind == "raw" else "int8", tokens=4))
+    if kind == "corrupt":
+        blob[-5] ^= 0x40
+    return bytes(blob)
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view(torch.int32 if tensor.dtype == torch.float32 else torch.int16)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=9),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 1000),
+)
+def test_rows_hold_what_blob_by_blob_decoding_gives_and_bad_blobs_are_skipped(
+    kinds: list[str], dtype: torch.dtype, seed: int
+) -> None:
+    blobs = [make_blob(kind, dtype, seed + i) for i, kind in enumerate(kinds)]
+    into = torch.full((len(blobs), *SHAPE), float("nan"), dtype=dtype)
+    verdicts = decode_rows(blobs, into, expect_shape=SHAPE, expect_tokens=4)
+
+    good = [b for b, k in zip(blobs, kinds, strict=True) if k not in ("corrupt", "wrong-shape")]
+    assert [v is None for v in verdicts] == [k not in ("corrupt", "wrong-shape") for k in kinds]
+    for v, kind in zip(verdicts, kinds, strict=True):
+        if kind == "corrupt":
+            assert isinstance(v, CorruptBlobError)
+        elif kind == "wrong-shape":
+            assert isinstance(v, CodecError) and "shape" in str(v)
+    for n, blob in enumerate(good):
+        _, expected = decode_tensor(blob, dtype=dtype)
+        assert torch.equal(bits(into[n]), bits(expected)), f"row {n}"
+    assert torch.isnan(into[len(good) :].float()).all(), "rows past the good blobs are not written"
+
+
+def test_a_run_of_int8_blobs_is_staged_and_scaled_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blob by blob decoding is the exception: a run sharing a layout goes through one scaling."""
+    runs: list[int] = []
+    scale = torch_rows.scale_groups
+    monkeypatch.setattr(
+        torch_rows, "scale_groups", lambda q, s, dst, **kw: (runs.append(q.shape[0]), scale(q, s, dst, **kw))
+    )
+    blobs = [make_blob("int8", torch.float16, i) for i in range(5)]
+    into = torch.empty((5, *SHAPE), dtype=torch.float16)
+    assert decode_rows(blobs, into) == [None] * 5
+    groups_per_blob = 2 * 3 * 4  # the default group is the last dimension
+    assert runs == [5 * groups_per_blob]
+
+
+def test_rows_on_a_strided_tensor_decode_blob_by_blob() -> None:
+    blobs = [make_blob("int8", torch.float32, i) for i in range(3)]
+    whole = torch.zeros((3, *SHAPE[:-1], 2 * SHAPE[-1]))
+    into = whole[..., : SHAPE[-1]]
+    assert not into.is_contiguous()
+    assert decode_rows(blobs, into) == [None] * 3
+    for n, blob in enumerate(blobs):
+        assert torch.equal(into[n], decode_tensor(blob)[1])
+    assert not whole[..., SHAPE[-1] :].any()
