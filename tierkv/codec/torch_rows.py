@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from tierkv.codec.header import SCALE_BYTES, BlobHeader, Buffer, LayerGroup, int8_groups_len
-from tierkv.codec.torch_codec import (
-    TorchDTypeArg,
-    decode_opened,
-    dtype_name,
-    open_checked,
-    scale_groups,
-)
+from tierkv.codec.header import SCALE_BYTES, BlobHeader, Buffer, int8_groups_len
+from tierkv.codec.torch_codec import decode_opened, dtype_name, open_checked, scale_groups
 from tierkv.errors import TierKVError
 
 _STAGING = threading.local()
@@ -34,18 +29,10 @@ _STAGING = threading.local()
 Opened = tuple[BlobHeader, npt.NDArray[np.uint8]]
 
 
-def decode_rows(
-    blobs: Sequence[Buffer],
-    into: torch.Tensor,
-    *,
-    expect_shape: Sequence[int] | None = None,
-    expect_dtype: TorchDTypeArg = None,
-    expect_codec: str | None = None,
-    expect_tokens: int | None = None,
-    expect_layer_group: LayerGroup | None = None,
-) -> list[TierKVError | None]:
+def decode_rows(blobs: Sequence[Buffer], into: torch.Tensor, **expected: Any) -> list[TierKVError | None]:
     """Verify every blob and decode the n-th good one into ``into[n]``; one verdict per blob (None: good).
 
+    ``expected`` are :func:`~tierkv.codec.torch_codec.open_checked`'s expectations (``expect_shape`` ...).
     ``into`` holds at least as many rows as there are blobs, each of a blob's shape, in the dtype the
     blobs decode to. Nothing is written for a blob that does not verify.
     """
@@ -53,16 +40,7 @@ def decode_rows(
     good: list[Opened] = []
     for blob in blobs:
         try:
-            good.append(
-                open_checked(
-                    blob,
-                    expect_shape=expect_shape,
-                    expect_dtype=expect_dtype,
-                    expect_codec=expect_codec,
-                    expect_tokens=expect_tokens,
-                    expect_layer_group=expect_layer_group,
-                )
-            )
+            good.append(open_checked(blob, **expected))
         except TierKVError as exc:
             verdicts.append(exc)
         else:

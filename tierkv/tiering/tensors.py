@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -21,30 +22,13 @@ class TorchArrays:
         return encode_tensor(block, codec=codec, tokens=tokens, layer_group=layer_group)
 
     def decode_into(self, blob: Buffer, out: torch.Tensor, expect: Expect) -> None:
-        decode_tensor(
-            blob,
-            dtype=out.dtype,
-            out=out,
-            expect_shape=expect.shape,
-            expect_dtype=expect.dtype,
-            expect_codec=expect.codec,
-            expect_tokens=expect.tokens,
-            expect_layer_group=expect.layer_group,
-        )
+        decode_tensor(blob, dtype=out.dtype, out=out, **_expected(expect))
 
     def decode_rows(
         self, blobs: Sequence[Buffer], into: torch.Tensor, expect: Expect
     ) -> list[TierKVError | None]:
         """Verify every blob, then decode the n-th good one into ``into[n]`` (int8 runs on CPU at once)."""
-        return decode_rows(
-            blobs,
-            into,
-            expect_shape=expect.shape,
-            expect_dtype=expect.dtype,
-            expect_codec=expect.codec,
-            expect_tokens=expect.tokens,
-            expect_layer_group=expect.layer_group,
-        )
+        return decode_rows(blobs, into, **_expected(expect))
 
     def view(self, blob: Buffer, expect: Expect) -> torch.Tensor:
         """The values of a verified ``raw`` blob as a CPU tensor over the blob's memory (read only)."""
@@ -55,6 +39,17 @@ class TorchArrays:
             expect_tokens=expect.tokens,
             expect_layer_group=expect.layer_group,
         )
+
+
+def _expected(expect: Expect) -> dict[str, Any]:
+    """``expect`` as the codec's keyword arguments."""
+    return {
+        "expect_shape": expect.shape,
+        "expect_dtype": expect.dtype,
+        "expect_codec": expect.codec,
+        "expect_tokens": expect.tokens,
+        "expect_layer_group": expect.layer_group,
+    }
 
 
 __all__ = ["TorchArrays"]

@@ -41,10 +41,10 @@ def make_scheduler(address: str, **options: object) -> SchedulerSide:
     )
 
 
-def matched(scheduler: SchedulerSide, request: FakeRequest) -> tuple[int | None, bool]:
-    """Ask until the asynchronous lookup has answered."""
+def matched(scheduler: SchedulerSide, request: FakeRequest, local: int = 0) -> tuple[int | None, bool]:
+    """Ask, with ``local`` tokens already in vLLM's own cache, until the asynchronous lookup has answered."""
     deadline = time.monotonic() + 20
-    while (answer := scheduler.matched_tokens(request, 0))[0] is None:
+    while (answer := scheduler.matched_tokens(request, local))[0] is None:
         assert time.monotonic() < deadline, "lookup never answered"
         time.sleep(0.005)
     return answer
@@ -115,31 +115,24 @@ def put_blocks(address: str, keys: list[bytes]) -> None:
         assert cluster.put(NAMESPACE, dict.fromkeys(keys, b"blob")) == len(keys)
 
 
-def matched_after(scheduler: SchedulerSide, request: FakeRequest, local: int) -> tuple[int | None, bool]:
-    """Ask, with ``local`` tokens already in vLLM's own cache, until the lookup has answered."""
+def arrived(scheduler: SchedulerSide, num_tokens: int) -> FakeRequest:
+    """A request vLLM has just added, once the lookup it started on arrival has run."""
+    request = FakeRequest("r", num_tokens=num_tokens)
+    scheduler.track(request)
     deadline = time.monotonic() + 20
-    while (answer := scheduler.matched_tokens(request, local))[0] is None:
-        assert time.monotonic() < deadline, "lookup never answered"
-        time.sleep(0.005)
-    return answer
-
-
-def settle(scheduler: SchedulerSide, lookups: int) -> None:
-    deadline = time.monotonic() + 20
-    while scheduler.counters.totals()["lookups"] < lookups:
+    while scheduler.counters.totals()["lookups"] < 1:
         assert time.monotonic() < deadline, "the lookup on arrival never ran"
         time.sleep(0.005)
+    return request
 
 
 def test_a_prompt_is_looked_up_on_arrival_and_vllm_is_answered_from_that_lookup(vault: VaultProcess) -> None:
     put_blocks(vault.address, KEYS[:5])
     scheduler = make_scheduler(vault.address, lookup_lease_ms=2000)
     try:
-        request = FakeRequest("r", num_tokens=6 * BS + 1)
-        scheduler.track(request)
-        settle(scheduler, 1)
+        request = arrived(scheduler, 6 * BS + 1)
         # vLLM's own cache holds the first 2 blocks: the lookup of the whole prompt answers for the rest
-        assert matched_after(scheduler, request, 2 * BS) == (3 * BS, True)
+        assert matched(scheduler, request, 2 * BS) == (3 * BS, True)
         assert scheduler.counters.totals()["lookups"] == 1, "no second lookup"
         scheduler.after_alloc(request, [[10, 11, 12, 13, 14, 15]], 3 * BS)
         (load,) = scheduler.take_jobs({}).loads
@@ -156,10 +149,8 @@ def test_a_lookup_on_arrival_that_says_nothing_past_the_local_hit_is_asked_again
     put_blocks(vault.address, [KEYS[0], *KEYS[2:5]])
     scheduler = make_scheduler(vault.address)
     try:
-        request = FakeRequest("r", num_tokens=6 * BS + 1)
-        scheduler.track(request)
-        settle(scheduler, 1)
-        assert matched_after(scheduler, request, 2 * BS) == (3 * BS, True)
+        request = arrived(scheduler, 6 * BS + 1)
+        assert matched(scheduler, request, 2 * BS) == (3 * BS, True)
         assert scheduler.counters.totals()["lookups"] == 2
     finally:
         scheduler.shutdown()
@@ -169,11 +160,9 @@ def test_a_lookup_on_arrival_older_than_half_its_lease_is_not_trusted(vault: Vau
     put_blocks(vault.address, KEYS[:3])
     scheduler = make_scheduler(vault.address, lookup_lease_ms=100)
     try:
-        request = FakeRequest("r", num_tokens=6 * BS + 1)
-        scheduler.track(request)
-        settle(scheduler, 1)
+        request = arrived(scheduler, 6 * BS + 1)
         time.sleep(0.06)  # past half the lease: the vaults may drop the blocks before the load
-        assert matched_after(scheduler, request, BS) == (2 * BS, True)
+        assert matched(scheduler, request, BS) == (2 * BS, True)
         assert scheduler.counters.totals()["lookups"] == 2
     finally:
         scheduler.shutdown()
