@@ -24,9 +24,10 @@ What the pipeline does, in this order
     3. restore (the same thread, or the hook's load thread): ``tier.restore(spec, keys, expect, out)``
        — one get, every blob verified against ``expect`` and decoded into ``out(n)`` (or, for ``raw``
        blobs, handed to ``place(i, values)`` as a view of the received bytes, which the hook copies
-       straight into its cache), rejects counted and deleted from the vaults; the :class:`Restored`
-       result says which blocks arrived (``decoded``, ``leading``, ``failed``) and the hook writes them
-       into its cache or reports the failed ones;
+       straight into its cache; or, with ``into=buffer`` and :class:`RowArrays`, all verified first and
+       decoded into the buffer's rows together), rejects counted and deleted from the vaults; the
+       :class:`Restored` result says which blocks arrived (``decoded``, ``leading``, ``failed``) and the
+       hook writes them into its cache or reports the failed ones;
     4. store (never on the serving path: a :class:`BoundedWorker` or the hook's own bounded pool):
        blocks the engine may reuse are copied out on the engine's thread first, then
        ``tier.store(spec, blocks)`` encodes them lazily, puts byte-bounded batches
