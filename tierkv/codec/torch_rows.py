@@ -58,12 +58,14 @@ def decode_rows(blobs: Sequence[Buffer], into: torch.Tensor, **expected: Any) ->
 def _runs(good: list[Opened], batched: bool) -> list[tuple[int, list[Opened]]]:
     """``(first row, blobs)``: consecutive good blobs that dequantize together, every other blob alone."""
     runs: list[tuple[int, list[Opened]]] = []
+    last = None
     for n, opened in enumerate(good):
         key = _layout_key(*opened) if batched else None
-        if runs and key is not None and _layout_key(*runs[-1][1][0]) == key:
+        if key is not None and key == last:
             runs[-1][1].append(opened)
         else:
             runs.append((n, [opened]))
+        last = key
     return runs
 
 

@@ -11,6 +11,8 @@ import socket
 import time
 from dataclasses import dataclass
 
+import pytest
+
 from tierkv.client.cluster import Cluster
 from tierkv.connectors.vllm.plan import KV, GroupPlan, make_topology
 from tierkv.connectors.vllm.scheduler import SchedulerSide
@@ -168,14 +170,18 @@ def test_a_lookup_on_arrival_older_than_half_its_lease_is_not_trusted(vault: Vau
         scheduler.shutdown()
 
 
-def test_no_lookup_on_arrival_when_switched_off(vault: VaultProcess) -> None:
-    scheduler = make_scheduler(vault.address, lookup_on_arrival=False)
+@pytest.mark.parametrize(("on_arrival", "lookups"), [(True, 2), (False, 1)])
+def test_no_lookup_on_arrival_when_switched_off(vault: VaultProcess, on_arrival: bool, lookups: int) -> None:
+    """The vaults hold nothing and vLLM one block: on arrival the prompt is looked up from block 0, which
+    says nothing past the local hit, so vLLM's question is a second lookup; switched off, the only one."""
+    scheduler = make_scheduler(vault.address, lookup_on_arrival=on_arrival)
     try:
-        scheduler.track(FakeRequest("r", num_tokens=6 * BS + 1))
-        time.sleep(0.1)
-        assert scheduler.counters.totals()["lookups"] == 0
+        request = FakeRequest("r", num_tokens=6 * BS + 1)
+        scheduler.track(request)
+        assert matched(scheduler, request, BS) == (0, False)
     finally:
-        scheduler.shutdown()
+        scheduler.shutdown()  # waits for every lookup it started
+    assert scheduler.counters.totals()["lookups"] == lookups
 
 
 def test_a_slow_lookup_delays_one_step_not_every_step() -> None:
