@@ -8,18 +8,18 @@ TierKVConnector against a real vault process on 127.0.0.1:
   (asynchronous lookup, one BatchGet, checksum, decode, write into the paged cache);
 - ``local``: the same prompt again, served by vLLM's own prefix cache (the floor for any restore).
 
-- ``wire``: the bare data plane in the same run: one ``get_buffers`` of as many blobs of the same size and codec,
-  stored just before (as the restore's were), from the same vault, through the same client, nothing
-  decoded or written.
+- ``wire``: the bare data plane in the same run: one ``get_buffers`` of as many blobs of the same size
+  and codec, stored just before (as the restore's were), from the same vault, through the same client,
+  nothing decoded or written.
 
 Medians over ``--runs`` and the prefill/restore ratio are printed (``--json`` for machines), with the
 bound a restore should meet, ``local + 1.5 x wire``, and where a restore's time beyond ``local`` goes,
 from the connector's own timers: the scheduler waiting for the lookup, the load's get (blobs are
 verified and copied into the cache as they arrive, so that overlaps the transfer), verifying, copying,
-the garbage collector's extra time, and the rest (engine steps and scheduling). The bound is also checked
-run by run (each run's restore, local and wire are measured back to back): on a busy machine the medians
-of separate series drift apart more than a run's own three measurements do. TTFT is the wall time of an offline request for one output
-token. Run from the repository root with the vLLM environment (scripts/setup-vllm-env.sh):
+the garbage collector's extra time, and the rest (engine steps and scheduling). The bound is also
+checked run by run (each run's restore, local and wire are measured back to back): on a busy machine the
+medians of separate series drift apart more than a run's own three measurements do. TTFT is the wall
+time of an offline request for one output token. Run from the repository root with the vLLM environment (scripts/setup-vllm-env.sh):
 
     .venv-vllm/bin/python -m benchmarks.vllm_restore_ttft [--model small|medium] [--runs 5]
         [--lengths 256,960,2048] [--load-mode async|sync] [--codec raw|int8]
