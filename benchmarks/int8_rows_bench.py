@@ -1,4 +1,5 @@
-"""int8 decode of one restore's blocks: blob by blob (``decode_tensor``) against a run at a time (``decode_rows``).
+"""int8 decode of one restore's blocks: blob by blob (``decode_tensor``) against a run at a time
+(``decode_rows``).
 
 Both decoders get the same freshly encoded blocks (the vLLM benchmark's shape by default: 8 layers, 4 KV
 heads, 16 tokens, K and V of 64 = 256 KiB of float32 per block) and the same destination buffer; each

@@ -19,7 +19,8 @@ verified and copied into the cache as they arrive, so that overlaps the transfer
 the garbage collector's extra time, and the rest (engine steps and scheduling). The bound is also
 checked run by run (each run's restore, local and wire are measured back to back): on a busy machine the
 medians of separate series drift apart more than a run's own three measurements do. TTFT is the wall
-time of an offline request for one output token. Run from the repository root with the vLLM environment (scripts/setup-vllm-env.sh):
+time of an offline request for one output token. Run from the repository root with the vLLM environment
+(scripts/setup-vllm-env.sh):
 
     .venv-vllm/bin/python -m benchmarks.vllm_restore_ttft [--model small|medium] [--runs 5]
         [--lengths 256,960,2048] [--load-mode async|sync] [--codec raw|int8]
