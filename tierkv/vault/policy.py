@@ -17,10 +17,9 @@ exact, with no scan and no sampling.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import struct
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from tierkv.config import ContextWeights
 from tierkv.retention.classes import NEUTRAL_IMPORTANCE
@@ -28,10 +27,12 @@ from tierkv.retention.classes import NEUTRAL_IMPORTANCE
 _DOUBLE = struct.Struct(">d")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class EntryInfo:
+class EntryInfo(NamedTuple):
     """What a policy may look at when ranking an entry. ``population`` is how many entries the store held
-    when the entry was last updated (``context`` measures age in turnovers of that many events)."""
+    when the entry was last updated (``context`` measures age in turnovers of that many events).
+
+    A named tuple rather than a frozen dataclass: one is made for every entry written or evicted, and a
+    tuple is the cheapest immutable record to make."""
 
     clock: int
     size: int

@@ -52,16 +52,19 @@ NodeId = tuple[str, bytes, bytes]
 """(tenant, namespace, key)."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Node:
-    """One key as the learner knows it; ``size`` None when the vault does not (or no longer) store it."""
+    """One key as the learner knows it; ``size`` None when the vault does not (or no longer) store it.
+
+    One is made for every key a Put stores, so it is slotted and its links are plain containers
+    (a ``Counter`` costs more to make than the rest of the node)."""
 
     size: int | None = None
     expiry: float = 0.0
     parent: bytes = b""
     hits: int = 0
     children: set[bytes] = dataclasses.field(default_factory=set)
-    edges: collections.Counter[bytes] = dataclasses.field(default_factory=collections.Counter)
+    edges: dict[bytes, int] = dataclasses.field(default_factory=dict)
     chain: tuple[bytes, ...] = ()
     """The keys of the chain that ended at this key when it was last fetched (co-access targets)."""
 
@@ -146,14 +149,15 @@ class SuccessorLearner:
         meta: BlockMeta | None,
         now: float,
     ) -> None:
-        before = node.cost(key)
         node.size = size
         node.expiry = now + meta.ttl_s if meta is not None and meta.ttl_s else 0.0
         parent = meta.parent if meta is not None else b""
-        if node.parent and node.parent != parent:
-            self._unlink(tenant, namespace, key, node.parent)
-        node.parent = parent
-        self._bytes += node.cost(key) - before
+        if node.parent != parent:  # the only change here that moves the node's cost
+            before = node.cost(key)
+            if node.parent:
+                self._unlink(tenant, namespace, key, node.parent)
+            node.parent = parent
+            self._bytes += node.cost(key) - before
         if parent:
             up = self._touch((tenant, namespace, parent))
             cost = up.cost(parent)
@@ -199,7 +203,7 @@ class SuccessorLearner:
             if source is None:
                 continue
             before = source.cost(r.chain)
-            source.edges[chain] += 1
+            source.edges[chain] = source.edges.get(chain, 0) + 1
             if len(source.edges) > MAX_EDGES:
                 weakest = min(source.edges, key=source.edges.__getitem__)
                 del source.edges[weakest]
@@ -216,12 +220,12 @@ class SuccessorLearner:
                 if node is None or node.size is None:
                     continue
                 tenant, namespace, key = nid
-                before = node.cost(key)
                 node.size = None
                 if node.parent:
+                    before = node.cost(key)
                     self._unlink(tenant, namespace, key, node.parent)
                     node.parent = b""
-                self._bytes += node.cost(key) - before
+                    self._bytes += node.cost(key) - before
                 if not node.useful():
                     self._remove(nid)
 
