@@ -1,4 +1,7 @@
-"""The torch twin: byte-identical blobs to the numpy codec, and decoding into tensors."""
+"""The torch twin: byte-identical blobs to the numpy codec, and decoding into tensors.
+
+The tests marked with a ``device`` run once on the CPU and once on CUDA; the CUDA runs are skipped on a
+machine without a CUDA device (the suite's usual machines), and run as they are on one that has it."""
 
 from __future__ import annotations
 
@@ -18,6 +21,10 @@ from tierkv.errors import CodecError
 
 TORCH_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+]
 
 
 def tensor(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0, scale: float = 3.0) -> torch.Tensor:
@@ -45,17 +52,19 @@ def numpy_encode(t: torch.Tensor, codec: str, **kwargs: Any) -> bytes:
         ((2, 9000), 3000),
     ],
 )
+@pytest.mark.parametrize("device", DEVICES)
 def test_torch_and_numpy_blobs_are_identical(
-    dtype: torch.dtype, codec: str, shape: tuple[int, ...], group: int | None
+    dtype: torch.dtype, codec: str, shape: tuple[int, ...], group: int | None, device: str
 ) -> None:
     t = tensor(shape, dtype, seed=len(shape))
     kwargs: dict[str, Any] = {"group_size": group, "tokens": 16, "layer_group": LayerGroup.CONV}
-    blob = encode_tensor(t, codec, **kwargs)
+    blob = encode_tensor(t.to(device), codec, **kwargs)
     assert blob == numpy_encode(t, codec, **kwargs)
 
 
 @pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=lambda d: NAMES[d])
-def test_identical_on_awkward_values(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_identical_on_awkward_values(dtype: torch.dtype, device: str) -> None:
     t = tensor((40, 37), dtype, seed=3)
     t[0] = 0  # all-zero group
     t[1, 3] = float("inf")
@@ -67,7 +76,7 @@ def test_identical_on_awkward_values(dtype: torch.dtype) -> None:
     if dtype != torch.float16:
         t[30, 0] = 2.0**127  # kept raw, q * scale could overflow
     for group in (1, 8, 37, 100):
-        blob = encode_tensor(t, "int8", group_size=group)
+        blob = encode_tensor(t.to(device), "int8", group_size=group)
         assert blob == numpy_encode(t, "int8", group_size=group), f"group {group}"
         assert read_header(blob).flags & FLAG_EXCEPTIONS
 
@@ -83,37 +92,40 @@ def test_noncontiguous_and_grad_tensors_encode_like_their_copies() -> None:
 @pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=lambda d: NAMES[d])
 @pytest.mark.parametrize("codec", ["raw", "int8"])
 @pytest.mark.parametrize("out_dtype", [None, *TORCH_DTYPES])
+@pytest.mark.parametrize("device", DEVICES)
 def test_decode_tensor_matches_numpy_decode(
-    dtype: torch.dtype, codec: str, out_dtype: torch.dtype | None
+    dtype: torch.dtype, codec: str, out_dtype: torch.dtype | None, device: str
 ) -> None:
     t = tensor((6, 3, 50), dtype, seed=9)
     t[2, 1, 7] = float("nan")
     blob = encode_tensor(t, codec, group_size=32)
-    header, got = decode_tensor(blob, dtype=out_dtype)
+    header, got = decode_tensor(blob, device=device, dtype=out_dtype)
     expected_dtype = out_dtype or dtype  # default: the blob's own dtype
-    assert got.dtype == expected_dtype and tuple(got.shape) == header.shape and got.device.type == "cpu"
+    assert got.dtype == expected_dtype and tuple(got.shape) == header.shape and got.device.type == device
+    got = got.cpu()
     _, ref = decode(blob, out_dtype=NAMES[expected_dtype])
     assert numpy_view(got).tobytes() == ref.tobytes()
     if codec == "raw" and out_dtype in (None, dtype):
         assert numpy_view(got).tobytes() == numpy_view(t).tobytes()  # lossless, NaN bits included
 
 
-def test_decode_tensor_into_out_and_expectations() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_tensor_into_out_and_expectations(device: str) -> None:
     t = tensor((4, 2, 16, 8), torch.bfloat16)
     blob = encode_tensor(t, "int8", tokens=16)
-    _, fresh = decode_tensor(blob)
-    out = torch.full((4, 2, 16, 8), float("nan"), dtype=torch.bfloat16)
+    fresh = decode_tensor(blob)[1].to(device)
+    out = torch.full((4, 2, 16, 8), float("nan"), dtype=torch.bfloat16, device=device)
     _, got = decode_tensor(blob, out=out)
     assert got is out and torch.equal(out, fresh)
-    strided = torch.zeros((4, 2, 16, 16), dtype=torch.bfloat16)[..., ::2]
+    strided = torch.zeros((4, 2, 16, 16), dtype=torch.bfloat16, device=device)[..., ::2]
     _, got = decode_tensor(blob, out=strided)
     assert got is strided and torch.equal(strided, fresh)
     raw = encode_tensor(t, "raw")
-    out32 = torch.zeros((4, 2, 16, 8))
+    out32 = torch.zeros((4, 2, 16, 8), device=device)
     decode_tensor(raw, dtype=torch.float32, out=out32)
-    assert torch.equal(out32, t.float())
+    assert torch.equal(out32, t.float().to(device))
     with pytest.raises(CodecError):
-        decode_tensor(blob, out=torch.zeros((4, 2, 16, 8)))  # float32 out, bfloat16 result
+        decode_tensor(blob, out=torch.zeros((4, 2, 16, 8), device=device))  # float32 out, bfloat16 result
     with pytest.raises(CodecError):
         decode_tensor(blob, expect_dtype=torch.float16)
     with pytest.raises(CodecError):

@@ -87,3 +87,16 @@ def test_rows_on_a_strided_tensor_decode_blob_by_blob() -> None:
     for n, blob in enumerate(blobs):
         assert torch.equal(into[n], decode_tensor(blob)[1])
     assert not whole[..., SHAPE[-1] :].any()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_on_a_cuda_tensor_hold_what_the_cpu_decodes(dtype: torch.dtype) -> None:
+    kinds = ["int8", "int8", "raw", "int8-inf", "corrupt"]
+    blobs = [make_blob(kind, dtype, i) for i, kind in enumerate(kinds)]
+    into = torch.full((len(blobs), *SHAPE), float("nan"), dtype=dtype, device="cuda")
+    verdicts = decode_rows(blobs, into, expect_shape=SHAPE)
+    assert [v is None for v in verdicts] == [True, True, True, True, False]
+    for n, blob in enumerate(blobs[:4]):
+        assert torch.equal(bits(into[n].cpu()), bits(decode_tensor(blob, dtype=dtype)[1])), f"row {n}"
+    assert torch.isnan(into[4].float()).all()
