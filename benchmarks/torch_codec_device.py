@@ -24,12 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from benchmarks.interleave import interleaved
 from tierkv.codec.torch_codec import decode_tensor, encode_tensor
 
 SHAPES: dict[str, tuple[int, ...]] = {
@@ -111,21 +111,6 @@ def contenders(blocks: list[torch.Tensor], device: torch.device) -> dict[str, Ca
     return runs
 
 
-def measure(runs: dict[str, Callable[[], None]], nbytes: int, rounds: int) -> dict[str, list[float]]:
-    """GB/s per round of every contender; one warm-up pass each, then each once per round, rotated."""
-    for run in runs.values():
-        run()
-    names = list(runs)
-    rates: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            runs[name]()
-            rates[name].append(nbytes / (time.perf_counter() - start) / 1e9)
-    return rates
-
-
 def summarize(rates: dict[str, list[float]]) -> dict[str, Any]:
     """Median rates, and each codec's median per-round ratio to the copy it replaces."""
     out: dict[str, Any] = {"gbps": {name: statistics.median(v) for name, v in rates.items()}, "vs_copy": {}}
@@ -155,7 +140,7 @@ def main() -> None:
     shape = SHAPES[args.shape]
     blocks = make_blocks(shape, DTYPES[args.dtype], args.blocks, device)
     nbytes = sum(b.numel() * b.element_size() for b in blocks)
-    result = summarize(measure(contenders(blocks, device), nbytes, args.rounds))
+    result = summarize(interleaved(contenders(blocks, device), nbytes, args.rounds))
     report = {
         "device": device_name(device),
         "torch": torch.__version__,

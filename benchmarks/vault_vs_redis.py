@@ -36,6 +36,7 @@ from typing import Any
 
 import redis
 
+from benchmarks.interleave import interleaved
 from tierkv import VaultClient, __version__
 from tierkv.vault.launcher import VaultProcess
 
@@ -115,23 +116,6 @@ def redis_server(work: Path) -> Iterator[redis.Redis]:
     finally:
         proc.terminate()
         proc.wait(10)
-
-
-def interleaved(
-    contenders: dict[str, Callable[[], object]], nbytes: int, repeats: int
-) -> dict[str, list[float]]:
-    """GB/s of every contender per repetition; each runs once per repetition, the order rotated."""
-    for fn in contenders.values():
-        fn()  # warm-up (and the first writes, so the reads find their keys)
-    names = list(contenders)
-    rates: dict[str, list[float]] = {name: [] for name in names}
-    for rep in range(repeats):
-        shift = rep % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            contenders[name]()
-            rates[name].append(nbytes / (time.perf_counter() - start) / 1e9)
-    return rates
 
 
 def summarize(size: int, n: int, rates: dict[str, list[float]]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ import pytest
 
 pytest.importorskip("redis")
 
-from benchmarks.vault_vs_redis import RATIOS, interleaved, summarize
+from benchmarks.interleave import interleaved
+from benchmarks.vault_vs_redis import RATIOS, summarize
 
 
 def test_every_repetition_runs_every_contender_once_in_a_rotated_order() -> None:
