@@ -185,6 +185,8 @@ def test_the_learner_stays_within_its_bounds_and_suggests_only_stored_keys(
             assert [s.score for s in found] == sorted((s.score for s in found), reverse=True)
         assert learner.entries <= max_entries
         assert 0 <= learner.used_bytes <= max_entries * 600
+        recount = sum(node.cost(nid[2]) for nid, node in learner._nodes.items())
+        assert learner.used_bytes == recount  # the running figure is exact, not only bounded
 
 
 def test_the_learner_refuses_bounds_it_cannot_keep() -> None:
