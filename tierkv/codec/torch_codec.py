@@ -317,17 +317,14 @@ def view_tensor(
     once after it was received, not decoded into a buffer first. The tensor is valid only as long as
     ``blob`` is and must never be written to. Any other codec is a :class:`CodecError`.
     """
-    header, payload = np_blob.open_blob(blob)
-    np_blob.check_expectations(
-        header,
+    header, payload = open_checked(
+        blob,
         expect_shape=expect_shape,
-        expect_dtype=None if expect_dtype is None else dtype_name(expect_dtype),
+        expect_dtype=expect_dtype,
         expect_codec="raw",
         expect_tokens=expect_tokens,
         expect_layer_group=expect_layer_group,
     )
-    if header.dtype not in TORCH_DTYPES:
-        raise CodecError(f"{header.dtype} blobs do not decode to torch tensors (float dtypes only)")
     return _payload_view(payload, header)
 
 
