@@ -3,8 +3,8 @@
 
 Both decoders get the same freshly encoded blocks (the vLLM benchmark's shape by default: 8 layers, 4 KV
 heads, 16 tokens, K and V of 64 = 256 KiB of float32 per block) and the same destination buffer; each
-round times one decode of every block by each contender, alternately, after checking that both write the
-same bits. Medians over ``--rounds`` and their ratio are printed. Run from the repository root with torch
+round times one decode of every block by each contender (in an order rotated per round), after checking
+that both write the same bits. Medians over ``--rounds`` and their ratio are printed. Run from the repository root with torch
 installed (``.venv`` or ``.venv-vllm``)::
 
     .venv/bin/python -m benchmarks.int8_rows_bench [--blocks 127] [--rounds 15] [--threads 1]
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from benchmarks import interleave
 from tierkv.codec.torch_codec import decode_tensor, encode_tensor
 from tierkv.codec.torch_rows import decode_rows
 
@@ -50,13 +50,7 @@ def measure(dtype: torch.dtype, blocks: int, rounds: int) -> dict[str, Any]:
         run()
         written.append(into.clone())
     assert all(torch.equal(w.view(torch.uint8), written[0].view(torch.uint8)) for w in written), "bits differ"
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    med = {name: statistics.median(t) for name, t in times.items()}
+    med = {name: statistics.median(t) for name, t in interleave.rounds(runs, rounds).items()}
     return {
         "ms": {name: round(v * 1e3, 2) for name, v in med.items()},
         "speedup": round(med["blob_by_blob"] / med["rows"], 2),
