@@ -196,12 +196,20 @@ def test_what_a_leased_lookup_reports_is_readable_while_another_thread_floods(tm
     puts evicting all the while (bounded in count and time)."""
     with Store(tmp_path, BUDGET, sync_mode="fast") as s:
         stop = threading.Event()
+        flooded = [0]
 
         def flood_forever() -> None:
-            i = 0
-            while not stop.is_set() and i < 20_000:
-                s.put_many(b"flood", [(b"%d" % i, blob(i), 0)])
-                i += 1
+            while not stop.is_set() and flooded[0] < 20_000:
+                s.put_many(b"flood", [(b"%d" % flooded[0], blob(flooded[0]), 0)])
+                flooded[0] += 1
+
+        def until_the_flood_turned_the_store_over(after: int) -> None:
+            """Sleep until the flood has put twice what the store holds since ``after`` (so it has tried to
+            evict everything, leased blocks included), as an engine takes a few milliseconds between lookup
+            and load; at most 0.2 s, so a starved flood ends the wait, not the test."""
+            end = time.monotonic() + 0.2
+            while flooded[0] - after < 2 * BUDGET // len(blob(0)) and time.monotonic() < end:
+                time.sleep(0.0005)
 
         flooder = threading.Thread(target=flood_forever)
         flooder.start()
@@ -213,7 +221,7 @@ def test_what_a_leased_lookup_reports_is_readable_while_another_thread_floods(tm
                 chain = [b"r%d-%d" % (round_, i) for i in range(4)]
                 s.put_many(b"ns", [(k, blob(i), 0) for i, k in enumerate(chain)])
                 n = s.prefix_lookup(b"ns", chain, lease_ms=MAX_LEASE_MS)
-                time.sleep(0.001)  # the engine's few milliseconds between lookup and load
+                until_the_flood_turned_the_store_over(flooded[0])
                 assert None not in s.get_many(b"ns", chain[:n])
                 reported += n
         finally:
