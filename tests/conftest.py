@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +14,27 @@ import pytest
 from tierkv.vault.launcher import VaultProcess
 
 VaultFactory = Callable[..., VaultProcess]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def run_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Give the run a temp dir of its own and remove it at the end.
+
+    vLLM puts its engine IPC sockets and its ``file://`` rendezvous files in the temp dir and leaves them
+    there after shutdown (seven per multiprocess engine); they land here instead of in ``/tmp``.
+    Subprocesses (vaults, vLLM's engine core) inherit it through ``TMPDIR``.
+    """
+    path = tmp_path_factory.mktemp("tmp")
+    saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = str(path)
+    tempfile.tempdir = str(path)
+    yield path
+    tempfile.tempdir = saved_dir
+    if saved_env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved_env
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
