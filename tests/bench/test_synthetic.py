@@ -68,6 +68,7 @@ def check_document(doc: dict[str, Any], lengths: list[int], codecs: list[str], r
     assert doc["machine"]["cpus"] >= 1 and doc["machine"]["memory_bytes"] > 0
     assert doc["settings"]["lengths"] == lengths and doc["settings"]["repeats"] == repeats
     assert doc["started_at"] and doc["duration_s"] > 0
+    assert doc["decoder"] == "torch"  # auto: torch is installed here, as the engine hooks decode
     assert {(c["tokens"], c["codec"]) for c in doc["results"]} == {(n, c) for n in lengths for c in codecs}
     kv_per_token = SHAPES["qwen2.5-0.5b"].kv_bytes_per_token
     for cell in doc["results"]:
@@ -183,6 +184,7 @@ def test_bad_flags_exit_with_usage_errors(tmp_path: Path) -> None:
     assert bench("synthetic", "--shape", "gpt-nothing", cwd=tmp_path).returncode == 2
     assert bench("synthetic", "--tokens", "8", cwd=tmp_path).returncode == 2  # shorter than one block
     assert bench("synthetic", "--codec", "zstd", "--tokens", "32", cwd=tmp_path).returncode == 2
+    assert bench("synthetic", "--decoder", "cuda", "--tokens", "32", cwd=tmp_path).returncode == 2
     assert bench("synthetic", "--batch-mib", "1", "--tokens", "x", cwd=tmp_path).returncode == 2
     assert bench("hf", "--batch-mib", "1", cwd=tmp_path).returncode == 2  # not an hf option
 

@@ -199,6 +199,12 @@ def synthetic(
     block_tokens: BlockTokens = 16,
     batch_mib: Annotated[float, typer.Option(help="MiB of KV per Put / BatchGet.")] = 16.0,
     ssm_every: Annotated[int, typer.Option(help="Hybrid shapes: state snapshot every N tokens.")] = 1024,
+    decoder: Annotated[
+        str,
+        typer.Option(
+            help="Decoder of int8 restores: torch (as the engine hooks), numpy, auto (torch if installed)."
+        ),
+    ] = "auto",
     max_seconds: MaxSeconds = 120.0,
     prefill_tps: Annotated[
         float | None, typer.Option(help="Your prefill rate in tokens/s, for a break-even length.")
@@ -232,6 +238,7 @@ def synthetic(
             max_seconds=max_seconds,
             prefill=runner.prefill_model(prefill_tps, prefill_at),
             seed=seed,
+            decoder=decoder,
         )
         where = runner.vault_settings(vaults, use_config_vaults, state_dir, vault_max_bytes, vault_sync)
         return run_synthetic(cfg, settings, where, console)

@@ -3,10 +3,10 @@
 For each prompt length and codec, and ``repeats`` times, a fresh prompt's KV is stored the way a
 connector stores it (encode on the inference side, one Put per batch of about ``batch_bytes``) and
 restored the way an engine restores it (one prefix lookup, one BatchGet per batch, every blob verified
-and decoded into the model's KV dtype). Hybrid shapes also store a recurrent-state snapshot every
-``ssm_every`` tokens and at the last block boundary (to ``ssm_cold``, always raw) and restore the one at
-the restore boundary. Raw restores are compared bit for bit with what was stored; int8 quality is the
-SNR of the decoded values against the originals.
+and decoded into the model's KV dtype, int8 with torch where it is installed: :mod:`.decoders`). Hybrid
+shapes also store a recurrent-state snapshot every ``ssm_every`` tokens and at the last block boundary
+(to ``ssm_cold``, always raw) and restore the one at the restore boundary. Raw restores are compared bit
+for bit with what was stored; int8 quality is the SNR of the decoded values against the originals.
 
 Throughput counts *KV bytes*: the bytes the engine gets back in its own dtype (what a prefill would
 otherwise compute), so raw and int8 compare directly; wire throughput (blob bytes) is recorded too. The
@@ -36,6 +36,7 @@ from tierkv.bench.common import (
     progress_bar,
     settings_document,
 )
+from tierkv.bench.decoders import make_decoder
 from tierkv.bench.record import RunMeta, median, percentile
 from tierkv.bench.shapes import ModelShape
 from tierkv.bench.vaults import VaultSet, VaultSettings, watched_vaults
@@ -64,6 +65,7 @@ class SyntheticSettings:
     max_seconds: float = 120.0
     prefill: PrefillModel | None = None
     seed: int = 0
+    decoder: str = "auto"
 
     def validate(self) -> None:
         check_sweep(
@@ -187,6 +189,8 @@ class SyntheticResult(BenchRun):
     quality: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     vaults: dict[str, Any] = dataclasses.field(default_factory=dict)
     restore_models: dict[str, RestoreModel] = dataclasses.field(default_factory=dict)
+    decoder: str = ""
+    """What decoded int8 restores (``numpy`` or ``torch``: ``--decoder auto`` resolved)."""
 
     @property
     def ok(self) -> bool:
@@ -195,6 +199,7 @@ class SyntheticResult(BenchRun):
     def figures_document(self) -> dict[str, Any]:
         return {
             "vaults": self.vaults,
+            "decoder": self.decoder,
             "codecs": self.quality,
             "results": [c.as_dict() for c in self.cells],
             "restore_models": {k: m.as_dict() for k, m in self.restore_models.items()},
@@ -226,6 +231,9 @@ class _Workload:
         self.snapshot = shape.random_ssm_state(rng) if shape.ssm_layers else None
         self.block_bytes = int(self.pool[0].nbytes)
         self.per_batch = max(1, settings.batch_bytes // self.block_bytes)
+        self.decoder = make_decoder(
+            settings.decoder, self.pool[0].shape, shape.dtype, settings.block_tokens, self.per_batch
+        )
 
     def encode_block(self, i: int, codec: str) -> bytes:
         return encode(
@@ -279,6 +287,7 @@ def run_synthetic(
     result = SyntheticResult(meta, settings)
     rng = np.random.default_rng(settings.seed)
     work = _Workload(settings, rng)
+    result.decoder = work.decoder.name
     result.quality = {c: work.quality(c) for c in settings.codecs}
     with watched_vaults(
         config,
@@ -446,14 +455,9 @@ def _restore(
         t0 = time.perf_counter()
         bufs = cluster.get_buffers(namespace, [keys[i] for i in batch], role=KV_COLD)
         t1 = time.perf_counter()
-        values: list[npt.NDArray[Any] | None] = []
-        for buf in bufs:
-            try:
-                values.append(None if buf is None else work.decode_block(buf, codec))
-            except CodecError as exc:
-                cell.errors.append(f"restore: a blob failed verification: {exc}")
-                values.append(None)
+        values, rejected = work.decoder.decode(bufs, codec)
         t2 = time.perf_counter()
+        cell.errors += [f"restore: a blob failed verification: {why}" for why in rejected]
         total += t2 - t0
         decode_s += t2 - t1
         cell.restore_batch_s.append(t2 - t0)

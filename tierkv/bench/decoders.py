@@ -1,0 +1,108 @@
+"""How ``tierkv bench synthetic`` verifies and decodes a restore's batch: the way the engine hooks do.
+
+A raw blob is verified and viewed, never copied: the hooks receive or place raw blocks straight into their
+cache. An int8 blob has to be dequantized into the model's dtype, and there the decoder matters: the vLLM
+and transformers hooks decode with torch (every blob of a restore verified first, then each run of blobs
+dequantized in one pass, :func:`tierkv.codec.torch_rows.decode_rows`), which on one core runs about twice
+as fast as numpy blob by blob. ``auto`` takes torch where it is installed (the ``hf`` extra) and numpy
+otherwise (a vault machine), so the figure is what an engine on this machine would see.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from typing import Any
+
+from tierkv.codec import Buffer, decode
+from tierkv.errors import BenchError, TierKVError
+
+DECODERS = ("auto", "numpy", "torch")
+
+Decoded = tuple[list[Any | None], list[str]]
+"""Per blob its values (None: missing or rejected), and why each rejected blob was rejected."""
+
+
+class NumpyDecoder:
+    """Blob by blob with the numpy codec, into a fresh array each (a raw blob: a view of its bytes)."""
+
+    name = "numpy"
+
+    def __init__(self, shape: tuple[int, ...], dtype: str, tokens: int) -> None:
+        self.shape, self.dtype, self.tokens = shape, dtype, tokens
+
+    def decode(self, blobs: Sequence[Buffer | None], codec: str) -> Decoded:
+        values: list[Any | None] = []
+        errors: list[str] = []
+        for blob in blobs:
+            if blob is None:
+                values.append(None)
+                continue
+            try:
+                _, array = decode(
+                    blob,
+                    out_dtype=self.dtype,
+                    expect_codec=codec,
+                    expect_shape=self.shape,
+                    expect_tokens=self.tokens,
+                )
+            except TierKVError as exc:
+                errors.append(str(exc))
+                values.append(None)
+            else:
+                values.append(array)
+        return values, errors
+
+
+class TorchDecoder:
+    """int8 batches into the rows of one reused torch tensor (``decode_rows``); raw blobs as numpy."""
+
+    name = "torch"
+
+    def __init__(self, shape: tuple[int, ...], dtype: str, tokens: int, rows: int) -> None:
+        import torch
+
+        self.raw = NumpyDecoder(shape, dtype, tokens)
+        self.rows = torch.empty((rows, *shape), dtype=getattr(torch, dtype))
+
+    def decode(self, blobs: Sequence[Buffer | None], codec: str) -> Decoded:
+        if codec == "raw":
+            return self.raw.decode(blobs, codec)
+        from tierkv.codec.torch_rows import decode_rows
+
+        found = [(i, blob) for i, blob in enumerate(blobs) if blob is not None]
+        present = [i for i, _ in found]
+        verdicts = decode_rows(
+            [blob for _, blob in found],
+            self.rows,
+            expect_codec=codec,
+            expect_shape=self.raw.shape,
+            expect_tokens=self.raw.tokens,
+        )
+        values: list[Any | None] = [None] * len(blobs)
+        errors: list[str] = []
+        row = 0
+        for i, verdict in zip(present, verdicts, strict=True):
+            if verdict is None:
+                values[i] = self.rows[row]
+                row += 1
+            else:
+                errors.append(str(verdict))
+        return values, errors
+
+
+def make_decoder(
+    choice: str, shape: tuple[int, ...], dtype: str, tokens: int, rows: int
+) -> NumpyDecoder | TorchDecoder:
+    """The decoder ``choice`` names (``auto``: torch where it is installed); rows = blocks per batch."""
+    if choice not in DECODERS:
+        raise BenchError(f"--decoder: expected one of {', '.join(DECODERS)}, got {choice!r}")
+    have_torch = importlib.util.find_spec("torch") is not None
+    if choice == "torch" and not have_torch:
+        raise BenchError("--decoder torch: torch is not installed here (pip install 'tierkv[hf]')")
+    if choice == "numpy" or not have_torch:
+        return NumpyDecoder(shape, dtype, tokens)
+    return TorchDecoder(shape, dtype, tokens, rows)
+
+
+__all__ = ["DECODERS", "Decoded", "NumpyDecoder", "TorchDecoder", "make_decoder"]
