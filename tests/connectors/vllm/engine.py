@@ -5,9 +5,11 @@ trained model), so nothing is downloaded and the model is sharp enough that a wr
 the greedy tokens. vLLM's ``load_format="dummy"`` was tried first: its weights are so small that the
 logits stay uniform and a zeroed KV block leaves the output unchanged, which would hide broken restores.
 
-Run as a module it prints the reference outputs of an engine without any connector::
+Run as a module it writes the outputs of an engine without any connector (the reference), or with
+TierKVConnector storing into a vault (``--kv-cold HOST:PORT``), and exits without shutting the engine down,
+as a batch script does::
 
-    python -m tests.connectors.vllm.engine --model DIR --prompts prompts.json --out out.json
+    python -m tests.connectors.vllm.engine --model DIR --prompts prompts.json --out out.json [--kv-cold ADDR]
 """
 
 from __future__ import annotations
@@ -315,9 +317,10 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--prompts", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--kv-cold", help="run TierKVConnector against this vault")
     args = parser.parse_args()
     prompts = json.loads(Path(args.prompts).read_text())
-    llm = make_llm(Path(args.model))
+    llm = make_llm(Path(args.model), None if args.kv_cold is None else {"kv_cold": args.kv_cold})
     Path(args.out).write_text(json.dumps(generate(llm, prompts)))
 
 
