@@ -121,6 +121,7 @@ def test_synthetic_bench_starts_its_own_vaults_and_writes_every_figure(tmp_path:
     assert "Tiering pays above" in doc["verdict"]
     # the human output: tables and the one-line verdict
     assert "store and restore through the vaults" in result.stdout
+    assert "int8 decoded with torch" in result.stdout
     assert "Tiering pays above" in result.stdout
 
 
@@ -132,6 +133,7 @@ def test_json_to_stdout_keeps_stdout_parseable(tmp_path: Path) -> None:
     doc = json.loads(result.stdout)
     assert doc["ok"] and doc["breakeven"] == {} and "--prefill-tps" in doc["verdict"]
     assert "store and restore" in result.stderr
+    assert "int8 decoded" not in result.stderr  # no int8 in this run
 
 
 def test_configured_vaults_are_used_when_reachable(vault_factory: VaultFactory, tmp_path: Path) -> None:

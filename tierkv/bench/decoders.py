@@ -31,31 +31,29 @@ class NumpyDecoder:
     def __init__(self, shape: tuple[int, ...], dtype: str, tokens: int) -> None:
         self.shape, self.dtype, self.tokens = shape, dtype, tokens
 
+    def one(self, blob: Buffer, codec: str) -> Any:
+        """One blob's values; raises :class:`~tierkv.errors.TierKVError` when it does not verify."""
+        _, array = decode(
+            blob, out_dtype=self.dtype, expect_codec=codec, expect_shape=self.shape, expect_tokens=self.tokens
+        )
+        return array
+
     def decode(self, blobs: Sequence[Buffer | None], codec: str) -> Decoded:
         values: list[Any | None] = []
         errors: list[str] = []
         for blob in blobs:
-            if blob is None:
-                values.append(None)
-                continue
             try:
-                _, array = decode(
-                    blob,
-                    out_dtype=self.dtype,
-                    expect_codec=codec,
-                    expect_shape=self.shape,
-                    expect_tokens=self.tokens,
-                )
+                values.append(None if blob is None else self.one(blob, codec))
             except TierKVError as exc:
                 errors.append(str(exc))
                 values.append(None)
-            else:
-                values.append(array)
         return values, errors
 
 
 class TorchDecoder:
-    """int8 batches into the rows of one reused torch tensor (``decode_rows``); raw blobs as numpy."""
+    """int8 batches into the rows of one reused torch tensor (``decode_rows``); raw blobs as numpy.
+
+    The values it returns are rows of that tensor: valid until the next :meth:`decode`."""
 
     name = "torch"
 
@@ -70,25 +68,19 @@ class TorchDecoder:
             return self.raw.decode(blobs, codec)
         from tierkv.codec.torch_rows import decode_rows
 
-        found = [(i, blob) for i, blob in enumerate(blobs) if blob is not None]
-        present = [i for i, _ in found]
+        present = [i for i, blob in enumerate(blobs) if blob is not None]
         verdicts = decode_rows(
-            [blob for _, blob in found],
+            [blob for blob in blobs if blob is not None],
             self.rows,
             expect_codec=codec,
             expect_shape=self.raw.shape,
             expect_tokens=self.raw.tokens,
         )
         values: list[Any | None] = [None] * len(blobs)
-        errors: list[str] = []
-        row = 0
-        for i, verdict in zip(present, verdicts, strict=True):
-            if verdict is None:
-                values[i] = self.rows[row]
-                row += 1
-            else:
-                errors.append(str(verdict))
-        return values, errors
+        good = [i for i, verdict in zip(present, verdicts, strict=True) if verdict is None]
+        for row, i in enumerate(good):  # decode_rows puts the n-th good blob into row n
+            values[i] = self.rows[row]
+        return values, [str(verdict) for verdict in verdicts if verdict is not None]
 
 
 def make_decoder(

@@ -74,10 +74,9 @@ def render_synthetic(result: SyntheticResult, console: Console) -> None:
     head = f"{shape.name}: {shape.kv_bytes_per_token:,} KV bytes/token ({shape.dtype})"
     if shape.ssm_layers:
         head += f", {human_bytes(shape.ssm_bytes_per_snapshot)} state snapshot every {s.ssm_every} tokens"
-    console.print(
-        f"[bold]tierkv bench synthetic[/bold] — {head}; blocks of {s.block_tokens} tokens; "
-        f"int8 decoded with {result.decoder}"
-    )
+    if "int8" in s.codecs:
+        head += f"; int8 decoded with {result.decoder}"
+    console.print(f"[bold]tierkv bench synthetic[/bold] — {head}; blocks of {s.block_tokens} tokens")
     console.print(
         _table(
             "codecs (on the workload's values)",

@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from rich.console import Console
 
 from tierkv.bench.breakeven import PrefillModel, RestoreModel, break_even
@@ -36,7 +35,7 @@ from tierkv.bench.common import (
     progress_bar,
     settings_document,
 )
-from tierkv.bench.decoders import make_decoder
+from tierkv.bench.decoders import NumpyDecoder, make_decoder
 from tierkv.bench.record import RunMeta, median, percentile
 from tierkv.bench.shapes import ModelShape
 from tierkv.bench.vaults import VaultSet, VaultSettings, watched_vaults
@@ -244,16 +243,6 @@ class _Workload:
             layer_group=LayerGroup.ATTENTION,
         )
 
-    def decode_block(self, blob: Any, codec: str) -> npt.NDArray[Any]:
-        _, values = decode(
-            blob,
-            out_dtype=self.s.shape.dtype,
-            expect_codec=codec,
-            expect_shape=self.pool[0].shape,
-            expect_tokens=self.s.block_tokens,
-        )
-        return values
-
     def encode_snapshot(self, tokens: int) -> bytes:
         assert self.snapshot is not None
         return encode(self.snapshot, codec="raw", tokens=tokens, layer_group=LayerGroup.SSM)
@@ -263,7 +252,8 @@ class _Workload:
         dtype = self.s.shape.dtype
         blobs = [self.encode_block(i, codec) for i in range(POOL_BLOCKS)]
         ref = np.concatenate([to_float32(b, dtype).reshape(-1) for b in self.pool])
-        dec = np.concatenate([to_float32(self.decode_block(b, codec), dtype).reshape(-1) for b in blobs])
+        numpy = NumpyDecoder(self.pool[0].shape, dtype, self.s.block_tokens)
+        dec = np.concatenate([to_float32(numpy.one(b, codec), dtype).reshape(-1) for b in blobs])
         wire = sum(len(b) for b in blobs)
         snr = snr_db(ref, dec)
         return {
