@@ -182,6 +182,14 @@ def module_vault(root: Path) -> Iterator[VaultProcess]:
     proc.stop(timeout=10)
 
 
+def keys_in(vault: VaultProcess) -> int:
+    """How many keys ``vault`` holds (its ``Stats`` RPC)."""
+    from tierkv.client.vault import VaultClient
+
+    with VaultClient(vault.address) as client:
+        return client.stats().keys
+
+
 def write_tiny_qwen3_next(path: Path, seed: int = 0) -> Path:
     """A hybrid model: Qwen3-Next layout (gated delta-net linear attention + full attention, small MoE).
 

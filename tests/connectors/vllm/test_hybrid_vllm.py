@@ -16,6 +16,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm b
 
 from tests.connectors.vllm.engine import (
     generate_counted,
+    keys_in,
     make_llm,
     prompt,
     scheduler_connector,
@@ -59,11 +60,6 @@ def llm(tmp_path_factory: pytest.TempPathFactory, vaults: dict[str, VaultProcess
     )
     yield engine
     shutdown(engine)
-
-
-def keys_in(vault: VaultProcess) -> int:
-    with VaultClient(vault.address) as client:
-        return client.stats().keys
 
 
 def test_kv_and_recurrent_state_are_restored_together(llm: Any, vaults: dict[str, VaultProcess]) -> None:

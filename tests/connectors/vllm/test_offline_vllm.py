@@ -25,13 +25,13 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm b
 
 from tests.connectors.vllm.engine import (
     BLOCK_SIZE,
+    keys_in,
     make_llm,
     module_vault,
     prompt,
     shutdown,
     write_tiny_llama,
 )
-from tierkv.client.vault import VaultClient
 from tierkv.vault.launcher import VaultProcess
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -111,8 +111,3 @@ def test_a_script_that_exits_right_after_generate_still_ships_its_stores(
     )  # fmt: skip
     assert json.loads((tmp_path / "out.json").read_text())[0][0], "the script generated nothing"
     assert keys_in(vault) - before == BLOCKS, "the engine exited before its stores reached the vault"
-
-
-def keys_in(vault: VaultProcess) -> int:
-    with VaultClient(vault.address) as client:
-        return client.stats().keys
