@@ -46,7 +46,7 @@ CPU_DECODE_VALUES: Final = 1 << 19
 OpenMP fork / join) around three passes, so short steps pay that cost too often; the float32 scratch
 (2 MiB here) need not fit L2, the working set of a step (3.5 MiB) stays in a server CPU's L3. On the
 2-core test machine (512 KiB L2 per core, 32 MiB L3), against steps of 2**17 values (512 KiB of scratch,
-the L2's size), interleaved: 1.07-1.24x (1 thread) and 1.18-1.42x (2 threads) for bf16 and 1.08-1.20x
+the L2's size), interleaved: 1.07-1.30x (1 thread) and 1.18-1.42x (2 threads) for bf16 and 1.04-1.20x
 for float32; steps of 2**20 were a little faster still and 2**22 (16 MiB of scratch) slower than
 2**17. Fusing the passes (a mixed-dtype multiply, or one into a bf16 ``out``) ran at 0.6x of the three."""
 _SCRATCH = threading.local()
