@@ -568,7 +568,7 @@ class Store:
         self.on_drop: Callable[[Sequence[tuple[str, bytes]]], None] | None = None
         """Told (tenant, full key) of every entry a committed transaction removed (prefetch hints)."""
         self._overflow_logged = 0.0
-        self._leases = LeaseTable(self.max_bytes, clock=clock or time.monotonic)
+        self._leases = LeaseTable(self.max_bytes, clock=clock or time.monotonic, tenants=len(self._tenants))
         self._clock = self._load_meta()
         self._load_retention()
         self._closed = threading.Event()
