@@ -1,24 +1,33 @@
-"""The ``adaptive`` policy's learning state: how much room new blocks get before they prove themselves.
+"""The ``adaptive`` policy: learns from the traffic, with no setting, which blocks deserve room.
 
-Most KV blocks a vault stores are never read again (a quarter are, on public production traces), and
-the ones that are come back soon. Plain LRU gives every new block the same standing as a block read ten
-times. ``adaptive`` is ARC (Megiddo & Modha, 2003) in bytes, with longer memory:
+Most KV blocks a vault stores are never read again (about three in four on public production traces),
+and those that are come back soon. Three ideas, each measured on several traces (docs/performance/
+retention.md):
 
-- A new block enters **probation**. A block read from the vault, or stored again soon after it was
-  evicted (its key is in a *ghost* list), is in **main**. Each part is LRU.
-- When room is needed, probation gives up its least recent block while it holds more than its
-  **target** bytes, else main does. An evicted key is remembered (keys only) in the ghost list of the
-  part it left.
-- The target learns from misses: a block stored again while remembered from probation says probation was
-  too small (target grows by its size, more when the other ghost list is longer); one remembered from main
-  says main was (target shrinks). No setting: the split follows the traffic.
-- Tags add their signal on top: importance ≥ 0.7 starts in main, importance ≤ 0.3 stays in probation
-  even when its key is remembered (protected blocks are outside eviction altogether, as with any policy).
+1. **Leaf first.** A block is worth nothing without its parent (a lookup stops at the first missing
+   block), so within one read or put the deepest block gets the oldest stamp: eviction trims chains from
+   their ends, and what stays is still a usable prefix. (The store stamps a batch in reverse order.)
+2. **Probation and main, as ARC** (Megiddo & Modha, 2003), in bytes. A new block enters probation; a block
+   read, or stored again while its key is remembered in a *ghost* list, is in main. Probation gives up the
+   victim while it holds more than its *target* bytes, else main does; the victim's key is remembered in
+   the ghost list of the part it left. A block stored again while remembered from probation grows the
+   target by its size (more when the other ghost list is longer), one remembered from main shrinks it.
+3. **Miniature simulation decides between ARC and plain recency** (Waldspurger et al., ATC'17). One key in
+   :data:`SAMPLE` (by hash) also goes through two shadow caches of 1/:data:`SAMPLE` of the budget — one
+   ARC, one leaf-first LRU; while the LRU shadow has hit more lately (decayed over about
+   :data:`MEMORY` sampled accesses), the victim is simply the least recent of the two parts' oldest
+   entries. Where ARC's split does not pay (agents whose every step rereads the whole chain), the policy
+   falls back to recency instead of losing to it.
 
-Ghost lists hold at most :data:`GHOST_BUDGETS` times the budget's bytes worth of keys, and at most
-:data:`MAX_GHOSTS` keys per list: 8-byte digests in an ordered map, ≈ 100 bytes each, so the learning
-state of one tenant is bounded by ``2 × MAX_GHOSTS`` entries (≈ 26 MB) plus a few counters, and is
-rebuilt empty after a restart (the parts themselves are persisted in the entries' ranks).
+Tags add their signal on top: importance ≥ 0.7 starts in main, ≤ 0.3 stays in probation even when
+remembered (protected blocks are outside eviction altogether, as with every policy).
+
+Learning state, per budget (the vault's, or a tenant's quota): two ghost lists of at most
+:data:`GHOST_BUDGETS` budgets' bytes and :data:`MAX_GHOSTS` keys each; two shadow caches of 1/SAMPLE of
+the budget (the ARC one with its own ghost lists); a few counters. Keys are kept as 8-byte ints (≈ 100
+bytes each in a Python ordered map), so the state is at most ≈ 2.4 × MAX_GHOSTS keys ≈ 32 MB per budget,
+and much less for budgets of fewer blocks. It lives in memory and starts empty after a restart; which
+part an entry is in is stored with the entry (its rank), so eviction order survives.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Final
 
 GHOST_BUDGETS: Final = 4
@@ -36,6 +46,12 @@ HIGH_IMPORTANCE: Final = 0.7
 LOW_IMPORTANCE: Final = 0.3
 INITIAL_TARGET: Final = 0.5
 """Probation's first target, as a share of the budget (it moves from the first remembered miss on)."""
+SAMPLE: Final = 16
+"""One key in this many feeds the shadow caches, which get this fraction of the budget."""
+MEMORY: Final = 1000
+"""The shadows' hit difference is decayed by 1/MEMORY per sampled access."""
+_DECAY: Final = 1.0 - 1.0 / MEMORY
+_MIX: Final = 0x9E3779B97F4A7C15
 
 
 class Part(enum.IntEnum):
@@ -46,8 +62,13 @@ class Part(enum.IntEnum):
 
 
 def digest(full_key: bytes) -> int:
-    """A ghost's identity: 8 bytes of the key (keys are hashes already, so any 8 bytes are uniform)."""
+    """A key's identity here: 8 bytes of it (keys are hashes already, so any 8 bytes are uniform)."""
     return int.from_bytes(full_key[-8:], "big")
+
+
+def sampled(key: int) -> bool:
+    """Whether ``key`` feeds the shadow caches (one in :data:`SAMPLE`, by a mix of its bits)."""
+    return ((key * _MIX) & 0xFFFFFFFFFFFFFFFF) >> 60 < 16 // SAMPLE
 
 
 class _Ghosts:
@@ -77,10 +98,9 @@ class _Ghosts:
 
 
 @dataclasses.dataclass
-class AdaptiveState:
-    """One budget's parts, target and ghosts. The owner reports every change to what is held
-    (:meth:`added`, :meth:`removed`, :meth:`promoted`); the state decides where new blocks go
-    (:meth:`admit`) and which part gives up the next victim (:meth:`victim_part`)."""
+class Split:
+    """ARC's bookkeeping for one budget: bytes per part, probation's target, the ghost lists. The owner
+    reports every change to what is held (:meth:`added`, :meth:`removed`, :meth:`promoted`)."""
 
     budget: int
     probation: int = 0
@@ -96,24 +116,24 @@ class AdaptiveState:
             self.target = INITIAL_TARGET * self.budget
 
     def admit(self, key: int, size: int, importance: float) -> Part:
-        """The part a block stored now (not held; ``key`` its :func:`digest`) starts in; learns from its
-        ghost, if any."""
+        """The part a block stored now (not held) starts in; learns from its ghost, if any."""
         if self.recent.take(key) is not None:
-            self.learned += 1
-            self.target = min(self.budget, self.target + size * max(1.0, _ratio(self.frequent, self.recent)))
+            grow = size * max(1.0, _ratio(self.frequent, self.recent))
+            self.target = min(self.budget, self.target + grow)
             found = True
         elif self.frequent.take(key) is not None:
-            self.learned += 1
-            self.target = max(0.0, self.target - size * max(1.0, _ratio(self.recent, self.frequent)))
+            shrink = size * max(1.0, _ratio(self.recent, self.frequent))
+            self.target = max(0.0, self.target - shrink)
             found = True
         else:
             found = False
+        self.learned += found
         if importance <= LOW_IMPORTANCE:
             return Part.PROBATION
         return Part.MAIN if found or importance >= HIGH_IMPORTANCE else Part.PROBATION
 
-    def victim_part(self) -> Part:
-        """Probation while it is over its target (or main is empty), else main."""
+    def arc_part(self) -> Part:
+        """ARC's choice: probation while it is over its target (or main is empty), else main."""
         if self.probation and (self.probation > self.target or not self.main):
             return Part.PROBATION
         return Part.MAIN
@@ -125,7 +145,7 @@ class AdaptiveState:
             self.main += size
 
     def removed(self, part: Part, size: int, key: int | None = None) -> None:
-        """An entry left ``part``; with ``key`` (its :func:`digest`) it was evicted and is remembered."""
+        """An entry left ``part``; with ``key`` it was evicted and is remembered."""
         if part is Part.PROBATION:
             self.probation -= size
         else:
@@ -147,12 +167,130 @@ def _ratio(a: _Ghosts, b: _Ghosts) -> float:
     return len(a) / len(b) if len(b) else 1.0
 
 
+class Parts:
+    """Two recency-ordered parts of keys with sizes and a stamp each: the in-memory form of what the vault
+    keeps in its order index. Used by the shadows and by the bench's in-process twin."""
+
+    def __init__(self) -> None:
+        self.parts: dict[Part, OrderedDict[int, int]] = {p: OrderedDict() for p in Part}
+        self.where: dict[int, Part] = {}
+        self.stamp: dict[int, int] = {}
+        self.clock = 0
+
+    def __contains__(self, key: int) -> bool:
+        return key in self.where
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def touch(self, key: int, part: Part, size: int) -> None:
+        """``key`` is (now) in ``part`` and the most recent there."""
+        old = self.where.get(key)
+        if old is not None and old is not part:
+            del self.parts[old][key]
+        self.parts[part][key] = size
+        self.parts[part].move_to_end(key)
+        self.where[key] = part
+        self.clock += 1
+        self.stamp[key] = self.clock
+
+    def head(self, part: Part) -> int | None:
+        """The stamp of ``part``'s least recent key (None when empty)."""
+        queue = self.parts[part]
+        return self.stamp[next(iter(queue))] if queue else None
+
+    def pop(self, part: Part) -> tuple[int, int]:
+        key, size = self.parts[part].popitem(last=False)
+        del self.where[key]
+        del self.stamp[key]
+        return key, size
+
+
+class _MiniCache:
+    """A shadow: the policy in small, ARC (``arc``) or leaf-first LRU, counting hits per access."""
+
+    def __init__(self, budget: int, *, arc: bool) -> None:
+        self.budget = max(1, budget)
+        self.split = Split(self.budget) if arc else None
+        self.held = Parts()
+        self.used = 0
+
+    def access(self, keys: Sequence[tuple[int, int]], *, read: bool) -> int:
+        """Hits among ``keys`` (key, size) in chain order; misses are stored, deepest stamped oldest."""
+        hits = 0
+        for key, size in reversed(keys):
+            part = self.held.where.get(key)
+            if part is not None:
+                hits += 1
+                if read and part is Part.PROBATION and self.split is not None:
+                    self.split.promoted(size)
+                    part = Part.MAIN
+                self.held.touch(key, part, size)
+                continue
+            new = Part.MAIN if self.split is None else self.split.admit(key, size, 0.5)
+            while self.used + size > self.budget and self.held:
+                self._evict()
+            if size <= self.budget:
+                self.held.touch(key, new, size)
+                self.used += size
+                if self.split is not None:
+                    self.split.added(new, size)
+        return hits
+
+    def _evict(self) -> None:
+        part = self.split.arc_part() if self.split is not None else Part.MAIN
+        if not self.held.parts[part]:
+            part = Part(1 - part)
+        key, size = self.held.pop(part)
+        self.used -= size
+        if self.split is not None:
+            self.split.removed(part, size, key)
+
+
+@dataclasses.dataclass
+class AdaptiveState:
+    """Everything ``adaptive`` learns for one budget: ARC's :class:`Split` and the two shadows."""
+
+    budget: int
+    split: Split = dataclasses.field(init=False)
+    lru_lead: float = 0.0
+    """Decayed (LRU shadow hits − ARC shadow hits): positive means plain recency is doing better."""
+
+    def __post_init__(self) -> None:
+        self.split = Split(self.budget)
+        self._shadow_lru = _MiniCache(self.budget // SAMPLE, arc=False)
+        self._shadow_arc = _MiniCache(self.budget // SAMPLE, arc=True)
+
+    def observe(self, keys: Sequence[tuple[int, int]], *, read: bool) -> None:
+        """A batch read or stored, (key, size) in chain order: its sampled keys go through the shadows."""
+        mine = [(k, s) for k, s in keys if sampled(k)]
+        if not mine:
+            return
+        lead = self._shadow_lru.access(mine, read=read) - self._shadow_arc.access(mine, read=read)
+        self.lru_lead = self.lru_lead * _DECAY ** len(mine) + lead
+
+    def victim_part(self, probation_head: int | None, main_head: int | None) -> Part:
+        """Which part gives up the next victim, given the stamps (clocks) of each part's oldest entry:
+        ARC's choice, or the older of the two while the LRU shadow leads."""
+        if probation_head is None:
+            return Part.MAIN
+        if main_head is None:
+            return Part.PROBATION
+        if self.lru_lead > 0:
+            return Part.PROBATION if probation_head < main_head else Part.MAIN
+        return self.split.arc_part()
+
+
 __all__ = [
     "GHOST_BUDGETS",
     "HIGH_IMPORTANCE",
     "LOW_IMPORTANCE",
     "MAX_GHOSTS",
+    "SAMPLE",
     "AdaptiveState",
     "Part",
+    "Parts",
+    "Split",
     "digest",
+    "sampled",
 ]

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Final, Protocol
 
 from tierkv.retention.classes import NEUTRAL_IMPORTANCE
-from tierkv.vault.adaptive import AdaptiveState, Part
+from tierkv.vault.adaptive import AdaptiveState, Part, Parts
 
 NEVER: Final = 1 << 62
 """The next use of a block that is never looked up again."""
@@ -118,51 +118,49 @@ class LRUCache:
 
 
 class AdaptiveCache:
-    """The vault's ``adaptive`` policy in process: two LRU parts, the same learning state
-    (:class:`~tierkv.vault.adaptive.AdaptiveState`), blocks of size 1."""
+    """The vault's ``adaptive`` policy in process, blocks of size 1: the same learning state
+    (:class:`~tierkv.vault.adaptive.AdaptiveState`), the same two parts, batches stamped deepest first
+    as the store stamps them."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.state = AdaptiveState(budget=capacity)
-        self.parts: dict[Part, OrderedDict[int, None]] = {p: OrderedDict() for p in Part}
-        self.where: dict[int, Part] = {}
+        self.held = Parts()
         self.evictions = 0
 
     def __len__(self) -> int:
-        return len(self.where)
+        return len(self.held)
 
     def holds(self, block: int) -> bool:
-        return block in self.where
+        return block in self.held
 
     def read(self, blocks: Sequence[int]) -> None:
-        for b in blocks:
-            if self.where[b] is Part.PROBATION:
-                del self.parts[Part.PROBATION][b]
-                self.where[b] = Part.MAIN
-                self.state.promoted(1)
-            self.parts[Part.MAIN][b] = None
-            self.parts[Part.MAIN].move_to_end(b)
+        self.state.observe([(b, 1) for b in blocks], read=True)
+        for b in reversed(blocks):
+            if self.held.where[b] is Part.PROBATION:
+                self.state.split.promoted(1)
+            self.held.touch(b, Part.MAIN, 1)
 
     def store(self, blocks: Sequence[int]) -> None:
-        for b in blocks:
-            part = self.where.get(b)
+        self.state.observe([(b, 1) for b in blocks], read=False)
+        split = self.state.split
+        for b in reversed(blocks):
+            part = self.held.where.get(b)
             if part is not None:
-                self.parts[part].move_to_end(b)
+                self.held.touch(b, part, 1)
                 continue
-            part = self.state.admit(b, 1, NEUTRAL_IMPORTANCE)
-            while len(self.where) >= self.capacity and self.where:
+            part = split.admit(b, 1, NEUTRAL_IMPORTANCE)
+            while len(self.held) >= self.capacity and self.held:
                 self._evict()
-            if self.capacity <= 0:
-                continue
-            self.parts[part][b] = None
-            self.where[b] = part
-            self.state.added(part, 1)
+            if self.capacity > 0:
+                self.held.touch(b, part, 1)
+                split.added(part, 1)
 
     def _evict(self) -> None:
-        part = self.state.victim_part()
-        victim, _ = self.parts[part].popitem(last=False)
-        del self.where[victim]
-        self.state.removed(part, 1, victim)
+        held = self.held
+        part = self.state.victim_part(held.head(Part.PROBATION), held.head(Part.MAIN))
+        victim, _ = held.pop(part)
+        self.state.split.removed(part, 1, victim)
         self.evictions += 1
 
 
