@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tierkv.admin import Answer, ask, targets
+from tierkv.client.fanout import Answer, ask, targets
 from tierkv.client.types import HotChain
 from tierkv.client.vault import VaultClient
 from tierkv.config import Config
