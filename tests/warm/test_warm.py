@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from tests.test_cli import assert_clean_error, tierkv
 from tierkv.client import VaultClient
 from tierkv.client.fanout import Answer, Target
-from tierkv.client.types import HotChain
 from tierkv.errors import VaultError
+from tierkv.records import HotChain
 from tierkv.retention import BlockMeta, keyed
 from tierkv.vault.launcher import VaultProcess
 from tierkv.warm import SnapshotError, load_snapshot

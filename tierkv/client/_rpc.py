@@ -14,15 +14,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from tierkv.client.types import (
-    ClassStats,
-    EntryInfo,
-    EntryStatus,
-    HotChain,
-    NamespaceInfo,
-    TenantStats,
-    VaultStats,
-)
+from tierkv.client.types import ClassStats, EntryInfo, EntryStatus, NamespaceInfo, TenantStats, VaultStats
 from tierkv.codec.landing import Landing, LandingSink
 from tierkv.config import TLSConfig
 from tierkv.errors import (
@@ -33,6 +25,7 @@ from tierkv.errors import (
     VaultUnavailable,
 )
 from tierkv.limits import CLIENT_BATCH_BYTES, FRAME_BYTES, MAX_MESSAGE_BYTES
+from tierkv.records import HotChain
 from tierkv.retention.classes import BlockMeta, unpack_tokens
 from tierkv.vault.leases import LeaseCounts
 from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb

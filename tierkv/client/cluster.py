@@ -33,11 +33,12 @@ from tierkv.client._rpc import BlobSink, Items, Metas, as_bytes
 from tierkv.client.breaker import CircuitBreaker
 from tierkv.client.metrics import ClusterMetrics
 from tierkv.client.sharding import Rendezvous
-from tierkv.client.types import HotChain, Successor, VaultStats
+from tierkv.client.types import VaultStats
 from tierkv.client.vault import VaultClient
 from tierkv.codec.landing import Landing, LandingSink
 from tierkv.config import Config, TLSConfig
 from tierkv.errors import VaultError
+from tierkv.records import HotChain, Successor
 from tierkv.roles import COLD_ROLE_NAMES, Role, role_for
 from tierkv.wire.framing import Buffer
 
