@@ -356,10 +356,10 @@ class _NamespaceScan:
 class _Ledger:
     """Usage figures inside one write transaction; the store takes them only once it has committed."""
 
-    def __init__(self, tenants: Iterable[_Tenant], clock: int) -> None:
+    def __init__(self, tenants: Iterable[_Tenant], clock: int, now: float) -> None:
         tenants = list(tenants)
         self.clock = clock
-        self.now = time.time()
+        self.now = now
         self.used = {t.name: t.used for t in tenants}
         self.count = {t.name: t.count for t in tenants}
         self.protected = {t.name: t.protected for t in tenants}
@@ -430,7 +430,7 @@ class Reader:
         self._tenant = tenant
         self._txn: lmdb.Transaction | None = None
         self._opened = 0.0
-        self._now = time.time()
+        self._now = store.now()
         self.tally = ReadTally()
 
     @property
@@ -524,9 +524,14 @@ class Store:
         tenants: Mapping[str, int] | None = None,
         on_damage: OnDamage = "refuse",
         max_protected_fraction: float = 0.5,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """``clock`` (seconds) replaces both the wall clock that times to live are measured on (and
+        stored in) and the monotonic clock of leases, so tests move time instead of sleeping; set the
+        maintenance interval high then, or the maintenance thread runs on its own schedule."""
         if sync_mode not in ("durable", "fast"):
             raise ValueError(f"sync_mode must be 'durable' or 'fast', not {sync_mode!r}")
+        self.now: Callable[[], float] = clock or time.time
         self.path = Path(path)
         # locked for this process and checked before LMDB maps the file (files.py says why)
         self._directory = VaultDirectory(self.path, budget=int(max_bytes), on_damage=on_damage)
@@ -563,7 +568,7 @@ class Store:
         self.on_drop: Callable[[Sequence[tuple[str, bytes]]], None] | None = None
         """Told (tenant, full key) of every entry a committed transaction removed (prefetch hints)."""
         self._overflow_logged = 0.0
-        self._leases = LeaseTable(self.max_bytes)
+        self._leases = LeaseTable(self.max_bytes, clock=clock or time.monotonic)
         self._clock = self._load_meta()
         self._load_retention()
         self._closed = threading.Event()
@@ -670,7 +675,7 @@ class Store:
         return self.policy.rank(info)
 
     def _ledger(self) -> _Ledger:
-        return _Ledger(self._tenants.values(), self._clock)
+        return _Ledger(self._tenants.values(), self._clock, self.now())
 
     def _save_meta(self, txn: lmdb.Transaction, ledger: _Ledger) -> None:
         txn.put(b"used", _U64.pack(ledger.total), db=self._meta)
@@ -904,11 +909,16 @@ class Store:
             if self._first_expired(txn, t, ledger.now) is not None:
                 return t
             with txn.cursor(db=t.order) as cur:
-                if self._first_evictable(cur, ledger, t, self._leases.leased):
+                if self._first_evictable(cur, ledger, t, self._unleased):
                     rank = bytes(cur.key()[: self._rank_len])
                     if best is None or rank < best[0]:
                         best = (rank, t)
         return None if best is None else best[1]
+
+    def _unleased(self, tenant: str, fkey: bytes) -> bool:
+        """No live lease holds the entry: the victim search's question, which (unlike
+        :meth:`LeaseTable.claim`) neither counts an honoured lease nor claims the entry."""
+        return not self._leases.leased(tenant, fkey)
 
     def _first_expired(self, txn: lmdb.Transaction, tenant: _Tenant, now: float) -> bytes | None:
         """The full key of the tenant's soonest-expiring entry if it has expired by ``now``."""
@@ -1109,7 +1119,7 @@ class Store:
         owner = self._tenant(tenant)
         since = self._leases.mark() if lease_ms > 0 else 0
         present: list[tuple[bytes, int]] = []
-        now = time.time()
+        now = self.now()
         with self._rw.shared(), self._env.begin(buffers=True) as txn:
             for key in keys:
                 fkey = full_key(namespace, key)
@@ -1265,7 +1275,7 @@ class Store:
         """Drop up to ``limit`` expired entries per tenant (the maintenance thread calls this each
         interval); returns how many went. A read transaction first, so a store without any opens no
         write transaction."""
-        now = time.time()
+        now = self.now()
         with self._rw.shared(), self._env.begin(buffers=True) as txn:
             due = [t for t in self._tenants.values() if self._first_expired(txn, t, now) is not None]
         if not due:
