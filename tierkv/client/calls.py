@@ -50,8 +50,9 @@ from tierkv.client.transport import (
     SUCCESSORS,
     Request,
 )
-from tierkv.client.types import EntryInfo, HotChain, NamespaceInfo, Successor, VaultStats
+from tierkv.client.types import EntryInfo, NamespaceInfo, VaultStats
 from tierkv.errors import VaultError
+from tierkv.records import HotChain, Successor
 from tierkv.wire import pb
 from tierkv.wire.framing import Buffer
 

@@ -33,13 +33,14 @@ from tierkv.client._rpc import BlobSink, Items, Metas, as_bytes
 from tierkv.client.breaker import CircuitBreaker
 from tierkv.client.metrics import ClusterMetrics
 from tierkv.client.sharding import Rendezvous
-from tierkv.client.types import HotChain, Successor, VaultStats
+from tierkv.client.types import VaultStats
 from tierkv.client.vault import VaultClient
+from tierkv.codec.landing import Landing, LandingSink
 from tierkv.config import Config, TLSConfig
 from tierkv.errors import VaultError
+from tierkv.records import HotChain, Successor
 from tierkv.roles import COLD_ROLE_NAMES, Role, role_for
 from tierkv.wire.framing import Buffer
-from tierkv.wire.landing import Landing, LandingSink
 
 log = logging.getLogger(__name__)
 
@@ -499,7 +500,7 @@ class _BufferRead(_Read[Buffer]):
 class _EachRead(_Read[int]):
     """A read of sizes whose blobs stream to the caller's ``on_blob`` as they arrive.
 
-    When ``on_blob`` is a :class:`~tierkv.wire.landing.LandingSink`, a key with one owner is received
+    When ``on_blob`` is a :class:`~tierkv.codec.landing.LandingSink`, a key with one owner is received
     straight into the memory it offers: one vault can write there, so no two copies race into it. A
     landing counts as a hand-over from its offer to its end, so :meth:`close` waits for it too.
     """

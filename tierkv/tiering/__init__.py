@@ -50,10 +50,11 @@ from tierkv.tiering.arrays import Arrays, NumpyArrays, RowArrays, ViewingArrays
 from tierkv.tiering.background import BoundedWorker
 from tierkv.tiering.batches import byte_batches
 from tierkv.tiering.checks import at_least, one_of
+from tierkv.tiering.memory import Faults, MemoryStorage
 from tierkv.tiering.pipeline import MAX_PUT_BYTES, Block, ColdTier, Place, Restored, StoreTally
 from tierkv.tiering.positions import full_blocks, restore_limit, snapshot_boundaries, snapshot_candidates
 from tierkv.tiering.spec import STATE_CODEC, Expect, StreamSpec, codec_for
-from tierkv.tiering.storage import LazyStorage, MemoryStorage, Storage, open_cluster
+from tierkv.tiering.storage import Hints, LazyStorage, Storage, open_cluster
 
 __all__ = [
     "MAX_PUT_BYTES",
@@ -63,6 +64,8 @@ __all__ = [
     "BoundedWorker",
     "ColdTier",
     "Expect",
+    "Faults",
+    "Hints",
     "LazyStorage",
     "MemoryStorage",
     "NumpyArrays",

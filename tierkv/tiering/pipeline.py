@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Generic
 
 from tierkv.codec import Buffer
+from tierkv.codec.landing import Renumbered
 from tierkv.errors import TierKVError
 from tierkv.limits import HOOK_PUT_BYTES
 from tierkv.retention import BlockMeta
@@ -26,7 +27,6 @@ from tierkv.tiering.prefetch import DEFAULT_TIMEOUT_S, Prefetcher
 from tierkv.tiering.spec import Expect, StreamSpec
 from tierkv.tiering.storage import BlobSink, Storage, put_tagged
 from tierkv.tiering.target import Place, Rows, Target
-from tierkv.wire.landing import Renumbered
 
 logger = logging.getLogger(__name__)
 
