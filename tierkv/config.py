@@ -52,7 +52,7 @@ else:  # pragma: no cover - exercised only on Python 3.10
 log = logging.getLogger(__name__)
 
 SyncMode = Literal["durable", "fast"]
-PolicyName = Literal["lru", "priority-lru", "context"]
+PolicyName = Literal["adaptive", "lru", "priority-lru", "context"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 DEFAULT_PORT = 50051
@@ -176,7 +176,7 @@ class VaultConfig:
     path: str = ""
     max_bytes: ByteSize = setting(ByteSize(8 * 1024**3), minimum=1024**2)
     sync: SyncMode = "durable"
-    policy: PolicyName = "lru"
+    policy: PolicyName = "adaptive"
     on_damage: Literal["refuse", "move-aside"] = "refuse"
     sync_interval_s: float = setting(1.0, positive=True)
     metrics_host: str = ""

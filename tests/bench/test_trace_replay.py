@@ -16,7 +16,7 @@ from tierkv.bench.common import Deadline
 from tierkv.bench.trace import Request, Trace, TraceError, parse_lines
 from tierkv.bench.trace.conversations import SHAPES, ConversationSpec, generate_conversations
 from tierkv.bench.trace.model import trace_lines
-from tierkv.bench.trace.reference import capacity_blocks, references, work_stream
+from tierkv.bench.trace.reference import capacity_blocks, in_process_run, references, work_stream
 from tierkv.bench.trace.replay import ALL, ReplaySettings, prepare, replay_one
 from tierkv.bench.trace.report import pct
 from tierkv.bench.trace.simulate import AdaptiveCache, LRUCache, Stream, belady, replay
@@ -236,3 +236,14 @@ def test_command_replays_a_hash_id_trace_in_process_beside_the_references(tmp_pa
     lru = [g for g in doc["gap_closed"] if g["policy"] == "lru"]
     assert all(g["token_hit_rate"] == refs[g["fraction"]]["lru"] and g["gap_closed"] == 0 for g in lru)
     assert "2.5%" in result.stdout
+
+
+def test_the_vault_adaptive_gives_exactly_its_in_process_twin(tmp_path: Path) -> None:
+    """The twin the bench runs in process is the vault's policy: same hits, request by request."""
+    trace = _chat(300, 2)
+    s = _settings(block_tokens=16, blob_bytes=2048, capacities=(0.1,), lease_ms=0, policies=("adaptive",))
+    work = prepare(trace, s)
+    vault = replay_one(work, s, "adaptive", 0.1, tmp_path, lambda: None, Deadline(300))
+    twin = in_process_run(work, work_stream(work), "adaptive", 0.1, s)
+    assert vault is not None and vault.evictions > 0
+    assert vault.tally(ALL).hits == twin.tally(ALL).hits and vault.evictions == twin.evictions

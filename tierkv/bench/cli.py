@@ -403,7 +403,9 @@ def trace(
     agents: Annotated[int, typer.Option(help="Generated: agents per tenant.")] = 2,
     sessions: Annotated[int, typer.Option(help="Generated: sessions per agent.")] = 8,
     turns: Annotated[int, typer.Option(help="Generated: most requests per session.")] = 6,
-    policies: Annotated[str, typer.Option(help="Eviction policies to compare.")] = "lru,priority-lru,context",
+    policies: Annotated[
+        str, typer.Option(help="Eviction policies to compare.")
+    ] = "lru,adaptive,priority-lru,context",
     capacities: Annotated[
         str, typer.Option(help="Vault budgets as fractions of the trace's working set.")
     ] = "10%,30%,60%",

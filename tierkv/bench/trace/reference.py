@@ -18,8 +18,11 @@ from tierkv.bench.trace.simulate import AdaptiveCache, Cache, LRUCache, Stream, 
 from tierkv.errors import BenchError
 
 MIN_GAP: Final = 0.001
-IN_PROCESS: Final[dict[str, Callable[[int], Cache]]] = {"lru": LRUCache, "adaptive": AdaptiveCache}
-"""Policies with an in-process twin that gives the vault's hits."""
+IN_PROCESS: Final[dict[str, Callable[[int, int], Cache]]] = {
+    "lru": lambda budget, charge: LRUCache(budget // charge),
+    "adaptive": lambda budget, charge: AdaptiveCache(budget // charge, budget=budget, size=charge),
+}
+"""Policies with an in-process twin that gives the vault's hits (from the budget and an entry's charge)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +77,7 @@ def in_process_run(
     if make is None:
         raise BenchError(f"--in-process: {policy!r} has no in-process twin (known: {', '.join(IN_PROCESS)})")
     t0 = time.perf_counter()
-    cache = make(capacity_blocks(work, fraction))
+    cache = make(int(work.working_set_bytes * fraction), work.charge)
     hits = replay(stream, cache)
     hit_tokens = sum(hits) * work.block_tokens
     tallies = count(work.requests, hits)

@@ -51,7 +51,7 @@ from tierkv.vault.launcher import VaultProcess
 
 log = logging.getLogger(__name__)
 
-POLICIES: Final = ("lru", "priority-lru", "context", "adaptive")
+POLICIES: Final = ("lru", "adaptive", "priority-lru", "context")
 TAGGED: Final = frozenset({"context", "adaptive"})
 """Policies that get the blocks' metadata with each put."""
 LEASE_MS: Final = 2000

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Final, Protocol
 
 from tierkv.retention.classes import NEUTRAL_IMPORTANCE
-from tierkv.vault.adaptive import AdaptiveState, Part, Parts
+from tierkv.vault.policy.learning import AdaptiveState, Part, Parts, digest
 
 NEVER: Final = 1 << 62
 """The next use of a block that is never looked up again."""
@@ -48,9 +48,9 @@ class Stream:
 
 
 def stream_of(requests: Sequence[tuple[Sequence[bytes], int]], block_tokens: int, tokens: int) -> Stream:
-    """A :class:`Stream` from (block keys, lookable) per request; keys become small ints."""
-    ids: dict[bytes, int] = {}
-    out = tuple((tuple(ids.setdefault(k, len(ids)) for k in keys), look) for keys, look in requests)
+    """A :class:`Stream` from (block keys, lookable) per request; a block's id is the digest the vault's
+    policy knows its key by (so the twin samples the keys the vault samples)."""
+    out = tuple((tuple(digest(k) for k in keys), look) for keys, look in requests)
     return Stream(out, block_tokens, tokens)
 
 
@@ -118,14 +118,17 @@ class LRUCache:
 
 
 class AdaptiveCache:
-    """The vault's ``adaptive`` policy in process, blocks of size 1: the same learning state
-    (:class:`~tierkv.vault.adaptive.AdaptiveState`), the same two parts, batches stamped deepest first
-    as the store stamps them."""
+    """The vault's ``adaptive`` policy in process: the same learning state
+    (:class:`~tierkv.vault.policy.learning.AdaptiveState`), the same two parts, batches stamped deepest
+    first as the store stamps them; a budget of ``capacity`` blocks, or of ``budget`` bytes of blocks of
+    ``size`` bytes (as a vault counts them, rounding included)."""
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.state = AdaptiveState(budget=capacity)
+    def __init__(self, capacity: int, *, budget: int = 0, size: int = 1) -> None:
+        self.size = size
+        self.budget = budget or capacity * size
+        self.state = AdaptiveState(budget=self.budget)
         self.held = Parts()
+        self.used = {p: 0 for p in Part}
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -135,32 +138,36 @@ class AdaptiveCache:
         return block in self.held
 
     def read(self, blocks: Sequence[int]) -> None:
-        self.state.observe([(b, 1) for b in blocks], read=True)
+        size = self.size
+        self.state.observe([(b, size) for b in blocks], read=True)
         for b in reversed(blocks):
             if self.held.where[b] is Part.PROBATION:
-                self.state.split.promoted(1)
-            self.held.touch(b, Part.MAIN, 1)
+                self.used[Part.PROBATION] -= size
+                self.used[Part.MAIN] += size
+            self.held.touch(b, Part.MAIN, size)
 
     def store(self, blocks: Sequence[int]) -> None:
-        self.state.observe([(b, 1) for b in blocks], read=False)
-        split = self.state.split
+        size = self.size
+        self.state.observe([(b, size) for b in blocks], read=False)
         for b in reversed(blocks):
             part = self.held.where.get(b)
             if part is not None:
-                self.held.touch(b, part, 1)
+                self.held.touch(b, part, size)
                 continue
-            part = split.admit(b, 1, NEUTRAL_IMPORTANCE)
-            while len(self.held) >= self.capacity and self.held:
+            part = self.state.split.admit(b, size, NEUTRAL_IMPORTANCE)
+            while self.held and sum(self.used.values()) + size > self.budget:
                 self._evict()
-            if self.capacity > 0:
-                self.held.touch(b, part, 1)
-                split.added(part, 1)
+            if size <= self.budget:
+                self.held.touch(b, part, size)
+                self.used[part] += size
 
     def _evict(self) -> None:
-        held = self.held
-        part = self.state.victim_part(held.head(Part.PROBATION), held.head(Part.MAIN))
-        victim, _ = held.pop(part)
-        self.state.split.removed(part, 1, victim)
+        held, used = self.held, self.used
+        heads = (held.head(Part.PROBATION), held.head(Part.MAIN))
+        part = self.state.victim_part(used[Part.PROBATION], used[Part.MAIN], heads)
+        victim, size = held.pop(part)
+        used[part] -= size
+        self.state.split.remember(part, victim, size)
         self.evictions += 1
 
 

@@ -37,7 +37,7 @@ from tierkv.retention.classes import BlockMeta
 from tierkv.vault.entrymeta import ClassBook, ClassUsage, EntryMeta, Ghosts
 from tierkv.vault.files import OnDamage
 from tierkv.vault.leases import LeaseTable
-from tierkv.vault.policy import EvictionPolicy, LRUPolicy
+from tierkv.vault.policy import Budget, EvictionPolicy, LRUPolicy
 from tierkv.vault.store.debug import StoreDebug
 from tierkv.vault.store.entries import Entries, EntryWriter, Prepared
 from tierkv.vault.store.env import StoreEnv
@@ -209,6 +209,11 @@ class Store:
         ]
         stored = evicted = 0
         rejected: list[int] = []
+        learning = self._ranking.learning
+        if learning is not None:
+            learning.observe(self._budget(owner), [p[0] for p in prepared], self._typical(owner), read=False)
+            if learning.leaf_first:  # the deepest block of a chain gets the oldest clock
+                prepared.reverse()
         with self._env.write_lock:
             for start, chunk in _chunks(prepared, max(1, self.max_bytes // 16)):
                 outcome = self._env.write_retrying(
@@ -218,7 +223,25 @@ class Store:
                 )
                 stored, evicted = stored + outcome.stored, evicted + outcome.evicted
                 rejected += [start + i for i in outcome.rejected]
+        if learning is not None and learning.leaf_first:
+            rejected = sorted(len(prepared) - 1 - i for i in rejected)
         return PutOutcome(stored=stored, rejected=rejected, evicted=evicted)
+
+    def _budget(self, owner: Tenant) -> Budget:
+        """A tenant's committed parts, for a learning policy outside a write transaction."""
+        with self._counter_lock:
+            main, unprotected = owner.proven, owner.used - owner.protected
+            return Budget(owner.name, owner.quota or self.max_bytes, unprotected - main, main)
+
+    def _typical(self, owner: Tenant) -> int:
+        """The tenant's mean entry charge (what a learning policy's shadows charge a key they see)."""
+        with self._counter_lock:
+            return max(1, owner.used // owner.count) if owner.count else 1
+
+    def _recency_order(self, fkeys: Sequence[bytes]) -> Sequence[bytes]:
+        """Keys in the order their reads are noted: deepest first under a leaf-first policy."""
+        learning = self._ranking.learning
+        return fkeys[::-1] if learning is not None and learning.leaf_first else fkeys
 
     def _put_txn(self, owner: Tenant, items: Sequence[Prepared]) -> PutOutcome:
         """One write transaction of a Put (the caller holds the write lock and the shared lock)."""
@@ -303,7 +326,9 @@ class Store:
         misses.update(tally.expired)
         misses[""] += len(tally.corrupt)
         self.classes.note(owner.name, tally.hits, +misses, tally.expired)
-        self._touches.note(owner.name, tally.found, hit=True)
+        self._touches.note(owner.name, self._recency_order(tally.found), hit=True)
+        if self._ranking.learning is not None and tally.found:
+            self._ranking.learning.observe(self._budget(owner), tally.found, self._typical(owner), read=True)
         self._leases.release(owner.name, tally.found)
         if tally.corrupt:
             corrupt = tally.corrupt
@@ -330,7 +355,7 @@ class Store:
             present = present[
                 : self._leases.grant(owner.name, present, lease_ms, since=since, quota=owner.quota)
             ]
-        self._touches.note(owner.name, [fkey for fkey, _ in present], hit=False)
+        self._touches.note(owner.name, self._recency_order([fkey for fkey, _ in present]), hit=False)
         return len(present)
 
     def entry(self, namespace: bytes, key: bytes, *, tenant: str = DEFAULT_TENANT) -> EntryMeta | None:

@@ -1,4 +1,6 @@
-"""The ``adaptive`` policy: learns from the traffic, with no setting, which blocks deserve room.
+"""What the ``adaptive`` policy learns: it finds out from the traffic, with no setting, which blocks deserve
+room. (:mod:`.adaptive` is the policy the store talks to; this module is its state, also run in process by
+``tierkv bench trace``.)
 
 Most KV blocks a vault stores are never read again (about three in four on public production traces),
 and those that are come back soon. Three ideas, each measured on several traces (docs/performance/
@@ -99,12 +101,10 @@ class _Ghosts:
 
 @dataclasses.dataclass
 class Split:
-    """ARC's bookkeeping for one budget: bytes per part, probation's target, the ghost lists. The owner
-    reports every change to what is held (:meth:`added`, :meth:`removed`, :meth:`promoted`)."""
+    """ARC's learning for one budget: probation's target and the ghost lists. The owner counts the bytes
+    in each part and passes them in (the store keeps them in its transaction's ledger)."""
 
     budget: int
-    probation: int = 0
-    main: int = 0
     target: float = -1.0
     recent: _Ghosts = dataclasses.field(default_factory=_Ghosts)
     frequent: _Ghosts = dataclasses.field(default_factory=_Ghosts)
@@ -132,32 +132,16 @@ class Split:
             return Part.PROBATION
         return Part.MAIN if found or importance >= HIGH_IMPORTANCE else Part.PROBATION
 
-    def arc_part(self) -> Part:
-        """ARC's choice: probation while it is over its target (or main is empty), else main."""
-        if self.probation and (self.probation > self.target or not self.main):
+    def arc_part(self, probation: int, main: int) -> Part:
+        """ARC's choice: probation while it holds more than its target (or main is empty), else main."""
+        if probation > 0 and (probation > self.target or main <= 0):
             return Part.PROBATION
         return Part.MAIN
 
-    def added(self, part: Part, size: int) -> None:
-        if part is Part.PROBATION:
-            self.probation += size
-        else:
-            self.main += size
-
-    def removed(self, part: Part, size: int, key: int | None = None) -> None:
-        """An entry left ``part``; with ``key`` it was evicted and is remembered."""
-        if part is Part.PROBATION:
-            self.probation -= size
-        else:
-            self.main -= size
-        if key is not None:
-            ghosts = self.recent if part is Part.PROBATION else self.frequent
-            ghosts.add(key, size, GHOST_BUDGETS * self.budget)
-
-    def promoted(self, size: int) -> None:
-        """A probation entry was read: it moves to main."""
-        self.probation -= size
-        self.main += size
+    def remember(self, part: Part, key: int, size: int) -> None:
+        """An entry of ``part`` was evicted: its key goes to that part's ghost list."""
+        ghosts = self.recent if part is Part.PROBATION else self.frequent
+        ghosts.add(key, size, GHOST_BUDGETS * self.budget)
 
     def ghost_keys(self) -> int:
         return len(self.recent) + len(self.frequent)
@@ -213,7 +197,7 @@ class _MiniCache:
         self.budget = max(1, budget)
         self.split = Split(self.budget) if arc else None
         self.held = Parts()
-        self.used = 0
+        self.used = {p: 0 for p in Part}
 
     def access(self, keys: Sequence[tuple[int, int]], *, read: bool) -> int:
         """Hits among ``keys`` (key, size) in chain order; misses are stored, deepest stamped oldest."""
@@ -223,28 +207,31 @@ class _MiniCache:
             if part is not None:
                 hits += 1
                 if read and part is Part.PROBATION and self.split is not None:
-                    self.split.promoted(size)
+                    self._move(size, Part.PROBATION, Part.MAIN)
                     part = Part.MAIN
                 self.held.touch(key, part, size)
-                continue
-            new = Part.MAIN if self.split is None else self.split.admit(key, size, 0.5)
-            while self.used + size > self.budget and self.held:
-                self._evict()
-            if size <= self.budget:
+            elif size <= self.budget:
+                new = Part.MAIN if self.split is None else self.split.admit(key, size, 0.5)
+                while sum(self.used.values()) + size > self.budget:
+                    self._evict()
                 self.held.touch(key, new, size)
-                self.used += size
-                if self.split is not None:
-                    self.split.added(new, size)
+                self.used[new] += size
         return hits
 
+    def _move(self, size: int, source: Part, to: Part) -> None:
+        self.used[source] -= size
+        self.used[to] += size
+
     def _evict(self) -> None:
-        part = self.split.arc_part() if self.split is not None else Part.MAIN
+        part = Part.MAIN
+        if self.split is not None:
+            part = self.split.arc_part(self.used[Part.PROBATION], self.used[Part.MAIN])
         if not self.held.parts[part]:
             part = Part(1 - part)
         key, size = self.held.pop(part)
-        self.used -= size
+        self.used[part] -= size
         if self.split is not None:
-            self.split.removed(part, size, key)
+            self.split.remember(part, key, size)
 
 
 @dataclasses.dataclass
@@ -269,21 +256,29 @@ class AdaptiveState:
         lead = self._shadow_lru.access(mine, read=read) - self._shadow_arc.access(mine, read=read)
         self.lru_lead = self.lru_lead * _DECAY ** len(mine) + lead
 
-    def victim_part(self, probation_head: int | None, main_head: int | None) -> Part:
-        """Which part gives up the next victim, given the stamps (clocks) of each part's oldest entry:
-        ARC's choice, or the older of the two while the LRU shadow leads."""
+    def keys(self) -> int:
+        """Keys held in ghost lists and shadows (the learning state's size)."""
+        shadows = (self._shadow_lru, self._shadow_arc)
+        extra = self._shadow_arc.split.ghost_keys() if self._shadow_arc.split is not None else 0
+        return self.split.ghost_keys() + sum(len(s.held) for s in shadows) + extra
+
+    def victim_part(self, probation: int, main: int, heads: tuple[int | None, int | None]) -> Part:
+        """Which part gives up the next victim, given the bytes in each part and the stamps (clocks) of
+        each part's oldest entry: ARC's choice, or the older of the two while the LRU shadow leads."""
+        probation_head, main_head = heads
         if probation_head is None:
             return Part.MAIN
         if main_head is None:
             return Part.PROBATION
         if self.lru_lead > 0:
             return Part.PROBATION if probation_head < main_head else Part.MAIN
-        return self.split.arc_part()
+        return self.split.arc_part(probation, main)
 
 
 __all__ = [
     "GHOST_BUDGETS",
     "HIGH_IMPORTANCE",
+    "INITIAL_TARGET",
     "LOW_IMPORTANCE",
     "MAX_GHOSTS",
     "SAMPLE",
