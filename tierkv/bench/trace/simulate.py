@@ -163,7 +163,10 @@ class AdaptiveCache:
 
     def _evict(self) -> None:
         held, used = self.held, self.used
-        heads = (held.head(Part.PROBATION), held.head(Part.MAIN))
+
+        def heads() -> tuple[int | None, int | None]:
+            return held.head(Part.PROBATION), held.head(Part.MAIN)
+
         part = self.state.victim_part(used[Part.PROBATION], used[Part.MAIN], heads)
         victim, size = held.pop(part)
         used[part] -= size

@@ -10,10 +10,10 @@ starts at the range :meth:`AdaptivePolicy.walk_from` names. Tags: importance ≥
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tierkv.vault.policy.base import Budget, EntryInfo
-from tierkv.vault.policy.learning import AdaptiveState, Part, digest
+from tierkv.vault.policy.learning import AdaptiveState, Part, digest, sampled
 
 
 class AdaptivePolicy:
@@ -22,46 +22,52 @@ class AdaptivePolicy:
     per tenant (its quota, else the vault's budget)."""
 
     name = "adaptive"
-    uses_meta = True
+    uses_meta = False
+    """Only proven entries need a retention record (the flag); probation entries are stored bare."""
     leaf_first = True
 
     def __init__(self) -> None:
         self._states: dict[str, AdaptiveState] = {}
         self._lock = threading.Lock()
+        """Guards the shadows (``observe`` comes from readers too) and the making of states; the split is
+        only touched under the store's write lock."""
 
     def rank(self, entry: EntryInfo) -> bytes:
         part = Part.MAIN if entry.proven else Part.PROBATION
         return bytes((part,)) + entry.clock.to_bytes(8, "big")
 
-    def state(self, budget: Budget) -> AdaptiveState:
+    def state(self, tenant: str, limit: int) -> AdaptiveState:
         """The tenant's learning state (made on first use; a new limit starts it afresh)."""
-        found = self._states.get(budget.tenant)
-        if found is None or found.budget != budget.limit:
-            found = self._states[budget.tenant] = AdaptiveState(budget=max(1, budget.limit))
+        found = self._states.get(tenant)
+        if found is None or found.budget != limit:
+            with self._lock:
+                found = self._states[tenant] = AdaptiveState(budget=max(1, limit))
         return found
 
-    def admit(self, budget: Budget, fkey: bytes, size: int, importance: float) -> bool:
-        with self._lock:
-            return self.state(budget).split.admit(digest(fkey), size, importance) is Part.MAIN
+    def admit(self, tenant: str, limit: int, fkey: bytes, size: int, importance: float) -> bool:
+        return self.state(tenant, limit).split.admit(digest(fkey), size, importance) is Part.MAIN
 
-    def evicted(self, budget: Budget, fkey: bytes, size: int, proven: bool) -> None:
-        with self._lock:
-            part = Part.MAIN if proven else Part.PROBATION
-            self.state(budget).split.remember(part, digest(fkey), size)
+    def evicted(self, tenant: str, limit: int, fkey: bytes, size: int, proven: bool) -> None:
+        self.state(tenant, limit).split.remember(Part(proven), digest(fkey), size)
 
-    def observe(self, budget: Budget, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
-        with self._lock:
-            self.state(budget).observe([(digest(k), size) for k in fkeys], read=read)
+    def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
+        keyed = [(k, size) for k in map(digest, fkeys) if sampled(k)]
+        if keyed:
+            state = self.state(tenant, limit)
+            with self._lock:
+                state.observe(keyed, read=read)
 
-    def walk_from(self, budget: Budget, heads: tuple[int | None, int | None]) -> bytes:
-        with self._lock:
-            part = self.state(budget).victim_part(budget.probation, budget.main, heads)
-        return bytes((part,))
+    def walk_from(self, budget: Budget, heads: Callable[[], tuple[int | None, int | None]]) -> bytes:
+        part = self.state(budget.tenant, budget.limit).victim_part(budget.probation, budget.main, heads)
+        return _PREFIX[part]
 
     def learning_keys(self) -> int:
         """Keys the learning state holds now, all tenants (ghosts and shadows): its memory, stated."""
         with self._lock:
             return sum(s.keys() for s in self._states.values())
+
+
+_PREFIX = {part: bytes((part,)) for part in Part}
 
 
 __all__ = ["AdaptivePolicy"]

@@ -14,7 +14,7 @@ lives in memory, bounded, and may be lost at a restart: what an entry earned is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from tierkv.retention.classes import NEUTRAL_IMPORTANCE
@@ -67,18 +67,18 @@ class LearningPolicy(EvictionPolicy, Protocol):
     """Stamp a batch deepest block first (the store reverses a chain's order), so eviction trims chains
     from their ends."""
 
-    def admit(self, budget: Budget, fkey: bytes, size: int, importance: float) -> bool:
-        """Whether an entry stored now (its key not held) starts proven."""
+    def admit(self, tenant: str, limit: int, fkey: bytes, size: int, importance: float) -> bool:
+        """Whether an entry stored now (its key not held) starts proven (``limit``: the tenant's bytes)."""
 
-    def evicted(self, budget: Budget, fkey: bytes, size: int, proven: bool) -> None:
+    def evicted(self, tenant: str, limit: int, fkey: bytes, size: int, proven: bool) -> None:
         """An entry was evicted (not deleted): remember its key."""
 
-    def observe(self, budget: Budget, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
+    def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
         """A batch read or stored, in chain order (``size``: the entries' typical charge)."""
 
-    def walk_from(self, budget: Budget, heads: tuple[int | None, int | None]) -> bytes:
-        """The order-key prefix the victim search starts at, given the clocks of the oldest entry not
-        proven and the oldest proven one (None: there is none)."""
+    def walk_from(self, budget: Budget, heads: Callable[[], tuple[int | None, int | None]]) -> bytes:
+        """The order-key prefix the victim search starts at; ``heads`` gives the clocks of the oldest
+        entry not proven and the oldest proven one (None: there is none), asked only when needed."""
 
 
 __all__ = ["Budget", "EntryInfo", "EvictionPolicy", "LearningPolicy"]

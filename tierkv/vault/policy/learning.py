@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 GHOST_BUDGETS: Final = 4
@@ -249,7 +249,8 @@ class AdaptiveState:
         self._shadow_arc = _MiniCache(self.budget // SAMPLE, arc=True)
 
     def observe(self, keys: Sequence[tuple[int, int]], *, read: bool) -> None:
-        """A batch read or stored, (key, size) in chain order: its sampled keys go through the shadows."""
+        """A batch read or stored, (key, size) in chain order: its sampled keys go through the shadows
+        (the caller may pass only those)."""
         mine = [(k, s) for k, s in keys if sampled(k)]
         if not mine:
             return
@@ -262,17 +263,18 @@ class AdaptiveState:
         extra = self._shadow_arc.split.ghost_keys() if self._shadow_arc.split is not None else 0
         return self.split.ghost_keys() + sum(len(s.held) for s in shadows) + extra
 
-    def victim_part(self, probation: int, main: int, heads: tuple[int | None, int | None]) -> Part:
-        """Which part gives up the next victim, given the bytes in each part and the stamps (clocks) of
-        each part's oldest entry: ARC's choice, or the older of the two while the LRU shadow leads."""
-        probation_head, main_head = heads
-        if probation_head is None:
-            return Part.MAIN
-        if main_head is None:
-            return Part.PROBATION
-        if self.lru_lead > 0:
-            return Part.PROBATION if probation_head < main_head else Part.MAIN
-        return self.split.arc_part(probation, main)
+    def victim_part(
+        self, probation: int, main: int, heads: Callable[[], tuple[int | None, int | None]]
+    ) -> Part:
+        """Which part gives up the next victim, given the bytes in each part: ARC's choice, or, while the
+        LRU shadow leads, the older of the two parts' oldest entries (``heads`` gives their stamps; asked
+        only then, as finding them costs the store two cursor seeks)."""
+        if self.lru_lead <= 0 or probation <= 0 or main <= 0:
+            return self.split.arc_part(probation, main)
+        probation_head, main_head = heads()
+        if probation_head is None or main_head is None:
+            return Part.MAIN if probation_head is None else Part.PROBATION
+        return Part.PROBATION if probation_head < main_head else Part.MAIN
 
 
 __all__ = [

@@ -156,7 +156,7 @@ class EntryWriter:
         if old is not None:
             return old.ext is not None and old.ext.proven
         importance = meta.importance if meta is not None else NEUTRAL_IMPORTANCE
-        return policy.admit(self.evictor.budget(ledger, owner), fkey, charge, importance)
+        return policy.admit(owner.name, owner.quota or self.max_bytes, fkey, charge, importance)
 
     def _entry_meta(
         self, ledger: Ledger, owner: Tenant, charge: int, meta: BlockMeta | None, old: IndexRecord | None

@@ -157,7 +157,6 @@ class Evictor:
                     return False
                 victim_fkey = bytes(order.key()[self.ranking.rank_len :])
                 order.delete()
-        budget = self.budget(ledger, tenant)
         victim = self.entries.drop(txn, ledger, tenant, victim_fkey, ordered=expired)
         if victim is None:  # an order or expiry key without its entry: drop the stray key
             with txn.cursor(db=tenant.expiry) as cur:
@@ -167,7 +166,8 @@ class Evictor:
         ledger.evicted[tenant.name] += 1
         if self.ranking.learning is not None:
             proven = victim.ext is not None and victim.ext.proven
-            self.ranking.learning.evicted(budget, victim_fkey, victim.charge, proven)
+            limit = tenant.quota or self.max_bytes
+            self.ranking.learning.evicted(tenant.name, limit, victim_fkey, victim.charge, proven)
         if victim.source:
             ledger.ghosts.append((tenant.name, victim_fkey, victim.source))
         return True
@@ -184,12 +184,15 @@ class Evictor:
         policy = self.ranking.learning
         if policy is None:
             return b""
-        heads: list[int | None] = []
-        for part in (0, 1):
-            found = cur.set_range(bytes((part,)))
-            key = bytes(cur.key()) if found else b""
-            heads.append(int.from_bytes(key[1:9], "big") if key[:1] == bytes((part,)) else None)
-        return policy.walk_from(self.budget(ledger, tenant), (heads[0], heads[1]))
+
+        def heads() -> tuple[int | None, int | None]:
+            found: list[int | None] = []
+            for part in (b"\x00", b"\x01"):
+                key = bytes(cur.key()) if cur.set_range(part) else b""
+                found.append(int.from_bytes(key[1:9], "big") if key[:1] == part else None)
+            return found[0], found[1]
+
+        return policy.walk_from(self.budget(ledger, tenant), heads)
 
     def first_evictable(
         self,

@@ -80,10 +80,11 @@ class Touches:
             if hits and (entry.ext is not None or ranking.uses_meta):
                 entry.ext = entry.ext or EntryMeta()
                 entry.ext.hits = ranking.decayed(entry, ledger.clock) + hits
-                if ranking.learning is not None and not entry.ext.proven:
-                    ledger.count_retention(name, entry, -1)  # read: its bytes move to the proven part
-                    entry.ext.proven = True
-                    ledger.count_retention(name, entry)
+            if hits and ranking.learning is not None and not (entry.ext and entry.ext.proven):
+                ledger.count_retention(name, entry, -1)  # read: its bytes move to the proven part
+                entry.ext = entry.ext or EntryMeta(hits=hits)
+                entry.ext.proven = True
+                ledger.count_retention(name, entry)
             entry.clock = ledger.clock
             entries.write_index(txn, ledger, owner, fkey, entry)
 

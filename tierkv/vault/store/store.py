@@ -37,7 +37,7 @@ from tierkv.retention.classes import BlockMeta
 from tierkv.vault.entrymeta import ClassBook, ClassUsage, EntryMeta, Ghosts
 from tierkv.vault.files import OnDamage
 from tierkv.vault.leases import LeaseTable
-from tierkv.vault.policy import Budget, EvictionPolicy, LRUPolicy
+from tierkv.vault.policy import EvictionPolicy, LRUPolicy
 from tierkv.vault.store.debug import StoreDebug
 from tierkv.vault.store.entries import Entries, EntryWriter, Prepared
 from tierkv.vault.store.env import StoreEnv
@@ -211,7 +211,8 @@ class Store:
         rejected: list[int] = []
         learning = self._ranking.learning
         if learning is not None:
-            learning.observe(self._budget(owner), [p[0] for p in prepared], self._typical(owner), read=False)
+            limit = owner.quota or self.max_bytes
+            learning.observe(owner.name, limit, [p[0] for p in prepared], self._typical(owner), read=False)
             if learning.leaf_first:  # the deepest block of a chain gets the oldest clock
                 prepared.reverse()
         with self._env.write_lock:
@@ -226,12 +227,6 @@ class Store:
         if learning is not None and learning.leaf_first:
             rejected = sorted(len(prepared) - 1 - i for i in rejected)
         return PutOutcome(stored=stored, rejected=rejected, evicted=evicted)
-
-    def _budget(self, owner: Tenant) -> Budget:
-        """A tenant's committed parts, for a learning policy outside a write transaction."""
-        with self._counter_lock:
-            main, unprotected = owner.proven, owner.used - owner.protected
-            return Budget(owner.name, owner.quota or self.max_bytes, unprotected - main, main)
 
     def _typical(self, owner: Tenant) -> int:
         """The tenant's mean entry charge (what a learning policy's shadows charge a key they see)."""
@@ -327,8 +322,10 @@ class Store:
         misses[""] += len(tally.corrupt)
         self.classes.note(owner.name, tally.hits, +misses, tally.expired)
         self._touches.note(owner.name, self._recency_order(tally.found), hit=True)
-        if self._ranking.learning is not None and tally.found:
-            self._ranking.learning.observe(self._budget(owner), tally.found, self._typical(owner), read=True)
+        learning = self._ranking.learning
+        if learning is not None and tally.found:
+            limit = owner.quota or self.max_bytes
+            learning.observe(owner.name, limit, tally.found, self._typical(owner), read=True)
         self._leases.release(owner.name, tally.found)
         if tally.corrupt:
             corrupt = tally.corrupt
