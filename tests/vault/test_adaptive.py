@@ -165,3 +165,18 @@ def test_shadows_prefer_recency_where_arc_loses_and_arc_where_it_wins() -> None:
             state.observe([(h, 1) for h in hot], read=True)
     assert state.lru_lead < 0  # ARC keeps the hot set that the one-off keys push out of LRU
     assert state.keys() < 16 * 40 * (2 * GHOST_BUDGETS + 2)
+
+
+def test_a_part_all_leased_sends_the_victim_search_to_the_other(tmp_path: Path) -> None:
+    """Main is chosen (probation under its target) but every main entry is leased: the search goes on
+    from the start of the order and evicts from probation instead of refusing the Put."""
+    with _open(tmp_path / "v", "adaptive") as store:
+        pinned = [_key("pin", i) for i in range(20)]  # half the budget, outside the order
+        _put(store, pinned, [BlockMeta(source="rules", protected=True)] * 20)
+        main = [_key("main", i) for i in range(8)]
+        _put(store, main, [BlockMeta(importance=0.9)] * 8)  # important: starts in main
+        _put(store, [_key("p", i) for i in range(12)])  # probation: 12 of 40, under its target of 20
+        assert store.prefix_lookup(NS, main, lease_ms=10_000) == 8
+        outcome = store.put_many(NS, [(_key("new", 0), b"n" * BLOB, 0)])
+        assert outcome.stored == 1 and outcome.evicted == 1
+        assert store.prefix_lookup(NS, main) == 8 and store.prefix_lookup(NS, pinned) == 20
