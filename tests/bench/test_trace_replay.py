@@ -247,3 +247,10 @@ def test_the_vault_adaptive_gives_exactly_its_in_process_twin(tmp_path: Path) ->
     twin = in_process_run(work, work_stream(work), "adaptive", 0.1, s)
     assert vault is not None and vault.evictions > 0
     assert vault.tally(ALL).hits == twin.tally(ALL).hits and vault.evictions == twin.evictions
+
+
+def test_format_hash_ids_names_a_line_that_is_not_one() -> None:
+    lines = [_hash([0, 1, 2], 10), '{"tenant": "t", "segments": [["s", 3]]}']
+    with pytest.raises(TraceError, match=r"t.jsonl line 2: not a hash-id request"):
+        parse_lines(lines, source="t.jsonl", hash_block_tokens=BT, fmt="hash-ids")
+    assert len(parse_lines(lines, hash_block_tokens=BT).requests) == 2  # auto: each line by its fields

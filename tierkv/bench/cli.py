@@ -429,6 +429,9 @@ def trace(
         typer.Option(help="Generated trace: agent (tagged, multi-tenant), or hash ids: chat, docs, agents."),
     ] = "agent",
     requests: Annotated[int, typer.Option(help="Generated hash-id shapes: requests in the trace.")] = 4000,
+    trace_format: Annotated[
+        str, typer.Option("--format", help="Trace lines: auto (by their fields), tierkv or hash-ids.")
+    ] = "auto",
     trace_block_tokens: Annotated[
         int, typer.Option(help="Tokens per id of a hash-id trace (Mooncake's: 512); its replay's block size.")
     ] = 512,
@@ -497,6 +500,7 @@ def trace(
             speedup=speedup,
             in_process=in_process,
             lease_ms=lease_ms,
+            trace_format=trace_format,
         )
         return run_trace(settings, console)
 

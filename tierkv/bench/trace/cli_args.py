@@ -11,6 +11,7 @@ from tierkv.bench.runner import model_shape
 from tierkv.bench.trace.conversations import SHAPES, ConversationSpec
 from tierkv.bench.trace.generate import TraceSpec
 from tierkv.bench.trace.hashids import DEFAULT_BLOCK_TOKENS
+from tierkv.bench.trace.model import FORMATS
 from tierkv.bench.trace.prefetch import PrefetchSettings
 from tierkv.bench.trace.replay import LEASE_MS, ReplaySettings
 from tierkv.bench.trace.run import TraceSettings
@@ -78,8 +79,11 @@ def trace_settings(
     speedup: float = 0.0,
     in_process: bool = False,
     lease_ms: int = LEASE_MS,
+    trace_format: str = "auto",
 ) -> TraceSettings:
     model = model_shape(shape)
+    if trace_format not in FORMATS:
+        raise BenchError(f"--format: expected one of {', '.join(FORMATS)}, got {trace_format!r}")
     if block_tokens < 1 or trace_block_tokens < 1:
         raise BenchError("--block-tokens and --trace-block-tokens must be positive")
     replay = ReplaySettings(
@@ -102,6 +106,7 @@ def trace_settings(
         hash_block_tokens=trace_block_tokens,
         blob_bytes_given=blob_bytes is not None,
         in_process=in_process,
+        trace_format=trace_format,
         spec=spec,
         replay=replay,
         trace_file=_path(trace_file),

@@ -239,9 +239,15 @@ def _header(doc: object, where: str) -> Mapping[str, Any] | None:
     return generator
 
 
-def parse_lines(lines: Iterable[str], source: str = "<trace>", *, hash_block_tokens: int = 512) -> Trace:
+FORMATS: Final = ("auto", "tierkv", "hash-ids")
+
+
+def parse_lines(
+    lines: Iterable[str], source: str = "<trace>", *, hash_block_tokens: int = 512, fmt: str = "auto"
+) -> Trace:
     """A :class:`Trace` from JSONL text lines; the first line may be a header. Lines in the hash-id
-    format (:mod:`.hashids`, blocks of ``hash_block_tokens``) may stand among or instead of ours."""
+    format (:mod:`.hashids`, blocks of ``hash_block_tokens``) may stand among or instead of ours
+    (``fmt`` auto), or ``fmt`` says which every line must be."""
     from tierkv.bench.trace import hashids  # it builds on this module's Request
 
     requests: list[Request] = []
@@ -259,7 +265,9 @@ def parse_lines(lines: Iterable[str], source: str = "<trace>", *, hash_block_tok
             if requests or generator:
                 raise TraceError(f"{where}: a header may only be the first line")
             generator = header
-        elif hashids.is_hash_request(doc):
+        elif hashids.is_hash_request(doc) if fmt == "auto" else fmt == "hash-ids":
+            if not isinstance(doc, dict) or "hash_ids" not in doc:
+                raise TraceError(f"{where}: not a hash-id request (no 'hash_ids'; --format hash-ids)")
             requests.append(hashids.parse_hash_request(doc, where, hash_block_tokens))
         else:
             requests.append(parse_request(doc, where))
@@ -268,12 +276,12 @@ def parse_lines(lines: Iterable[str], source: str = "<trace>", *, hash_block_tok
     return Trace(tuple(requests), generator, source)
 
 
-def read_trace(path: str | Path, *, hash_block_tokens: int = 512) -> Trace:
+def read_trace(path: str | Path, *, hash_block_tokens: int = 512, fmt: str = "auto") -> Trace:
     """Read a trace file; a missing or unreadable file is a :class:`TraceError` too."""
     target = Path(path).expanduser()
     try:
         with target.open(encoding="utf-8") as fh:
-            return parse_lines(fh, str(target), hash_block_tokens=hash_block_tokens)
+            return parse_lines(fh, str(target), hash_block_tokens=hash_block_tokens, fmt=fmt)
     except UnicodeDecodeError as exc:
         raise TraceError(f"{target}: not UTF-8 text ({exc.reason})") from None
     except OSError as exc:

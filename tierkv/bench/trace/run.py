@@ -48,6 +48,8 @@ class TraceSettings:
     """``--blob-bytes`` was given (else a hash-id trace gets the smallest blobs its capacities allow)."""
     in_process: bool = False
     """Replay each policy by its in-process twin instead of a vault."""
+    trace_format: str = "auto"
+    """``--format``: auto (each line by its fields), tierkv or hash-ids."""
     trace_file: Path | None = None
     write_trace: Path | None = None
     chart: Path | None = None
@@ -117,7 +119,9 @@ class TraceResult(BenchRun):
 
 def load_trace(settings: TraceSettings) -> Trace:
     if settings.trace_file:
-        trace = read_trace(settings.trace_file, hash_block_tokens=settings.hash_block_tokens)
+        trace = read_trace(
+            settings.trace_file, hash_block_tokens=settings.hash_block_tokens, fmt=settings.trace_format
+        )
     elif settings.conversations is not None:
         trace = generate_conversations(settings.conversations)
     else:
