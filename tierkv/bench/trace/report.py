@@ -332,7 +332,7 @@ def write_chart(
         return "chart skipped: matplotlib is not installed (pip install 'tierkv[bench]')"
     ceiling = work.ceiling()
     panels = PANELS if any(m.source for r in work.requests for m in r.metas) else PANELS[:1]
-    fig = Figure(figsize=(4.6 * len(panels) + 1, 4.2), layout="constrained")
+    fig = Figure(figsize=(4.6 * len(panels) + 2.4, 4.4), layout="constrained")
     axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     for ax, (metric, label) in zip(axes, panels, strict=True):
         for policy, (xs, ys) in _series(runs, metric).items():
@@ -348,8 +348,8 @@ def write_chart(
         ax.set_ylim(0, 100)
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel("hit rate (%)")
-    axes[0].legend(loc="lower right")
-    fig.suptitle(title)
+    axes[0].legend(loc="best", fontsize="small")
+    fig.suptitle(title, fontsize="medium")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     return None

@@ -226,7 +226,8 @@ def run_trace(settings: TraceSettings, console: Console) -> TraceResult:
         _replay_prefetch(work, settings, settings.prefetch, result, console)
     result.targets = report.targets(result.runs, work, settings.replay.protected_cap)
     if settings.chart is not None and result.runs:
-        title = f"tierkv bench trace: {trace.source}, {work.distinct:,} blocks of {work.block_tokens} tokens"
+        source = Path(trace.source).name if settings.trace_file else trace.source
+        title = f"{source}: {work.distinct:,} blocks of {work.block_tokens} tokens"
         skipped = report.write_chart(result.runs, work, settings.chart, title, result.references)
         if skipped:
             result.warnings.append(skipped)
