@@ -31,7 +31,7 @@ from tierkv.errors import (
     VaultError,
     VaultUnavailable,
 )
-from tierkv.limits import CLIENT_BATCH_BYTES, FRAME_BYTES, MAX_MESSAGE_BYTES
+from tierkv.limits import CLIENT_BATCH_BYTES, FRAME_BYTES, MAX_AUTH_TOKEN_BYTES, MAX_MESSAGE_BYTES
 from tierkv.retention.classes import BlockMeta, unpack_tokens
 from tierkv.vault.leases import LeaseCounts
 from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb
@@ -70,6 +70,12 @@ class ClientOptions:
     max_batch_bytes: int = CLIENT_BATCH_BYTES
     min_bytes_per_s: float = 100e6
     bulk: bool = True
+
+    def __post_init__(self) -> None:
+        if self.token and len(self.token.encode()) > MAX_AUTH_TOKEN_BYTES:
+            raise ValueError(
+                f"a token of {len(self.token.encode())} bytes: vaults take at most {MAX_AUTH_TOKEN_BYTES}"
+            )
 
     @property
     def tls_enabled(self) -> bool:
