@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from tierkv.acks import PutResult
 from tierkv.bench import BenchError
 from tierkv.bench.breakeven import RestoreModel, ttft_break_even
 from tierkv.bench.common import (
@@ -246,7 +247,7 @@ class RecordingCluster:
         role: str = KV_COLD,
         *,
         meta: Mapping[bytes, BlockMeta] | None = None,
-    ) -> int:
+    ) -> PutResult:
         self.stored[namespace, role].update(items)
         return self.cluster.put(namespace, items, role=role, meta=meta)
 

@@ -13,6 +13,15 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass(frozen=True)
+class PutAck:
+    """One vault's checked answer to a put: the positions (in the items as given) it stored and those it
+    refused. A reply that does not add up is an error, never an answer (``_rpc.refused``)."""
+
+    stored: tuple[int, ...]
+    rejected: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class HotChain:
     """One of a namespace's most-hit chains (``Hottest``): keys root first, the decayed hits of its last
     block, the class of its first, and its token ids (empty when the vault cannot replay it: a block

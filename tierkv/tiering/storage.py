@@ -8,6 +8,9 @@ Every engine hook reaches the cold tier through :class:`Storage` only. Three thi
 - :class:`LazyStorage`, which opens another storage on first use (a hook that must not open sockets
   before its engine forks, or whose threads may all ask for it at once).
 
+A put answers a :class:`~tierkv.acks.PutResult`: how many blobs the vaults' replies said they stored, which
+they refused and why, and which have fewer copies than asked; never what was merely sent.
+
 ``meta`` on a put is each block's retention metadata (:class:`~tierkv.retention.BlockMeta`), keyed like
 ``items``; a key without an entry (or ``meta=None``) is stored untagged, exactly as a store without a
 layout always was. It travels with the blobs so every hook tags its blocks through this one path.
@@ -23,6 +26,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from tierkv.acks import PutResult
 from tierkv.codec import Buffer
 from tierkv.config import Config
 from tierkv.retention import BlockMeta
@@ -43,8 +47,8 @@ class Storage(Protocol):
         role: str = ...,
         *,
         meta: Mapping[bytes, BlockMeta] | None = None,
-    ) -> int:
-        """Store blobs (with the metadata ``meta`` gives for some of them); how many were acknowledged."""
+    ) -> PutResult:
+        """Store blobs (with the metadata ``meta`` gives for some of them); what the vaults stored."""
         ...
 
     def get_buffers(
@@ -82,7 +86,7 @@ def put_tagged(
     items: Mapping[bytes, bytes],
     role: str,
     meta: Mapping[bytes, BlockMeta] | None,
-) -> int:
+) -> PutResult:
     """``storage.put`` with ``meta`` passed only when some block carries metadata: an untagged store is
     exactly the call it always was (and reaches a storage that does not know the keyword)."""
     if meta:
@@ -133,7 +137,7 @@ class MemoryStorage:
         role: str = Role.KV_COLD,
         *,
         meta: Mapping[bytes, BlockMeta] | None = None,
-    ) -> int:
+    ) -> PutResult:
         with self._lock:
             self.calls["put"] += 1
             self._space(namespace, role).update((k, bytes(v)) for k, v in items.items())
@@ -144,7 +148,7 @@ class MemoryStorage:
                     tags.pop(k, None)
                 else:
                     tags[k] = m
-            return len(items)
+            return PutResult.every(len(items))
 
     def get_buffers(
         self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD
@@ -211,7 +215,7 @@ class LazyStorage:
         role: str = Role.KV_COLD,
         *,
         meta: Mapping[bytes, BlockMeta] | None = None,
-    ) -> int:
+    ) -> PutResult:
         return put_tagged(self.get(), namespace, items, role, meta)
 
     def get_buffers(

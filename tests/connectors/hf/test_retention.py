@@ -12,6 +12,7 @@ import torch
 
 from tests.conftest import VaultFactory
 from tests.connectors.hf.models import bakery_tokenizer, prompt, tiny_llama, tiny_model
+from tierkv.acks import PutResult
 from tierkv.client.cluster import Cluster
 from tierkv.client.vault import VaultClient
 from tierkv.connectors.hf import TieredSession
@@ -36,7 +37,9 @@ class Recording(MemoryStorage):
         super().__init__()
         self.put_kwargs: list[dict[str, object]] = []
 
-    def put(self, namespace: bytes, items: Mapping[bytes, bytes], role: str = Role.KV_COLD, **kw: Any) -> int:
+    def put(
+        self, namespace: bytes, items: Mapping[bytes, bytes], role: str = Role.KV_COLD, **kw: Any
+    ) -> PutResult:
         self.put_kwargs.append(dict(kw))
         return super().put(namespace, items, role, **kw)
 
