@@ -24,7 +24,7 @@ MAX_MESSAGE_BYTES: Final = 64 * MiB
 MAX_ITEM_BYTES: Final = GiB
 """The largest single blob a vault accepts."""
 MAX_BATCH_BYTES: Final = GiB
-"""The most bytes one Put may carry (one write transaction)."""
+"""The most bytes one Put may carry (the vault writes it in transactions of at most ``max_bytes / 16``)."""
 CLIENT_BATCH_BYTES: Final = 64 * MiB
 """Clients split a put into batches of at most this many bytes."""
 HOOK_PUT_BYTES: Final = 32 * MiB
