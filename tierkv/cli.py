@@ -617,16 +617,16 @@ def config_check(
 
     With ``--vault`` the token file is read by the vault's own parser, so what passes here starts."""
     cfg = _load(config)
+    from tierkv.vault.auth import exposure_warning, load_tokens
+
     auth = ""
     try:
         if vault:
-            from tierkv.vault.auth import exposure_warning, load_tokens
-
             auth = load_tokens(cfg.auth, cfg.source).describe()
-            exposed = exposure_warning(cfg.auth)
-            if exposed:
-                err.print(f"[yellow]warning:[/yellow] {escape(exposed)}", soft_wrap=True)
         check_client_files(cfg)
+        exposed = exposure_warning(cfg.auth)
+        if exposed:
+            err.print(f"[yellow]warning:[/yellow] {escape(exposed)}", soft_wrap=True)
         if vault:
             check_vault_start(cfg, create=False)
     except ConfigError as exc:

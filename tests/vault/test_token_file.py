@@ -143,6 +143,8 @@ def test_a_readable_token_file_is_warned_about(tmp_path: Path, vault_factory: Va
     )
     v = vault_factory(extra_args=["--config", str(cfg)])
     assert "open to its group and others (mode 0644)" in v.log_tail()
+    client = tierkv("config", "check", "-c", str(cfg))
+    assert "mode 0644" in client.stderr, "a client's token file is a secret too"
     tokens.chmod(0o600)
     assert "chmod" not in tierkv("config", "check", "--vault", "-c", str(cfg)).stderr
 

@@ -273,8 +273,8 @@ def exposure_warning(auth: AuthConfig) -> str | None:
         return None
     who = " and ".join(n for n, bits in (("its group", 0o060), ("others", 0o006)) if mode & bits)
     return (
-        f"the token file {path} is open to {who} (mode {mode:04o}): whoever reads it holds the vault's "
-        f"tokens; chmod 600 {path}"
+        f"the token file {path} is open to {who} (mode {mode:04o}): whoever reads it holds its tokens; "
+        f"chmod 600 {path}"
     )
 
 
