@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from tierkv import __version__
@@ -27,10 +26,12 @@ from tierkv.config import (
     check_vault_start,
     config_to_dict,
     format_size,
-    load_config,
     to_toml,
     with_overrides,
 )
+from tierkv.console import err, out
+from tierkv.console import fail as _fail
+from tierkv.console import load as _load
 from tierkv.errors import ConfigError, TierKVError
 from tierkv.extras import MissingExtra, install_hint
 from tierkv.logs import setup_logging
@@ -55,9 +56,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     **_APP_STYLE,  # type: ignore[arg-type]
 )
-# rich assumes 80 columns when output is piped; tables of figures read better unwrapped
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 ConfigOpt = Annotated[
     str | None,
@@ -73,19 +71,6 @@ Verbose = Annotated[
 ]
 _VAULT = VaultConfig()
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-
-
-def _fail(exc: Exception, label: str = "error", code: int = 2) -> NoReturn:
-    """One red line on stderr and the exit code; never a traceback."""
-    err.print(f"[red]{label}:[/red] {escape(str(exc))}", soft_wrap=True)
-    raise typer.Exit(code) from exc
-
-
-def _load(path: str | None) -> Config:
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        _fail(exc, "config error")
 
 
 def _setup_logging(cfg: Config, verbosity: int) -> None:

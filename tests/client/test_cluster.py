@@ -14,8 +14,8 @@ from tierkv import VaultClient
 from tierkv.client.breaker import BreakerState, CircuitBreaker
 from tierkv.client.cluster import Cluster, _EachRead, merge_successors
 from tierkv.client.sharding import Rendezvous
-from tierkv.client.types import Successor
 from tierkv.config import config_from_dict
+from tierkv.records import Successor
 from tierkv.roles import Role
 
 

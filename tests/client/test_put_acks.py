@@ -20,11 +20,11 @@ from tests.client.test_garbage_peers import Answering, grpc_peer
 from tests.conftest import VaultFactory
 from tests.processes import stopped
 from tierkv import VaultClient
-from tierkv.acks import REFUSED, Rejection
 from tierkv.client.cluster import Cluster
 from tierkv.codec import LayerGroup
 from tierkv.errors import VaultError
 from tierkv.logs import Throttle
+from tierkv.records import REFUSED, Rejection
 from tierkv.tiering import ColdTier, NumpyArrays, StreamSpec
 from tierkv.wire import pb
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from tierkv.acks import PutResult
 from tierkv.codec import LayerGroup
+from tierkv.records import PutResult
 from tierkv.retention import BlockMeta, Retention, block_meta
 from tierkv.roles import Role
 from tierkv.tiering import ColdTier, LazyStorage, MemoryStorage, NumpyArrays, StreamSpec

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from tierkv.acks import PutResult
 from tierkv.codec import LayerGroup, read_header
+from tierkv.records import PutResult
 from tierkv.roles import Role
 from tierkv.tiering import ColdTier, Expect, MemoryStorage, NumpyArrays, StreamSpec, codec_for
 from tierkv.tiering.tensors import TorchArrays

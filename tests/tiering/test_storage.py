@@ -9,7 +9,8 @@ from pathlib import Path
 
 from tierkv.config import Config, load_config
 from tierkv.roles import Role
-from tierkv.tiering.storage import LazyStorage, MemoryStorage, Storage, open_cluster
+from tierkv.tiering.memory import MemoryStorage
+from tierkv.tiering.storage import LazyStorage, Storage, open_cluster
 from tierkv.vault.launcher import VaultProcess
 
 NAMESPACE = hashlib.sha256(b"lazy-cluster").digest()

@@ -14,15 +14,8 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from tierkv.client.types import (
-    ClassStats,
-    EntryInfo,
-    EntryStatus,
-    HotChain,
-    NamespaceInfo,
-    TenantStats,
-    VaultStats,
-)
+from tierkv.client.types import ClassStats, EntryInfo, EntryStatus, NamespaceInfo, TenantStats, VaultStats
+from tierkv.codec.landing import Landing, LandingSink
 from tierkv.config import TLSConfig
 from tierkv.errors import (
     AuthError,
@@ -32,11 +25,11 @@ from tierkv.errors import (
     VaultUnavailable,
 )
 from tierkv.limits import CLIENT_BATCH_BYTES, FRAME_BYTES, MAX_AUTH_TOKEN_BYTES, MAX_MESSAGE_BYTES
+from tierkv.records import HotChain
 from tierkv.retention.classes import BlockMeta, unpack_tokens
 from tierkv.vault.leases import LeaseCounts
 from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb
 from tierkv.wire.framing import FOUND, Buffer, encode_frame_parts, read_frame_head, split_body
-from tierkv.wire.landing import Landing, LandingSink
 
 M = TypeVar("M", bound=Message)
 
@@ -243,7 +236,7 @@ class GetAssembler:
     Without ``on_blob`` each found blob is kept in ``results``; with it, each is handed to ``on_blob`` as
     soon as it is complete and only its size is kept (``sizes``), so the frame it came in can be reused
     for the next one. A transport that reads frames itself calls :meth:`receive` instead of passing
-    whole frames: then an ``on_blob`` that is a :class:`~tierkv.wire.landing.LandingSink` gets each blob
+    whole frames: then an ``on_blob`` that is a :class:`~tierkv.codec.landing.LandingSink` gets each blob
     that lies whole in one frame received straight into the memory it offers.
     """
 

@@ -12,8 +12,9 @@ from tierkv.client._rpc import Items, Metas, as_bytes
 from tierkv.client.base import ClientBase, open_async_transport
 from tierkv.client.calls import Exchange, Op
 from tierkv.client.transport import Request
-from tierkv.client.types import EntryInfo, HotChain, NamespaceInfo, PutAck, Successor, VaultStats
+from tierkv.client.types import EntryInfo, NamespaceInfo, PutAck, VaultStats
 from tierkv.errors import VaultError
+from tierkv.records import HotChain, Successor
 from tierkv.wire.framing import Buffer
 
 T = TypeVar("T")

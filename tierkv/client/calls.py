@@ -19,7 +19,6 @@ from typing import Generic, TypeVar
 
 from grpc_health.v1 import health_pb2
 
-from tierkv.acks import REFUSED
 from tierkv.client._rpc import (
     BlobSink,
     ClientOptions,
@@ -52,8 +51,9 @@ from tierkv.client.transport import (
     SUCCESSORS,
     Request,
 )
-from tierkv.client.types import EntryInfo, HotChain, NamespaceInfo, PutAck, Successor, VaultStats
+from tierkv.client.types import EntryInfo, NamespaceInfo, PutAck, VaultStats
 from tierkv.errors import VaultError
+from tierkv.records import REFUSED, HotChain, Successor
 from tierkv.wire import pb
 from tierkv.wire.framing import Buffer
 

@@ -29,20 +29,20 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import partial
 from typing import Any, Generic, TypeVar
 
-from tierkv.acks import PutResult
 from tierkv.client._rpc import BlobSink, Items, Metas, as_bytes
 from tierkv.client.breaker import CircuitBreaker
 from tierkv.client.metrics import ClusterMetrics
 from tierkv.client.puts import PutTally
 from tierkv.client.sharding import Rendezvous
-from tierkv.client.types import HotChain, PutAck, Successor, VaultStats
+from tierkv.client.types import PutAck, VaultStats
 from tierkv.client.vault import VaultClient
+from tierkv.codec.landing import Landing, LandingSink
 from tierkv.config import Config, TLSConfig
 from tierkv.errors import VaultError
 from tierkv.logs import Throttle
+from tierkv.records import HotChain, PutResult, Successor
 from tierkv.roles import COLD_ROLE_NAMES, Role, role_for
 from tierkv.wire.framing import Buffer
-from tierkv.wire.landing import Landing, LandingSink
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class Cluster:
         priority: int = 0,
         meta: Metas | None = None,
     ) -> PutResult:
-        """Store blobs on each key's owners; a :class:`~tierkv.acks.PutResult` of what the vaults' replies
+        """Store blobs on each key's owners; a :class:`~tierkv.records.PutResult` of what the vaults' replies
         said (a key counts as stored once one owner's reply says so; a vault that failed or answered
         what does not add up stored nothing).
 
@@ -557,7 +557,7 @@ class _BufferRead(_Read[Buffer]):
 class _EachRead(_Read[int]):
     """A read of sizes whose blobs stream to the caller's ``on_blob`` as they arrive.
 
-    When ``on_blob`` is a :class:`~tierkv.wire.landing.LandingSink`, a key with one owner is received
+    When ``on_blob`` is a :class:`~tierkv.codec.landing.LandingSink`, a key with one owner is received
     straight into the memory it offers: one vault can write there, so no two copies race into it. A
     landing counts as a hand-over from its offer to its end, so :meth:`close` waits for it too.
     """

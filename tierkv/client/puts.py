@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from tierkv.acks import PutResult, Rejection
 from tierkv.client.types import PutAck
+from tierkv.records import PutResult, Rejection
 from tierkv.wire.framing import Buffer
 
 

@@ -22,18 +22,6 @@ class PutAck:
 
 
 @dataclasses.dataclass(frozen=True)
-class HotChain:
-    """One of a namespace's most-hit chains (``Hottest``): keys root first, the decayed hits of its last
-    block, the class of its first, and its token ids (empty when the vault cannot replay it: a block
-    stored without ids, or a prefix it does not hold)."""
-
-    keys: tuple[bytes, ...]
-    hits: float
-    source: str
-    tokens: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
 class ClassStats:
     """One source class of one tenant on one vault (``source`` "" = untagged blocks and misses of unknown
     class). Counters run since the vault started; ``*_5m`` cover the last five minutes."""
@@ -135,16 +123,6 @@ class NamespaceInfo:
     protected_bytes: int
     sample_key: bytes
     head: bytes
-
-
-@dataclasses.dataclass(frozen=True)
-class Successor:
-    """A block the vault expects to be fetched next (``Successors``): its key, blob size and score (higher
-    is likelier; a vault answers best first)."""
-
-    key: bytes
-    size: int
-    score: float
 
 
 class EntryStatus(str, enum.Enum):

@@ -19,8 +19,9 @@ from tierkv.client.base import ClientBase, open_transport
 from tierkv.client.bulk import BulkFirst
 from tierkv.client.calls import Exchange, Op
 from tierkv.client.transport import Request
-from tierkv.client.types import EntryInfo, HotChain, NamespaceInfo, PutAck, Successor, VaultStats
+from tierkv.client.types import EntryInfo, NamespaceInfo, PutAck, VaultStats
 from tierkv.errors import VaultError
+from tierkv.records import HotChain, Successor
 from tierkv.wire.framing import Buffer
 
 T = TypeVar("T")

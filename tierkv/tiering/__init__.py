@@ -49,15 +49,16 @@ What a new engine hook writes (``tierkv/connectors/<engine>/``)
     hook needs more, the pipeline is missing something: add it here, once.
 """
 
-from tierkv.acks import PutResult, Rejection
+from tierkv.records import PutResult, Rejection
 from tierkv.tiering.arrays import Arrays, NumpyArrays, RowArrays, ViewingArrays
 from tierkv.tiering.background import BoundedWorker
 from tierkv.tiering.batches import byte_batches
 from tierkv.tiering.checks import at_least, one_of
+from tierkv.tiering.memory import Faults, MemoryStorage
 from tierkv.tiering.pipeline import MAX_PUT_BYTES, Block, ColdTier, Place, Restored, StoreTally
 from tierkv.tiering.positions import full_blocks, restore_limit, snapshot_boundaries, snapshot_candidates
 from tierkv.tiering.spec import STATE_CODEC, Expect, StreamSpec, codec_for
-from tierkv.tiering.storage import LazyStorage, MemoryStorage, Storage, open_cluster
+from tierkv.tiering.storage import Hints, LazyStorage, Storage, open_cluster
 
 __all__ = [
     "MAX_PUT_BYTES",
@@ -67,6 +68,8 @@ __all__ = [
     "BoundedWorker",
     "ColdTier",
     "Expect",
+    "Faults",
+    "Hints",
     "LazyStorage",
     "MemoryStorage",
     "NumpyArrays",

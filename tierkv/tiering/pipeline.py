@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic
 
-from tierkv.acks import PutResult
 from tierkv.codec import Buffer
+from tierkv.codec.landing import Renumbered
 from tierkv.errors import TierKVError
 from tierkv.limits import HOOK_PUT_BYTES
+from tierkv.records import PutResult
 from tierkv.retention import BlockMeta
 from tierkv.tiering.arrays import A, Arrays, RowArrays
 from tierkv.tiering.batches import byte_batches
@@ -27,7 +28,6 @@ from tierkv.tiering.prefetch import DEFAULT_TIMEOUT_S, Prefetcher
 from tierkv.tiering.spec import Expect, StreamSpec
 from tierkv.tiering.storage import BlobSink, Storage, put_tagged
 from tierkv.tiering.target import Place, Rows, Target
-from tierkv.wire.landing import Renumbered
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ Block = tuple[bytes, A, int]
 @dataclass
 class StoreTally:
     """What one store did, as the vaults' replies said: blobs offered, blobs stored, bytes of the stored
-    ones (:class:`~tierkv.acks.PutResult` per put).
+    ones (:class:`~tierkv.records.PutResult` per put).
 
     ``rejected`` blobs a vault refused and none stored (too large for its budget or the tenant's quota,
     or no room it could make); ``lagging`` stored blobs have fewer copies than replication asks.

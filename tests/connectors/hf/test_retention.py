@@ -12,12 +12,12 @@ import torch
 
 from tests.conftest import VaultFactory
 from tests.connectors.hf.models import bakery_tokenizer, prompt, tiny_llama, tiny_model
-from tierkv.acks import PutResult
 from tierkv.client.cluster import Cluster
 from tierkv.client.vault import VaultClient
 from tierkv.connectors.hf import TieredSession
 from tierkv.connectors.hf.hot import as_tokens
 from tierkv.connectors.hf.payload import merge_meta
+from tierkv.records import PutResult
 from tierkv.retention import GENERATION, UNTAGGED, BlockMeta, Chunk, LayoutError, Retention, RetentionClass
 from tierkv.roles import Role
 from tierkv.tiering import MemoryStorage
