@@ -430,6 +430,12 @@ def _show_status(cfg: Config, nodes: list[NodeStatus], *, as_json: bool, watchin
         for n in nodes:
             if not n.reachable:
                 err.print(f"[red]{n.role} {n.address} {n.state}:[/red] {escape(n.error)}")
+            elif n.auth == "off":
+                err.print(
+                    f"[yellow]{n.role} {n.address}: auth is OFF:[/yellow] it answers callers without a "
+                    "token, each an admin of tenant 'default'",
+                    soft_wrap=True,
+                )
     return all(n.reachable for n in nodes)
 
 
@@ -592,16 +598,28 @@ def config_check(
         ),
     ] = False,
 ) -> None:
-    """Validate tierkv.toml and the files it names; exit 0 when usable, 2 (with the reason) when not."""
+    """Validate tierkv.toml and the files it names; exit 0 when usable, 2 (with the reason) when not.
+
+    With ``--vault`` the token file is read by the vault's own parser, so what passes here starts."""
     cfg = _load(config)
+    from tierkv.vault.auth import exposure_warning, load_tokens
+
+    auth = ""
     try:
+        if vault:
+            auth = load_tokens(cfg.auth, cfg.source).describe()
         check_client_files(cfg)
+        exposed = exposure_warning(cfg.auth)
+        if exposed:
+            err.print(f"[yellow]warning:[/yellow] {escape(exposed)}", soft_wrap=True)
         if vault:
             check_vault_start(cfg, create=False)
     except ConfigError as exc:
         _fail(exc, "config error")
     roles = ", ".join(f"{len(cfg.cluster.addresses(r))} {r}" for r in (Role.KV_COLD, Role.SSM_COLD))
     out.print(f"{escape(cfg.source)}: ok (role {cfg.cluster.role}; vaults: {roles})", highlight=False)
+    if auth:
+        out.print(f"vault {escape(auth)}", highlight=False, soft_wrap=True)
 
 
 @config_app.command("show")

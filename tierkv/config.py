@@ -160,6 +160,9 @@ class AuthConfig:
             except OSError as exc:
                 problem = f"cannot read the token file {path}: {exc.strerror or exc}"
                 raise ConfigError(source, "auth.token_file", problem) from exc
+            except UnicodeDecodeError:
+                problem = f"the token file {path} is not UTF-8 text"
+                raise ConfigError(source, "auth.token_file", problem) from None
             if not token:
                 raise ConfigError(source, "auth.token_file", f"the token file {path} is empty")
             return token
@@ -700,12 +703,12 @@ def check_client_files(cfg: Config) -> None:
 def check_vault_start(cfg: Config, *, ready_file: str | None = None, create: bool = True) -> None:
     """Everything ``tierkv vault`` would otherwise fail on with a traceback, checked before it starts.
 
-    The token and TLS files, the data directory (created here if missing and ``create``), the ready
-    file's directory, the bind address (resolvable and local) and the metrics port (free). A taken gRPC
-    port is left to the server, which reports it with its own exit code.
+    The TLS files, the data directory (created here if missing and ``create``), the ready file's directory,
+    the bind address (resolvable and local) and the metrics port (free). The token file is read by the
+    vault's own parser (:func:`tierkv.vault.auth.load_tokens`); a taken gRPC port is left to the server,
+    which reports it with its own exit code.
     """
     vc = cfg.vault
-    cfg.token()
     if cfg.tls.enabled:
         if not (cfg.tls.cert_file and cfg.tls.key_file):
             raise ConfigError(cfg.source, "tls", "a vault needs both tls.cert_file and tls.key_file")

@@ -34,7 +34,7 @@ from tierkv.endpoints import join_host_port
 from tierkv.errors import ConfigError
 from tierkv.roles import Role
 from tierkv.vault import grpc_edge
-from tierkv.vault.auth import load_tokens
+from tierkv.vault.auth import exposure_warning, load_tokens
 from tierkv.vault.bulk import BulkLimits, BulkServer, bind_listener
 from tierkv.vault.calls import Calls
 from tierkv.vault.metrics import VaultMetrics
@@ -68,6 +68,9 @@ class VaultServer:
         vc = config.vault
         tune_malloc()
         self.tokens = load_tokens(config.auth, config.source)
+        exposed = exposure_warning(config.auth)
+        if exposed:
+            log.warning("%s", exposed)
         self.store = Store(
             vc.resolved_path(),
             vc.max_bytes,
@@ -170,6 +173,8 @@ class VaultServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if vc.metrics_port:
             self.metrics.serve_http(vc.metrics_host or vc.host, vc.metrics_port)
+        if not self.authenticated:
+            log.warning("%s", self.tokens.describe())
         log.info("%s", self.startup_line())
         return port
 

@@ -141,8 +141,13 @@ class TieredSession:
 
     @property
     def stored_blobs(self) -> int:
-        """Blobs the vaults acknowledged so far."""
+        """Blobs the vaults' replies said they stored, so far."""
         return self.writer.stored_blobs
+
+    @property
+    def refused_blobs(self) -> int:
+        """Blobs a vault refused and none stored, so far (budget, tenant quota or no room)."""
+        return self.writer.tally.rejected
 
     @property
     def stored_bytes(self) -> int:
