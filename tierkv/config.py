@@ -191,6 +191,10 @@ class VaultConfig:
     bulk_max_inflight_bytes: ByteSize = setting(ByteSize(256 * 1024**2), minimum=1024**2)
     """Request bytes (Put frames, BatchGet bodies) the bulk port buffers at once over every connection; a
     request past it is refused (RESOURCE_EXHAUSTED) and the client sends it over gRPC instead."""
+    grpc_max_inflight_bytes: ByteSize = setting(ByteSize(256 * 1024**2), minimum=1024**2)
+    """Put bytes gRPC calls hold at once before the store writes them; a Put past it is refused
+    (RESOURCE_EXHAUSTED: the client counts its blobs as not stored). With several tenants, one tenant holds
+    at most three quarters of this budget and of the bulk port's."""
     max_batch_bytes: ByteSize = setting(ByteSize(MAX_BATCH_BYTES), minimum=1)
     grace_s: float = setting(5.0, minimum=0)
     coaccess_window_s: float = setting(30.0, minimum=0)

@@ -31,7 +31,8 @@ import numpy as np
 
 from tierkv.endpoints import bare_host, join_host_port
 from tierkv.limits import MAX_BULK_REQUEST_BYTES, MiB
-from tierkv.vault.service import LARGE_CALL_BYTES, M, VaultService, parse_message
+from tierkv.vault.memory import LARGE_CALL_BYTES, InflightBudget
+from tierkv.vault.service import M, VaultService, parse_message
 from tierkv.vault.status import Abort, Status, invalid
 from tierkv.wire import bulk, gather, pb
 from tierkv.wire.framing import Buffer
@@ -98,32 +99,6 @@ class _Conn:
         self.idle_since: float | None = time.monotonic()
 
 
-class _Budget:
-    """Bytes of request bodies held at once, over every connection."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-        self.peak = 0
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> None:
-        with self._lock:
-            if self.held + n > self.limit:
-                raise Abort(Status.RESOURCE_EXHAUSTED, "too many request bytes in flight on the bulk port")
-            self.held += n
-            self.peak = max(self.peak, self.held)
-
-    def give(self, n: int) -> int:
-        """Return ``n`` bytes; the peak since the budget was last idle once it is idle again, else 0."""
-        with self._lock:
-            self.held -= n
-            if self.held:
-                return 0
-            peak, self.peak = self.peak, 0
-            return peak
-
-
 class BulkServer:
     def __init__(
         self, service: VaultService, listener: socket.socket, *, limits: BulkLimits | None = None
@@ -137,7 +112,9 @@ class BulkServer:
         self._connections: dict[socket.socket, _Conn] = {}
         self._busy = 0
         self._stopping = False
-        self._budget = _Budget(self.limits.max_inflight_bytes)
+        self._budget = InflightBudget(
+            self.limits.max_inflight_bytes, what="the bulk port", tenants=len(service.store.tenant_names)
+        )
         self._acceptor = threading.Thread(target=self._accept, name="tierkv-bulk-accept", daemon=True)
 
     @property
@@ -252,7 +229,7 @@ class BulkServer:
 
     def _answer_get(self, sock: socket.socket, token: bytes) -> None:
         with self.service.calls.scope("BatchGet", token) as who:
-            request = self._read_body(sock, pb.BatchGetRequest)
+            request = self._read_body(sock, pb.BatchGetRequest, who.tenant)
             reply = self.service.batch_get(who, request)
             try:
                 for parts in reply.frames():
@@ -269,19 +246,19 @@ class BulkServer:
         """A Put: its frames are read whole (against the in-flight budget) before the store is touched, so a
         slow sender never holds the write lock; the reply is one FRAME with the ``PutReply``."""
         with self.service.calls.scope("Put", token) as who:
-            body = _PutBody(sock, self._budget, self.service.limits.max_message_bytes)
+            body = _PutBody(sock, self._budget, who.tenant, self.service.limits.max_message_bytes)
             try:
                 reply = self.service.put(who, body.frames()).SerializeToString()
             finally:
-                peak = self._budget.give(body.held)
+                peak = self._budget.give(body.held, who.tenant)
                 if peak >= LARGE_CALL_BYTES:
-                    self.service.calls.memory.trim_soon()
+                    self.service.calls.memory.large_call_ended()
         sock.sendall(bulk.record(bulk.FRAME, len(reply)) + reply)
 
     def _answer_lookup(self, sock: socket.socket, token: bytes) -> None:
         """A PrefixLookup, answered as gRPC answers it; the reply is one FRAME with the reply message."""
         with self.service.calls.scope("PrefixLookup", token) as who:
-            request = self._read_body(sock, pb.PrefixLookupRequest)
+            request = self._read_body(sock, pb.PrefixLookupRequest, who.tenant)
             reply = self.service.prefix_lookup(who, request).SerializeToString()
         sock.sendall(bulk.record(bulk.FRAME, len(reply)) + reply)
 
@@ -296,7 +273,7 @@ class BulkServer:
             raise invalid("truncated request")
         return op, token
 
-    def _read_body(self, sock: socket.socket, message: type[M]) -> M:
+    def _read_body(self, sock: socket.socket, message: type[M], tenant: str) -> M:
         """The request body, read in chunks against the in-flight budget (after the token was checked)."""
         size_raw = _recv_exact(sock, bulk.LENGTH.size)
         if size_raw is None:
@@ -309,7 +286,7 @@ class BulkServer:
         try:
             while held < size:
                 n = min(_RECV_CHUNK, size - held)
-                self._budget.take(n)
+                self._budget.take(n, tenant)
                 held += n
                 chunk = _recv_exact(sock, n)
                 if chunk is None:
@@ -319,18 +296,21 @@ class BulkServer:
             chunks.clear()
             return parse_message(message, body)
         finally:
-            peak = self._budget.give(held)
+            peak = self._budget.give(held, tenant)
             if peak >= LARGE_CALL_BYTES:
-                self.service.calls.memory.trim_soon()
+                self.service.calls.memory.large_call_ended()
 
 
 class _PutBody:
     """The frames of one Put request as they are read; ``held`` bytes of them count against the budget
     until the caller gives them back (after the store has written them)."""
 
-    def __init__(self, sock: socket.socket, budget: _Budget, max_frame_bytes: int) -> None:
+    def __init__(
+        self, sock: socket.socket, budget: InflightBudget, tenant: str, max_frame_bytes: int
+    ) -> None:
         self.sock = sock
         self.budget = budget
+        self.tenant = tenant
         self.max_frame_bytes = max_frame_bytes
         self.held = 0
 
@@ -356,12 +336,12 @@ class _PutBody:
         got = 0
         while got < length:
             n = min(_RECV_CHUNK, length - got)
-            self.budget.take(n)
+            self.budget.take(n, self.tenant)
             self.held += n
             k = self.sock.recv_into(view[got : got + n])
             if k == 0:
                 raise invalid("truncated request")
-            self.budget.give(n - k)
+            self.budget.give(n - k, self.tenant)
             self.held -= n - k
             got += k
         return view

@@ -17,8 +17,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-from tierkv._malloc import trim_heap
 from tierkv.vault.auth import Principal, TokenTable
+from tierkv.vault.memory import MemoryTrimmer
 from tierkv.vault.metrics import VaultMetrics
 from tierkv.vault.status import Abort, Status
 from tierkv.wire.framing import FrameError, FrameLimitError
@@ -70,33 +70,6 @@ class RejectLog:
         detail = "; ".join(f"{n}× {m} {s} ({r})" for (m, s, r), n in counts.most_common(8))
         more = f"; {len(counts) - 8} more kinds" if len(counts) > 8 else ""
         log.info("rejected %d calls in the last %.0f s: %s%s", total, span, detail, more)
-
-
-class MemoryTrimmer:
-    """Gives freed heap back to the kernel shortly after a burst of large requests.
-
-    The malloc tuning keeps freed memory for reuse (fast steady state); without a trim a burst would leave
-    the process at its peak size for good.
-    """
-
-    def __init__(self, delay_s: float = 2.0) -> None:
-        self.delay_s = delay_s
-        self.trims = 0
-        self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
-
-    def trim_soon(self) -> None:
-        with self._lock:
-            if self._timer is None:
-                self._timer = threading.Timer(self.delay_s, self._trim)
-                self._timer.daemon = True
-                self._timer.start()
-
-    def _trim(self) -> None:
-        with self._lock:
-            self._timer = None
-        if trim_heap():
-            self.trims += 1
 
 
 class Calls:

@@ -37,6 +37,7 @@ from tierkv.vault import grpc_edge
 from tierkv.vault.auth import load_tokens
 from tierkv.vault.bulk import BulkLimits, BulkServer, bind_listener
 from tierkv.vault.calls import Calls
+from tierkv.vault.memory import InflightBudget
 from tierkv.vault.metrics import VaultMetrics
 from tierkv.vault.notify import sd_notify
 from tierkv.vault.policy import make_policy
@@ -115,7 +116,10 @@ class VaultServer:
             ],
             maximum_concurrent_rpcs=vc.workers * 4,
         )
-        self._server.add_generic_rpc_handlers((grpc_edge.handler(self.service),))
+        grpc_budget = InflightBudget(
+            vc.grpc_max_inflight_bytes, what="gRPC", tenants=len(self.store.tenant_names)
+        )
+        self._server.add_generic_rpc_handlers((grpc_edge.handler(self.service, grpc_budget),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.port = 0
         self.bulk: BulkServer | None = None
@@ -166,6 +170,7 @@ class VaultServer:
             )
             self.bulk.start()
         self._server.start()
+        self.calls.memory.start()
         for name in ("", SERVICE):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if vc.metrics_port:
@@ -221,6 +226,7 @@ class VaultServer:
         elif self._bulk_listener is not None:
             self._bulk_listener.close()
         self.calls.rejects.flush()
+        self.calls.memory.stop()
         self.store.close()
         log.info("vault stopped")
 

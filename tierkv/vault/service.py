@@ -24,7 +24,6 @@ from tierkv.limits import (
     MAX_ITEM_BYTES,
     MAX_KEYS_PER_CALL,
     MAX_MESSAGE_BYTES,
-    MiB,
     check_key,
     check_namespace,
 )
@@ -32,6 +31,7 @@ from tierkv.retention.classes import BlockMeta
 from tierkv.vault.auth import Principal
 from tierkv.vault.calls import Calls
 from tierkv.vault.hottest import hottest
+from tierkv.vault.memory import LARGE_CALL_BYTES
 from tierkv.vault.reply import BatchGetReply
 from tierkv.vault.status import Abort, Status, invalid
 from tierkv.vault.store import Lookup, Store, StoreFullError, split_full_key
@@ -45,8 +45,6 @@ from tierkv.wire import FrameDecoder, FrameError, pb
 from tierkv.wire.framing import Buffer
 
 M = TypeVar("M", bound=Message)
-LARGE_CALL_BYTES = 16 * MiB
-"""A call this large is followed by a heap trim once the burst is over."""
 MAX_LISTED_NAMESPACES = 10_000
 """The most namespaces one ListNamespaces reply names (about 4 MB of reply)."""
 _ITEM_STATUS = {Lookup.FOUND: pb.FOUND, Lookup.MISSING: pb.MISSING, Lookup.CORRUPT: pb.CORRUPT}
@@ -126,7 +124,7 @@ class VaultService:
         )
         nbytes = decoder.total_bytes
         if nbytes >= LARGE_CALL_BYTES:
-            self.calls.memory.trim_soon()
+            self.calls.memory.large_call_ended()
         self._count_io(bytes_in=nbytes)
         self.metrics.batch_bytes.labels("Put").observe(nbytes)
         return pb.PutReply(
