@@ -328,8 +328,6 @@ class BulkFirst(Transport):
             try:
                 reply = channel.handle(request)
             except BulkRefused as exc:
-                if exc.code == "RESOURCE_EXHAUSTED" and request.method != PUT:
-                    raise error_for(exc.code, f"vault busy: {exc}", self.address) from exc  # gRPC: the same
                 if _answered(request, exc):
                     log.debug("bulk port of %s refused a Put, sent over gRPC: %s", self.address, exc)
                 else:
@@ -404,11 +402,10 @@ def _refused(address: str, details: str, code: str = "UNAVAILABLE") -> BulkRefus
 
 
 def _answered(request: Request, exc: BulkRefused) -> bool:
-    """Whether a refusal is the vault's answer to this call, not a sign that the bulk port is gone: a Put
-    refused for anything but UNAVAILABLE (over its limits, its in-flight budget or a full store), or any
-    call refused RESOURCE_EXHAUSTED (the vault is busy, see its admission limits). Sending the same bytes
-    again on a fresh connection would not help, and later calls should keep using the port."""
-    return exc.code == "RESOURCE_EXHAUSTED" or (request.method == PUT and exc.code != "UNAVAILABLE")
+    """Whether a refusal is the vault's answer to this Put (RESOURCE_EXHAUSTED: over its limits, its
+    in-flight budget or a full store), not a sign that the bulk port is gone: sending the same bytes again
+    on a fresh connection would not help, and BatchGet should keep using the port."""
+    return request.method == PUT and exc.code != "UNAVAILABLE"
 
 
 def _set_deadline(conn: socket.socket, deadline: float) -> None:
