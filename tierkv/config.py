@@ -185,6 +185,9 @@ class VaultConfig:
     metrics_host: str = ""
     metrics_port: int = _port(0)
     workers: int = setting(16, minimum=1)
+    """Vault calls (both transports) that run at once; twice as many may wait up to 0.25 s for a slot, one
+    connection holds at most this many, and with several tenants one tenant runs at most 3/4 of them. Past
+    that a call is refused (RESOURCE_EXHAUSTED: a miss to the client). Health checks are never counted."""
     max_message_bytes: ByteSize = setting(ByteSize(MAX_MESSAGE_BYTES), minimum=64 * 1024)
     frame_bytes: ByteSize = setting(ByteSize(FRAME_BYTES), minimum=4096)
     bulk: bool = True
@@ -194,6 +197,15 @@ class VaultConfig:
     bulk_max_inflight_bytes: ByteSize = setting(ByteSize(256 * 1024**2), minimum=1024**2)
     """Request bytes (Put frames, BatchGet bodies) the bulk port buffers at once over every connection; a
     request past it is refused (RESOURCE_EXHAUSTED) and the client sends it over gRPC instead."""
+    grpc_bdp_probe: bool = True
+    """gRPC's HTTP/2 windows grow with the link's bandwidth-delay product (fast gRPC Puts over long links).
+    They also let a sender push far ahead of the vault, so senders that stall can make the transport hold
+    what they pushed beyond ``grpc_max_inflight_bytes``; false keeps windows small and that memory bounded
+    (see docs/operations/limits.md)."""
+    grpc_max_inflight_bytes: ByteSize = setting(ByteSize(256 * 1024**2), minimum=1024**2)
+    """Put bytes gRPC calls hold at once before the store writes them; a Put past it is refused
+    (RESOURCE_EXHAUSTED: the client counts its blobs as not stored). With several tenants, one tenant holds
+    at most three quarters of this budget and of the bulk port's."""
     max_batch_bytes: ByteSize = setting(ByteSize(MAX_BATCH_BYTES), minimum=1)
     grace_s: float = setting(5.0, minimum=0)
     coaccess_window_s: float = setting(30.0, minimum=0)

@@ -36,6 +36,9 @@ MAX_AUTH_TOKEN_BYTES: Final = 4 * KiB
 token file naming a longer one, and a client refuses to send one."""
 MAX_BLOCK_TOKEN_BYTES: Final = 64 * KiB
 """The token ids a block may carry in its metadata (int32 each; a vault refuses more)."""
+MAX_HOTTEST_REPLY_BYTES: Final = 16 * MiB
+"""A Hottest reply's keys and token ids together (a quarter of the gRPC message limit): chains past it
+are left out and the reply says it was truncated. One chain's token ids may take all of it."""
 
 
 def check_namespace(namespace: bytes) -> bytes:
@@ -60,6 +63,7 @@ __all__ = [
     "MAX_BATCH_BYTES",
     "MAX_BLOCK_TOKEN_BYTES",
     "MAX_BULK_REQUEST_BYTES",
+    "MAX_HOTTEST_REPLY_BYTES",
     "MAX_ITEM_BYTES",
     "MAX_KEYS_PER_CALL",
     "MAX_KEY_BYTES",
