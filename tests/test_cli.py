@@ -323,3 +323,14 @@ def test_help_shows_h_defaults_the_token_variable_and_flags_without_placeholders
         and "TIERKV_TOKEN" in vault.stdout
     )
     assert tierkv("config", "show", "-h").returncode == 0
+
+
+def test_the_01_install_command_names_its_successor() -> None:
+    result = tierkv("install", "--exo-path", "/opt/exo")
+    assert_clean_error(result, "tierkv exo install --python /opt/exo/.venv/bin/python")
+    commands = [
+        line.split()[0]
+        for line in tierkv("--help").stdout.split("Commands:")[1].splitlines()
+        if line.startswith("  ")
+    ]
+    assert "exo" in commands and "install" not in commands

@@ -686,6 +686,26 @@ def exo_install(python: ExoPython = None, site_dir: ExoSiteDir = None) -> None:
     _print_lines(_exo("status", python, site_dir).lines()[2:])
 
 
+@app.command(
+    "install",
+    hidden=True,
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
+def legacy_install(ctx: typer.Context) -> None:
+    """tierkv 0.1's ``install --exo-path DIR``: exit 2 naming the command that replaced it."""
+    args = list(ctx.args)
+    where = next((a.partition("=")[2] for a in args if a.startswith("--exo-path=")), "")
+    if not where and "--exo-path" in args[:-1]:
+        where = args[args.index("--exo-path") + 1]
+    python = f"{where.rstrip('/')}/.venv/bin/python" if where else "EXO_DIR/.venv/bin/python"
+    _fail(
+        ValueError(
+            "`tierkv install --exo-path` was tierkv 0.1's; the EXO hook is now installed into EXO's own "
+            f"environment with: tierkv exo install --python {python}  (see tierkv exo -h)"
+        )
+    )
+
+
 @exo_app.command("uninstall")
 def exo_uninstall(python: ExoPython = None, site_dir: ExoSiteDir = None) -> None:
     """Remove exactly the .pth file `tierkv exo install` wrote."""
