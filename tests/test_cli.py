@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import signal
@@ -334,3 +335,10 @@ def test_the_01_install_command_names_its_successor() -> None:
         if line.startswith("  ")
     ]
     assert "exo" in commands and "install" not in commands
+
+
+def test_mlx_serve_is_a_command_and_names_its_extra() -> None:
+    result = tierkv("mlx-serve", "--model", "m")
+    if importlib.util.find_spec("mlx") is None:
+        assert_clean_error(result, "pip install 'tierkv[mlx]'")
+    assert "mlx_lm.server" in tierkv("mlx-serve", "-h").stdout

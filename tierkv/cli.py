@@ -687,6 +687,18 @@ def exo_install(python: ExoPython = None, site_dir: ExoSiteDir = None) -> None:
 
 
 @app.command(
+    "mlx-serve",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
+def mlx_serve(ctx: typer.Context) -> None:
+    """mlx-lm's OpenAI server with a tiered prompt cache: --tierkv-config, --tierkv-block-size,
+    --tierkv-codec, --tierkv-tenant here; every other flag goes to mlx_lm.server (needs tierkv[mlx])."""
+    from tierkv.connectors.mlx.serve import main as serve
+
+    serve(list(ctx.args))
+
+
+@app.command(
     "install",
     hidden=True,
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
