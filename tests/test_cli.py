@@ -342,3 +342,10 @@ def test_mlx_serve_is_a_command_and_names_its_extra() -> None:
     if importlib.util.find_spec("mlx") is None:
         assert_clean_error(result, "pip install 'tierkv[mlx]'")
     assert "mlx_lm.server" in tierkv("mlx-serve", "-h").stdout
+
+
+def test_the_start_line_is_said_once(vault_factory: VaultFactory) -> None:
+    """The vault logs its start line at INFO on stderr; it is not printed to stdout a second time."""
+    v = vault_factory()
+    v.stop()
+    assert v.log_file.read_text().count("vault serving on") == 1, v.log_tail()
