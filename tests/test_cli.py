@@ -294,13 +294,22 @@ def test_config_init_writes_the_example_and_does_not_overwrite(tmp_path: Path) -
     assert tierkv("config", "init", "-").stdout == target.read_text()
 
 
-def test_service_print_gives_the_shipped_units() -> None:
+def test_config_init_creates_missing_directories(tmp_path: Path) -> None:
+    target = tmp_path / "etc" / "tierkv" / "tierkv.toml"
+    assert tierkv("config", "init", str(target)).returncode == 0
+    assert load_config(target).vault == Config().vault
+
+
+def test_service_print_gives_the_shipped_units_for_this_install(tmp_path: Path) -> None:
     root = Path(__file__).parent.parent
-    systemd = tierkv("service", "print", "systemd")
-    assert systemd.returncode == 0
-    assert systemd.stdout == (root / "systemd" / "tierkv-vault.service").read_text()
-    launchd = tierkv("service", "print", "launchd")
-    assert launchd.stdout == (root / "launchd" / "io.tierkv.vault.plist").read_text()
+    shipped = tierkv("service", "print", "systemd", "--exec", "/opt/tierkv/bin/tierkv")
+    assert shipped.returncode == 0
+    assert shipped.stdout == (root / "systemd" / "tierkv-vault.service").read_text()
+    here = tierkv("service", "print", "systemd", "--user", "kv").stdout
+    assert f"ExecStart={Path(sys.executable).parent / 'tierkv'} vault" in here
+    assert "User=kv\nGroup=kv\n" in here and "/opt/tierkv" not in here
+    launchd = tierkv("service", "print", "launchd", env={"HOME": str(tmp_path)}).stdout
+    assert "/Users/YOU" not in launchd and f"{tmp_path}/Library/Logs/tierkv/vault.log" in launchd
     assert tierkv("service", "print", "upstart").returncode == 2
 
 

@@ -34,7 +34,7 @@ def test_systemd_unit() -> None:
 def test_launchd_plist() -> None:
     plist = plistlib.loads((ROOT / "launchd" / "io.tierkv.vault.plist").read_bytes())
     assert plist["RunAtLoad"] is True
-    assert plist["KeepAlive"] == {"SuccessfulExit": False}
+    assert plist["KeepAlive"] == {"Crashed": True}  # never restarted after an exit status (2-5 included)
     assert plist["ProgramArguments"][1] == "vault"
     assert plist["StandardOutPath"].endswith(".log") and plist["StandardErrorPath"].endswith(".log")
 

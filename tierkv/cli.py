@@ -647,6 +647,7 @@ def config_init(
     if target.exists() and not force:
         _fail(FileExistsError(f"{target} exists (--force overwrites it)"))
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)  # /etc/tierkv/ on a fresh machine
         target.write_text(text)
     except OSError as exc:
         _fail(OSError(f"cannot write {target}: {exc.strerror or exc}"))
@@ -742,12 +743,32 @@ service_app = typer.Typer(help="Run a vault as a service (systemd, launchd).", *
 app.add_typer(service_app, name="service")
 
 
+SHIPPED_EXEC = {
+    ServiceKind.systemd: "/opt/tierkv/bin/tierkv",
+    ServiceKind.launchd: "/Users/YOU/.local/tierkv/bin/tierkv",
+}
+
+
 @service_app.command("print")
 def service_print(
     kind: Annotated[ServiceKind, typer.Argument(help="systemd (a unit) or launchd (a plist).")],
+    exec_path: Annotated[
+        str | None,
+        typer.Option(
+            "--exec", help="The tierkv to run (default: the one beside this Python).", show_default=False
+        ),
+    ] = None,
+    user: Annotated[str, typer.Option(help="systemd: the user and group the vault runs as.")] = "tierkv",
 ) -> None:
-    """Print the service definition; redirect it into place (see the comments at its top)."""
-    print((DATA / SERVICE_FILES[kind]).read_text(), end="")
+    """Print the service definition for this install; redirect it into place (see the comments at its top)."""
+    text = (DATA / SERVICE_FILES[kind]).read_text()
+    executable = exec_path or str(Path(sys.executable).parent / "tierkv")
+    text = text.replace(SHIPPED_EXEC[kind], executable)
+    if kind is ServiceKind.systemd:
+        text = text.replace("User=tierkv\nGroup=tierkv", f"User={user}\nGroup={user}")
+    else:
+        text = text.replace("/Users/YOU", str(Path.home()))
+    print(text, end="")
 
 
 def run() -> None:
