@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -358,3 +359,32 @@ def test_the_start_line_is_said_once(vault_factory: VaultFactory) -> None:
     v = vault_factory()
     v.stop()
     assert v.log_file.read_text().count("vault serving on") == 1, v.log_tail()
+
+
+def test_a_vault_creates_its_data_directory_0700(tmp_path: Path) -> None:
+    data, ready = tmp_path / "new" / "vault", tmp_path / "ready"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tierkv",
+            "vault",
+            "--port",
+            "0",
+            "--path",
+            str(data),
+            "--ready-file",
+            str(ready),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the vault did not start"
+            time.sleep(0.05)
+        assert data.stat().st_mode & 0o777 == 0o700
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -741,7 +741,7 @@ def _check_readable(cfg: Config, names: Iterable[str]) -> None:
 def _check_data_dir(path: Path, source: str, *, create: bool) -> None:
     if create:
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the store makes it: 0700
         except OSError as exc:
             raise ConfigError(source, "vault.path", f"cannot create {path}: {exc.strerror or exc}") from exc
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
