@@ -470,6 +470,14 @@ def snapshot(
     out.print(f"{len(snap.prefixes)} prefixes ({tokens} tokens) written to {output}", highlight=False)
     if snap.skipped:
         out.print(f"{snap.skipped} hot chains without token ids skipped (warm_tokens off when stored?)")
+    if not snap.prefixes:
+        out.print(
+            escape(
+                "nothing to warm: engines send a block's token ids only with [retention] warm_tokens = true "
+                "in their tierkv.toml (off by default), and a chain is hot once it was read"
+            ),
+            highlight=False,
+        )
     for line in snap.errors:
         err.print(f"[red]{escape(line)}[/red]", soft_wrap=True)
     if snap.errors:
