@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import importlib.util
 import json
 import os
+import pty
+import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -388,3 +393,40 @@ def test_a_vault_creates_its_data_directory_0700(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def in_a_terminal(args: list[str], columns: int) -> str:
+    """Run the command line on a pseudo-terminal ``columns`` wide; its screen output, colours removed."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm-256color"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tierkv", *args], stdin=slave, stdout=slave, stderr=slave, env=env
+    )
+    os.close(slave)
+    chunks: list[bytes] = []
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's last writer exited
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(master)
+        proc.wait(60)
+    return re.sub(r"\x1b\[[0-9;]*m", "", b"".join(chunks).decode())
+
+
+def test_status_reads_at_80_columns_in_a_terminal(vault_factory: VaultFactory, tmp_path: Path) -> None:
+    v = vault_factory()
+    host, port = v.address.rsplit(":", 1)
+    cfg = tmp_path / "tierkv.toml"
+    cfg.write_text(f'[cluster.kv_cold]\nhost = "{host}"\nport = {port}\n')
+    screen = in_a_terminal(["status", "-c", str(cfg)], 80)
+    lines = screen.replace("\r", "").splitlines()
+    assert max(len(line) for line in lines) <= 80, screen
+    row = next(line for line in lines if "kv_cold" in line)
+    assert v.address in row and " ok " in row and "…" not in screen, screen

@@ -441,7 +441,7 @@ def _show_status(cfg: Config, nodes: list[NodeStatus], *, as_json: bool, watchin
         if watching and out.is_terminal:
             out.clear()
         stamp = time.strftime(" %H:%M:%S") if watching else ""
-        out.print(status_table(nodes, f"tierkv status ({cfg.source}){stamp}"))
+        out.print(status_table(nodes, f"tierkv status ({cfg.source}){stamp}", width=out.width))
         for n in nodes:
             if not n.reachable:
                 err.print(f"[red]{n.role} {n.address} {n.state}:[/red] {escape(n.error)}")
