@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
+from tierkv.certs import certificate_problem
 from tierkv.endpoints import HostPort, join_host_port
 from tierkv.errors import ConfigError
 from tierkv.limits import FRAME_BYTES, MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
@@ -724,6 +725,7 @@ def check_vault_start(cfg: Config, *, ready_file: str | None = None, create: boo
 
 
 def _check_readable(cfg: Config, names: Iterable[str]) -> None:
+    """Each named TLS file can be read, and each certificate among them is valid now."""
     for name in names:
         value = getattr(cfg.tls, name)
         if not value:
@@ -736,6 +738,9 @@ def _check_readable(cfg: Config, names: Iterable[str]) -> None:
             raise ConfigError(
                 cfg.source, f"tls.{name}", f"cannot read {path}: {exc.strerror or exc}"
             ) from exc
+        problem = certificate_problem(path) if name in ("cert_file", "ca_file") else None
+        if problem:
+            raise ConfigError(cfg.source, f"tls.{name}", f"{path}: {problem}")
 
 
 def _check_data_dir(path: Path, source: str, *, create: bool) -> None:
