@@ -281,7 +281,7 @@ def admin_namespaces(
     answers = admin.ask(cfg, where, lambda c: c.list_namespaces(tenant=tenant, limit=limit), timeout)
     if as_json:
         print(json.dumps(admin.namespaces_doc(answers), indent=2))
-    else:
+    elif any(a.ok for a in answers):  # no empty table above the errors of vaults that all refused
         out.print(admin.namespaces_table(answers, f"tierkv namespaces ({cfg.source})"))
         out.print(
             f"model: {admin.UNKNOWN_MODEL}; the sample header says what its blocks hold", highlight=False
