@@ -572,7 +572,11 @@ def pages(
     config: ConfigOpt = None,
     vault: VaultOpt = None,
     block_tokens: Annotated[
-        int, typer.Option(min=1, help="Tokens per vault block, for chains without ids.")
+        int,
+        typer.Option(
+            min=1,
+            help="Tokens per vault block where a namespace's blob headers do not say (chains without ids).",
+        ),
     ] = 32,
     timeout: Annotated[float, typer.Option(help="Per replica and vault deadline in seconds.")] = 10.0,
     as_json: JsonFlag = False,
