@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
+from tierkv.certs import certificate_problem
 from tierkv.endpoints import HostPort, join_host_port
 from tierkv.errors import ConfigError
 from tierkv.limits import FRAME_BYTES, MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
@@ -739,6 +740,7 @@ def check_vault_start(cfg: Config, *, ready_file: str | None = None, create: boo
 
 
 def _check_readable(cfg: Config, names: Iterable[str]) -> None:
+    """Each named TLS file can be read, and each certificate among them is valid now."""
     for name in names:
         value = getattr(cfg.tls, name)
         if not value:
@@ -751,12 +753,15 @@ def _check_readable(cfg: Config, names: Iterable[str]) -> None:
             raise ConfigError(
                 cfg.source, f"tls.{name}", f"cannot read {path}: {exc.strerror or exc}"
             ) from exc
+        problem = certificate_problem(path) if name in ("cert_file", "ca_file") else None
+        if problem:
+            raise ConfigError(cfg.source, f"tls.{name}", f"{path}: {problem}")
 
 
 def _check_data_dir(path: Path, source: str, *, create: bool) -> None:
     if create:
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the store makes it: 0700
         except OSError as exc:
             raise ConfigError(source, "vault.path", f"cannot create {path}: {exc.strerror or exc}") from exc
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())

@@ -85,6 +85,21 @@ def setup_logging(
     logging.getLogger("grpc").setLevel(max(effective, logging.WARNING))
 
 
+def console_shows(level: int = logging.INFO) -> bool:
+    """Whether the root logger writes records of ``level`` to the terminal (stderr or stdout), so a line
+    also logged there need not be printed again."""
+    root = logging.getLogger()
+    if not root.isEnabledFor(level):
+        return False
+    return any(
+        isinstance(h, logging.StreamHandler)
+        and not isinstance(h, logging.FileHandler)
+        and getattr(h, "stream", None) in (sys.stderr, sys.stdout)
+        and h.level <= level
+        for h in root.handlers
+    )
+
+
 def _file_handler(file: str, source: str) -> logging.Handler:
     path = Path(file).expanduser()
     try:

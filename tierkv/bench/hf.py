@@ -406,7 +406,7 @@ def run_hf(config: Config, settings: HFSettings, vault_settings: VaultSettings, 
             if settings.codec != "raw" and result.rows and not result.out_of_time(deadline):
                 _agreement(model, cluster, settings, lengths[0], f"{model_id}/agreement", result, console)
         finally:
-            session.close(timeout=60)
+            session.close(persist=False, timeout=60)
             cluster.delete_stored()
     _conclude(result)
     result.finish(deadline)

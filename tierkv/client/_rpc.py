@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from tierkv.client.plain import plain_details
 from tierkv.client.types import ClassStats, EntryInfo, EntryStatus, NamespaceInfo, TenantStats, VaultStats
 from tierkv.codec.landing import Landing, LandingSink
 from tierkv.config import TLSConfig
@@ -128,7 +129,7 @@ def error_for(name: str, details: str, address: str) -> VaultError:
     """The tierkv exception for a status named ``name`` (gRPC's, or a bulk-channel ERROR record's)."""
     code = getattr(grpc.StatusCode, name, None)
     if code in _UNAVAILABLE:
-        return VaultUnavailable(f"{name}: {details}", address=address, code=name)
+        return VaultUnavailable(f"{name}: {plain_details(details)}", address=address, code=name)
     cls = _MAPPED.get(code, VaultError) if isinstance(code, grpc.StatusCode) else VaultError
     return cls(f"{name}: {details}", address=address, code=name)
 

@@ -32,6 +32,7 @@ from tierkv._malloc import tune_malloc
 from tierkv.config import Config
 from tierkv.endpoints import join_host_port
 from tierkv.errors import ConfigError
+from tierkv.logs import console_shows
 from tierkv.roles import Role
 from tierkv.vault import grpc_edge
 from tierkv.vault.admission import Admission, AdmissionLimits, grpc_threads
@@ -262,7 +263,10 @@ class VaultServer:
                 tmp.write_text(f"{port}\n")
                 tmp.replace(ready_file)
             sd_notify("READY=1")
-            print(self.startup_line(), flush=True)
+            # start() logged the line; a terminal that shows INFO logs needs no second copy (JSON logs
+            # keep the bare JSON object on stdout, for whatever parses it)
+            if self.config.log.json or not console_shows(logging.INFO):
+                print(self.startup_line(), flush=True)
             wait_for_signal(done)
         finally:
             self.stop()
