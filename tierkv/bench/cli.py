@@ -164,6 +164,15 @@ VaultMaxBytes = Annotated[
 VaultSync = Annotated[
     str, typer.Option(help="durable or fast, for vaults started here.", rich_help_panel=VAULTS)
 ]
+LinkOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--link",
+        help="Measure over an emulated link: RATE[,RTT] (5gbit,1ms) or 1gbe, 5gbe, 10gbe, 25gbe; the vaults "
+        "start in a network namespace behind a shaped veth (needs root).",
+        rich_help_panel=VAULTS,
+    ),
+]
 
 
 def _run(
@@ -205,6 +214,10 @@ def synthetic(
             help="Decoder of int8 restores: torch (as the engine hooks), numpy, auto (torch if installed)."
         ),
     ] = "auto",
+    overlap: Annotated[
+        str,
+        typer.Option(help="int8 restores decode while the rest arrives (on), after it (off), or both."),
+    ] = "on",
     max_seconds: MaxSeconds = 120.0,
     prefill_tps: Annotated[
         float | None, typer.Option(help="Your prefill rate in tokens/s, for a break-even length.")
@@ -217,6 +230,7 @@ def synthetic(
     state_dir: StateDir = None,
     vault_max_bytes: VaultMaxBytes = "1GiB",
     vault_sync: VaultSync = "durable",
+    link: LinkOpt = None,
     seed: Seed = 0,
     json_out: JsonOut = None,
     verbose: Verbose = 0,
@@ -225,6 +239,8 @@ def synthetic(
     from tierkv.bench import runner
 
     def measure(cfg: Config, console: Console) -> BenchResult:
+        from dataclasses import replace
+
         from tierkv.bench.synthetic import SyntheticSettings, run_synthetic
 
         settings = SyntheticSettings(
@@ -239,9 +255,15 @@ def synthetic(
             prefill=runner.prefill_model(prefill_tps, prefill_at),
             seed=seed,
             decoder=decoder,
+            overlap=overlap,
         )
+        settings.validate()  # before a link is set up for it
         where = runner.vault_settings(vaults, use_config_vaults, state_dir, vault_max_bytes, vault_sync)
-        return run_synthetic(cfg, settings, where, console)
+        return runner.on_link(
+            link,
+            where,
+            lambda shaped, spec: run_synthetic(cfg, replace(settings, link=spec), shaped, console),
+        )
 
     _run(config, verbose, json_out, measure)
 

@@ -49,6 +49,11 @@ class NumpyDecoder:
                 values.append(None)
         return values, errors
 
+    def decode_ring(self, run: Sequence[tuple[int, Buffer]], codec: str) -> list[str]:
+        """Decode blobs as :class:`~tierkv.tiering.behind.DecodeBehind` hands them over (each into a fresh
+        array); why each rejected blob was rejected."""
+        return self.decode([blob for _, blob in run], codec)[1]
+
 
 class TorchDecoder:
     """int8 batches into the rows of one reused torch tensor (``decode_rows``); raw blobs as numpy.
@@ -81,6 +86,33 @@ class TorchDecoder:
         for row, i in enumerate(good):  # decode_rows puts the n-th good blob into row n
             values[i] = self.rows[row]
         return values, [str(verdict) for verdict in verdicts if verdict is not None]
+
+    def decode_ring(self, run: Sequence[tuple[int, Buffer]], codec: str) -> list[str]:
+        """Decode blobs as :class:`~tierkv.tiering.behind.DecodeBehind` hands them over: key ``i`` into
+        row ``i % rows`` (a run that wraps around is decoded in two parts); why each rejected blob was
+        rejected. The caller keeps at most ``rows`` blobs in flight, so no row is overwritten early."""
+        if codec == "raw":
+            return self.raw.decode_ring(run, codec)
+        from tierkv.codec.torch_rows import decode_rows
+
+        size = self.rows.shape[0]
+        errors: list[str] = []
+        start = 0
+        while start < len(run):
+            first = run[start][0] % size
+            stop = start + 1
+            while stop < len(run) and run[stop][0] % size == first + stop - start:
+                stop += 1
+            verdicts = decode_rows(
+                [blob for _, blob in run[start:stop]],
+                self.rows.narrow(0, first, stop - start),
+                expect_codec=codec,
+                expect_shape=self.raw.shape,
+                expect_tokens=self.raw.tokens,
+            )
+            errors += [str(verdict) for verdict in verdicts if verdict is not None]
+            start = stop
+        return errors
 
 
 def make_decoder(

@@ -1,0 +1,115 @@
+"""Decoding a restore while the rest of it is still arriving.
+
+Over a link slower than the codec, a restore that receives everything and then decodes pays for both
+one after the other; with int8 blobs (half the bytes of raw) that throws away most of what the smaller
+blobs bought. :class:`DecodeBehind` is a storage's ``on_blob`` (:data:`~tierkv.tiering.storage.BlobSink`)
+that copies each blob as it arrives (a blob is valid only during its call; the copy runs at memory speed,
+far above any link) and hands it to one worker thread, which decodes whatever has arrived since it last
+looked in one call, so the next run decodes while the following blobs arrive. The worker's decoders
+(numpy ufuncs, torch) release the GIL, so the receiving thread keeps reading meanwhile.
+
+At most ``window`` blobs wait or decode at once: a receiver that outruns the decoder (loopback, a fast
+link on a slow core) blocks in ``on_blob`` until the worker catches up, which bounds the copies held and
+lets a caller decode into a ring of ``window`` rows (``slot = index % window``) without a row being
+overwritten before its blob was decoded. Where the decoder, not the wire, is the bound this gains
+nothing and costs a thread hand-off per run: callers choose it per restore.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+
+from tierkv.codec import Buffer
+
+DecodeRun = Callable[[Sequence[tuple[int, bytes]]], None]
+"""Decodes ``(index, blob)`` pairs, indices ascending; runs on the worker thread, never concurrently."""
+
+
+class DecodeBehind:
+    """A blob sink whose blobs are decoded by a worker thread in runs, as they arrive.
+
+    Use as a context manager: leaving it waits until every blob handed over was decoded, and re-raises
+    the first error the decoder raised (the worker stops taking blobs after one).
+    """
+
+    def __init__(self, decode_run: DecodeRun, *, window: int, name: str = "tierkv-decode-behind") -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1, got {window}")
+        self._decode_run = decode_run
+        self._window = window
+        self._pending: list[tuple[int, bytes]] = []
+        self._held = 0
+        self._closing = False
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self.busy_s = 0.0
+        """Seconds the worker spent decoding (overlapped with receiving, so not a share of wall time)."""
+        self.runs = 0
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def arrived(self, i: int, blob: Buffer) -> None:
+        """``on_blob``: copy key ``i``'s blob and queue it; waits while ``window`` blobs are held."""
+        data = bytes(blob)
+        with self._cond:
+            while self._held >= self._window and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                return  # the worker has stopped; close() raises its error
+            self._pending.append((i, data))
+            self._held += 1
+            self._cond.notify_all()
+
+    __call__ = arrived
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                run, self._pending = self._pending, []
+            t0 = time.perf_counter()
+            try:
+                self._decode_run(sorted(run))
+            except BaseException as exc:  # handed to the caller by close()
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self.busy_s += time.perf_counter() - t0
+                self.runs += 1
+                self._held -= len(run)
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Wait until everything handed over is decoded; re-raise the decoder's error, if any."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def __enter__(self) -> DecodeBehind:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if kind is None:
+            self.close()
+            return
+        with self._cond:  # failing already: stop the worker, keep the first error
+            self._closing = True
+            self._pending.clear()
+            self._cond.notify_all()
+        self._thread.join()
+
+
+__all__ = ["DecodeBehind", "DecodeRun"]
