@@ -218,6 +218,9 @@ def synthetic(
         str,
         typer.Option(help="int8 restores decode while the rest arrives (on), after it (off), or both."),
     ] = "on",
+    decode_threads: Annotated[
+        int, typer.Option(help="Threads per torch int8 decode (0: torch's default), in both restore paths.")
+    ] = 0,
     max_seconds: MaxSeconds = 120.0,
     prefill_tps: Annotated[
         float | None, typer.Option(help="Your prefill rate in tokens/s, for a break-even length.")
@@ -256,6 +259,7 @@ def synthetic(
             seed=seed,
             decoder=decoder,
             overlap=overlap,
+            decode_threads=decode_threads,
         )
         settings.validate()  # before a link is set up for it
         where = runner.vault_settings(vaults, use_config_vaults, state_dir, vault_max_bytes, vault_sync)

@@ -62,17 +62,27 @@ class TorchDecoder:
 
     name = "torch"
 
-    def __init__(self, shape: tuple[int, ...], dtype: str, tokens: int, rows: int) -> None:
+    def __init__(self, shape: tuple[int, ...], dtype: str, tokens: int, rows: int, threads: int = 0) -> None:
         import torch
 
         self.raw = NumpyDecoder(shape, dtype, tokens)
         self.rows = torch.empty((rows, *shape), dtype=getattr(torch, dtype))
+        self.threads = threads or torch.get_num_threads()
+        """Threads each decode uses, whichever thread calls it: torch keeps the count per calling thread
+        (a thread started later decodes on one unless told), so both restore paths are told the same."""
+
+    def _own_threads(self) -> None:
+        import torch
+
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
 
     def decode(self, blobs: Sequence[Buffer | None], codec: str) -> Decoded:
         if codec == "raw":
             return self.raw.decode(blobs, codec)
         from tierkv.codec.torch_rows import decode_rows
 
+        self._own_threads()
         present = [i for i, blob in enumerate(blobs) if blob is not None]
         verdicts = decode_rows(
             [blob for blob in blobs if blob is not None],
@@ -95,6 +105,7 @@ class TorchDecoder:
             return self.raw.decode_ring(run, codec)
         from tierkv.codec.torch_rows import decode_rows
 
+        self._own_threads()
         size = self.rows.shape[0]
         errors: list[str] = []
         start = 0
@@ -116,9 +127,10 @@ class TorchDecoder:
 
 
 def make_decoder(
-    choice: str, shape: tuple[int, ...], dtype: str, tokens: int, rows: int
+    choice: str, shape: tuple[int, ...], dtype: str, tokens: int, rows: int, threads: int = 0
 ) -> NumpyDecoder | TorchDecoder:
-    """The decoder ``choice`` names (``auto``: torch where it is installed); rows = blocks per batch."""
+    """The decoder ``choice`` names (``auto``: torch where it is installed); rows = blocks per batch;
+    ``threads`` per torch decode (0: torch's default in this process)."""
     if choice not in DECODERS:
         raise BenchError(f"--decoder: expected one of {', '.join(DECODERS)}, got {choice!r}")
     have_torch = importlib.util.find_spec("torch") is not None
@@ -126,7 +138,7 @@ def make_decoder(
         raise BenchError("--decoder torch: torch is not installed here (pip install 'tierkv[hf]')")
     if choice == "numpy" or not have_torch:
         return NumpyDecoder(shape, dtype, tokens)
-    return TorchDecoder(shape, dtype, tokens, rows)
+    return TorchDecoder(shape, dtype, tokens, rows, threads)
 
 
 __all__ = ["DECODERS", "Decoded", "NumpyDecoder", "TorchDecoder", "make_decoder"]

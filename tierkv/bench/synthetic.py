@@ -68,6 +68,8 @@ class SyntheticSettings:
     prefill: PrefillModel | None = None
     seed: int = 0
     decoder: str = "auto"
+    decode_threads: int = 0
+    """Threads of each torch decode (0: torch's default), the same in both restore paths."""
     overlap: str = "on"
     """Whether int8 restores decode while the rest arrives (``on``), after it (``off``), or both (each
     a contender of its own, interleaved with the others)."""
@@ -86,6 +88,10 @@ class SyntheticSettings:
             },
         )
         check_codecs(self.codecs)
+        if self.decode_threads < 0:
+            raise BenchError(
+                f"--decode-threads must be 0 (torch's default) or more, got {self.decode_threads}"
+            )
         if self.overlap not in OVERLAP_CHOICES:
             raise BenchError(f"--overlap: expected one of {', '.join(OVERLAP_CHOICES)}, got {self.overlap!r}")
 
@@ -260,7 +266,12 @@ class _Workload:
         self.block_bytes = int(self.pool[0].nbytes)
         self.per_batch = max(1, settings.batch_bytes // self.block_bytes)
         self.decoder = make_decoder(
-            settings.decoder, self.pool[0].shape, shape.dtype, settings.block_tokens, 2 * self.per_batch
+            settings.decoder,
+            self.pool[0].shape,
+            shape.dtype,
+            settings.block_tokens,
+            2 * self.per_batch,
+            settings.decode_threads,
         )
         """Rows for two batches: one batch decodes while the next arrives (a ring, see ``decode_ring``)."""
 
