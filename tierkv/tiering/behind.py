@@ -35,10 +35,19 @@ class DecodeBehind:
     the first error the decoder raised (the worker stops taking blobs after one).
     """
 
-    def __init__(self, decode_run: DecodeRun, *, window: int, name: str = "tierkv-decode-behind") -> None:
+    def __init__(
+        self,
+        decode_run: DecodeRun,
+        *,
+        window: int,
+        name: str = "tierkv-decode-behind",
+        init: Callable[[], object] | None = None,
+    ) -> None:
+        """``init`` runs first on the worker thread (e.g. to decode with the caller's thread count)."""
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
         self._decode_run = decode_run
+        self._init = init
         self._window = window
         self._pending: list[tuple[int, bytes]] = []
         self._held = 0
@@ -66,26 +75,29 @@ class DecodeBehind:
     __call__ = arrived
 
     def _work(self) -> None:
-        while True:
-            with self._cond:
-                while not self._pending and not self._closing:
-                    self._cond.wait()
-                if not self._pending:
-                    return
-                run, self._pending = self._pending, []
-            t0 = time.perf_counter()
-            try:
-                self._decode_run(sorted(run))
-            except BaseException as exc:  # handed to the caller by close()
+        try:
+            if self._init is not None:
+                self._init()
+            while (run := self._next_run()) is not None:
+                t0 = time.perf_counter()
+                self._decode_run(run)
                 with self._cond:
-                    self._error = exc
+                    self.busy_s += time.perf_counter() - t0
+                    self.runs += 1
+                    self._held -= len(run)
                     self._cond.notify_all()
-                return
+        except BaseException as exc:  # handed to the caller by close()
             with self._cond:
-                self.busy_s += time.perf_counter() - t0
-                self.runs += 1
-                self._held -= len(run)
+                self._error = exc
                 self._cond.notify_all()
+
+    def _next_run(self) -> list[tuple[int, bytes]] | None:
+        """Everything that arrived since the last run, by index; None once closing and drained."""
+        with self._cond:
+            while not self._pending and not self._closing:
+                self._cond.wait()
+            run, self._pending = self._pending, []
+        return sorted(run) if run else None
 
     def close(self) -> None:
         """Wait until everything handed over is decoded; re-raise the decoder's error, if any."""
@@ -112,4 +124,15 @@ class DecodeBehind:
         self._thread.join()
 
 
-__all__ = ["DecodeBehind", "DecodeRun"]
+def contiguous(run: Sequence[tuple[int, bytes]]) -> list[Sequence[tuple[int, bytes]]]:
+    """A run split where its indices stop being consecutive: each piece decodes into consecutive rows."""
+    pieces: list[Sequence[tuple[int, bytes]]] = []
+    start = 0
+    for k in range(1, len(run) + 1):
+        if k == len(run) or run[k][0] != run[k - 1][0] + 1:
+            pieces.append(run[start:k])
+            start = k
+    return pieces
+
+
+__all__ = ["DecodeBehind", "DecodeRun", "contiguous"]
