@@ -30,7 +30,7 @@ def test_every_blob_is_decoded_once_in_index_order_per_run_and_copied_on_arrival
     assert sorted(i for i, _ in seen) == list(range(32))
     assert dict(seen) == {i: b"abcdefgh"[i % 8 : i % 8 + 1] for i in range(32)}
     assert all(r == sorted(r) for r in runs)
-    assert threads == {"tierkv-decode-behind"}
+    assert threads <= {"tierkv-decode-behind", "MainThread"}
     assert behind.runs == len(runs) and behind.busy_s >= 0
 
 
@@ -59,6 +59,22 @@ def test_a_receiver_that_outruns_the_decoder_never_holds_more_than_the_window() 
     assert most <= window
 
 
+def test_a_receiver_that_finds_the_window_full_decodes_what_waits_itself() -> None:
+    gate = threading.Event()
+    runs: list[tuple[str, list[int]]] = []
+
+    def run(blobs: object) -> None:
+        assert isinstance(blobs, list)
+        runs.append((threading.current_thread().name, [i for i, _ in blobs]))
+
+    with DecodeBehind(run, window=3, init=lambda: gate.wait(10)) as behind:  # the worker is held up
+        for i in range(4):
+            behind.arrived(i, b"x")
+        assert runs == [("MainThread", [0, 1, 2])], "the full window was decoded by the receiving thread"
+        gate.set()
+    assert sorted(i for _, r in runs for i in r) == [0, 1, 2, 3]
+
+
 def test_the_decoders_error_is_raised_when_the_restore_closes_and_stops_the_worker() -> None:
     calls = 0
 
@@ -73,7 +89,7 @@ def test_the_decoders_error_is_raised_when_the_restore_closes_and_stops_the_work
         behind.arrived(i, b"b")
     with pytest.raises(RuntimeError, match="broken decoder"):
         behind.close()
-    assert calls == 1
+    assert 1 <= calls <= 2  # the worker, and perhaps a receiver that found the window full
 
 
 def test_leaving_on_an_error_stops_the_worker_without_decoding_the_rest() -> None:

@@ -9,10 +9,12 @@ looked in one call, so the next run decodes while the following blobs arrive. Th
 (numpy ufuncs, torch) release the GIL, so the receiving thread keeps reading meanwhile.
 
 At most ``window`` blobs wait or decode at once: a receiver that outruns the decoder (loopback, a fast
-link on a slow core) blocks in ``on_blob`` until the worker catches up, which bounds the copies held and
-lets a caller decode into a ring of ``window`` rows (``slot = index % window``) without a row being
-overwritten before its blob was decoded. Where the decoder, not the wire, is the bound this gains
-nothing and costs a thread hand-off per run: callers choose it per restore.
+link on a slow core) decodes what waits itself, or waits for the worker's run, instead of queueing more,
+which bounds the copies held and lets a caller decode into a ring of ``window`` rows (``slot = index %
+window``) without a row being overwritten before its blob was decoded. At the end the caller decodes what
+still waits itself rather than wait for the worker to wake up (on a busy machine a wake-up can take
+milliseconds). Runs never decode concurrently. Where the decoder, not the wire, is the bound this gains
+nothing and costs a copy per blob and a hand-off per run: callers choose it per restore.
 """
 
 from __future__ import annotations
@@ -54,56 +56,89 @@ class DecodeBehind:
         self._closing = False
         self._error: BaseException | None = None
         self._cond = threading.Condition()
+        self._decoding = threading.Lock()
         self.busy_s = 0.0
-        """Seconds the worker spent decoding (overlapped with receiving, so not a share of wall time)."""
+        """Seconds spent decoding (mostly overlapped with receiving, so not a share of wall time)."""
         self.runs = 0
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
     def arrived(self, i: int, blob: Buffer) -> None:
-        """``on_blob``: copy key ``i``'s blob and queue it; waits while ``window`` blobs are held."""
+        """``on_blob``: copy key ``i``'s blob and queue it. While ``window`` blobs are held, the calling
+        thread decodes what waits itself (or waits for the worker's run to end) instead of queueing more."""
         data = bytes(blob)
-        with self._cond:
-            while self._held >= self._window and self._error is None:
-                self._cond.wait()
-            if self._error is not None:
-                return  # the worker has stopped; close() raises its error
-            self._pending.append((i, data))
-            self._held += 1
-            self._cond.notify_all()
+        while True:
+            with self._cond:
+                if self._error is not None:
+                    return  # decoding has stopped; close() raises its error
+                if self._held < self._window:
+                    self._pending.append((i, data))
+                    self._held += 1
+                    self._cond.notify_all()
+                    return
+                run = self._take()
+                if run is None:
+                    self._cond.wait()
+                    continue
+            self._help(run)
 
     __call__ = arrived
+
+    def _take(self) -> list[tuple[int, bytes]] | None:
+        """Everything that arrived since the last run, by index (None: nothing); called holding the lock."""
+        run, self._pending = self._pending, []
+        return sorted(run) if run else None
+
+    def _decode(self, run: list[tuple[int, bytes]]) -> None:
+        """One run, never two at once (the worker, or a caller helping out)."""
+        with self._decoding:
+            t0 = time.perf_counter()
+            self._decode_run(run)
+            with self._cond:
+                self.busy_s += time.perf_counter() - t0
+                self.runs += 1
+                self._held -= len(run)
+                self._cond.notify_all()
+
+    def _help(self, run: list[tuple[int, bytes]]) -> None:
+        """Decode ``run`` on the calling thread; an error is kept for close(), as the worker's is."""
+        try:
+            self._decode(run)
+        except Exception as exc:
+            with self._cond:
+                self._error = self._error or exc
+                self._cond.notify_all()
 
     def _work(self) -> None:
         try:
             if self._init is not None:
                 self._init()
             while (run := self._next_run()) is not None:
-                t0 = time.perf_counter()
-                self._decode_run(run)
-                with self._cond:
-                    self.busy_s += time.perf_counter() - t0
-                    self.runs += 1
-                    self._held -= len(run)
-                    self._cond.notify_all()
+                self._decode(run)
         except BaseException as exc:  # handed to the caller by close()
             with self._cond:
-                self._error = exc
+                self._error = self._error or exc
                 self._cond.notify_all()
 
     def _next_run(self) -> list[tuple[int, bytes]] | None:
-        """Everything that arrived since the last run, by index; None once closing and drained."""
+        """The worker's next run; None once closing and drained."""
         with self._cond:
-            while not self._pending and not self._closing:
+            while not self._pending and not self._closing and self._error is None:
                 self._cond.wait()
-            run, self._pending = self._pending, []
-        return sorted(run) if run else None
+            return None if self._error is not None else self._take()
 
     def close(self) -> None:
-        """Wait until everything handed over is decoded; re-raise the decoder's error, if any."""
+        """Decode what still waits on the calling thread (no wake-up of the worker to wait for), wait for
+        the worker's last run, and re-raise the first error a decode raised, if any."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+        while True:
+            with self._cond:
+                run = None if self._error is not None else self._take()
+            if run is None:
+                break
+            self._help(run)
         self._thread.join()
         if self._error is not None:
             raise self._error
