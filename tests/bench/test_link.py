@@ -122,3 +122,12 @@ def test_a_bad_link_is_refused_before_anything_starts(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "--link: expected RATE[,RTT]" in done.stdout + done.stderr
+
+
+def test_hf_takes_a_rate_only(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tierkv", "bench", "hf", "--link", "5gbit,1ms", "--tokens", "32"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--link: hf takes a rate only" in done.stdout + done.stderr

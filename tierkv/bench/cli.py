@@ -288,6 +288,7 @@ def hf(
     state_dir: StateDir = None,
     vault_max_bytes: VaultMaxBytes = "1GiB",
     vault_sync: VaultSync = "durable",
+    link: LinkOpt = None,
     seed: Seed = 0,
     json_out: JsonOut = None,
     verbose: Verbose = 0,
@@ -313,7 +314,9 @@ def hf(
             seed=seed,
         )
         where = runner.vault_settings(vaults, use_config_vaults, state_dir, vault_max_bytes, vault_sync)
-        return run_hf(cfg, settings, where, console)
+        if link and runner.link_has_round_trip(link):
+            raise BenchError("--link: hf takes a rate only (a round trip is waited by bench synthetic)")
+        return runner.on_link(link, where, lambda shaped, _: run_hf(cfg, settings, shaped, console))
 
     _run(config, verbose, json_out, measure)
 

@@ -101,6 +101,11 @@ def on_link(
             return measure(shaped, spec)
 
 
+def link_has_round_trip(text: str) -> bool:
+    """Whether ``--link`` asks for a round trip (which only the modes that wait it can honour)."""
+    return parse_link(text).rtt_s > 0
+
+
 def prefill_model(tps: float | None, at: int | None) -> PrefillModel | None:
     """``--prefill-tps`` (and the length ``--prefill-at`` it was measured at), when given."""
     if tps is None:
@@ -131,6 +136,7 @@ def render_result(result: BenchResult, console: Console) -> None:
 
 __all__ = [
     "BenchResult",
+    "link_has_round_trip",
     "model_shape",
     "on_link",
     "parse_codecs",
