@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -102,14 +103,14 @@ def _zombie(pid: int) -> bool:
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
-def test_without_privileges_the_command_refuses_in_one_line(tmp_path: Path) -> None:
-    tmp_path.chmod(0o777)
+def test_without_privileges_the_command_refuses_in_one_line() -> None:
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    done = subprocess.run(
-        [*nobody, *_command("--link", "5gbe", "--tokens", "32", "--repeats", "1")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "HOME": str(tmp_path)},
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory(dir="/tmp") as home:  # pytest's are not reachable for another user
+        Path(home).chmod(0o777)
+        done = subprocess.run(
+            [*nobody, *_command("--link", "5gbe", "--tokens", "32", "--repeats", "1")],
+            cwd=home, capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": home},
+        )  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and "--link needs root" in lines[0], lines
