@@ -1,7 +1,7 @@
 """tierkv over the links users have (1, 5, 10, 25 GbE, or loopback), against the peers they would pick.
 
-For each link (``--links 1gbe,5gbe,10gbe,25gbe,loopback``; ``RATE[,RTT]`` as ``tierkv bench --link``
-takes it) a child process of this script sets the link up (:mod:`tierkv.bench.link`: the servers in one
+For each link (``--links 1gbe 5gbe 10gbe 25gbe loopback``; ``RATE[,RTT]`` as ``tierkv bench --link``
+takes it, e.g. ``5gbit,1ms``) a child process of this script sets the link up (:mod:`tierkv.bench.link`: the servers in one
 network namespace, this side in another, a veth shaped with htb between them; loopback: no emulation),
 measures, and tears it down, so every link starts from fresh namespaces and fresh gRPC threads. In it:
 
@@ -299,7 +299,12 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--links", default="1gbe,5gbe,10gbe,25gbe,loopback")
+    parser.add_argument(
+        "--links",
+        nargs="+",
+        default=["1gbe", "5gbe", "10gbe", "25gbe", "loopback"],
+        help="links, space-separated: presets, RATE[,RTT] (5gbit,1ms) or loopback",
+    )
     parser.add_argument("--round-mib", type=int, default=16, help="bytes per read round")
     parser.add_argument("--blob-kib", default="256,1024", help="blob sizes of the read rounds")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions")
@@ -320,7 +325,7 @@ def main() -> None:
     if not shutil.which("redis-server"):
         sys.exit("redis-server not found: run benchmarks/setup-redis.sh first")
     docs = []
-    for text in args.links.split(","):
+    for text in args.links:
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             child = [
                 sys.executable,

@@ -78,7 +78,10 @@ def test_an_interrupted_run_stops_its_vault_and_removes_the_namespaces(
             time.sleep(0.1)
         assert vaults, "no vault came up in the link's namespace"
         proc.send_signal(signum)
-        _, err = proc.communicate(timeout=120)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"still running 120 s after {signum.name}: {_diagnose(proc.pid)}\n{exc.stderr!r}")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -88,6 +91,16 @@ def test_an_interrupted_run_stops_its_vault_and_removes_the_namespaces(
     assert _own(proc.pid) == []
     for pid in vaults:
         assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"vault {pid} outlived the run"
+
+
+def _diagnose(pid: int) -> str:
+    """Signal masks and where each thread waits, for a run that did not stop."""
+    task = Path(f"/proc/{pid}/task")
+    status = [line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Sig")]
+    threads = [
+        f"{t.name} {(t / 'comm').read_text().strip()} {(t / 'wchan').read_text()}" for t in task.iterdir()
+    ]
+    return "; ".join(status + threads)
 
 
 def _vaults_in(ns: str) -> list[int]:

@@ -416,6 +416,7 @@ def _one_repeat(
     keys = block_keys(ids, s.block_tokens, namespace=ns)
     snap_at = s.snapshot_blocks(cell.tokens)
     ssm_keys = block_keys(ids, s.block_tokens, extra=_SSM_EXTRA, namespace=ns) if snap_at else []
+    settled = False
     try:
         store_s, encode_s, wire = 0.0, 0.0, 0
         for batch in _chunks(len(keys), work.per_batch):
@@ -446,10 +447,17 @@ def _one_repeat(
         restored, restore_s, decode_s, exact, ssm_restore_s, ssm_rwire = _restore(
             vaults, work, cell, ns.digest, keys, ssm_keys, snap_at, advance
         )
+        settled = True
+    except Exception:
+        settled = True  # a failure, not an interrupt: what was stored goes as usual
+        raise
     finally:
-        cluster.delete(ns.digest, keys, role=KV_COLD)
-        if snap_at:
-            cluster.delete(ns.digest, [ssm_keys[b - 1] for b in snap_at], role=SSM_COLD)
+        # Interrupted (Ctrl-C, SIGTERM), vaults started here go with their files: no call that could wait
+        # on a busy vault for the cluster's deadline stands between the user and the exit then.
+        if settled or vaults.source != "local":
+            cluster.delete(ns.digest, keys, role=KV_COLD)
+            if snap_at:
+                cluster.delete(ns.digest, [ssm_keys[b - 1] for b in snap_at], role=SSM_COLD)
     cell.repeats += 1
     cell.kv_wire_bytes = wire
     cell.ssm_store_wire_bytes = ssm_wire
