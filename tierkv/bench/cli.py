@@ -216,8 +216,11 @@ def synthetic(
     ] = "auto",
     overlap: Annotated[
         str,
-        typer.Option(help="int8 restores decode while the rest arrives (on), after it (off), or both."),
-    ] = "on",
+        typer.Option(
+            help="int8 restores decode after each batch arrived (off, the hooks' default), while the rest "
+            "arrives (on: [cluster] decode_behind), or both."
+        ),
+    ] = "off",
     decode_threads: Annotated[
         int, typer.Option(help="Threads per torch int8 decode (0: torch's default), in both restore paths.")
     ] = 0,

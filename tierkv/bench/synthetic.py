@@ -70,9 +70,9 @@ class SyntheticSettings:
     decoder: str = "auto"
     decode_threads: int = 0
     """Threads of each torch decode (0: torch's default), the same in both restore paths."""
-    overlap: str = "on"
-    """Whether int8 restores decode while the rest arrives (``on``), after it (``off``), or both (each
-    a contender of its own, interleaved with the others)."""
+    overlap: str = "off"
+    """Whether int8 restores decode while the rest arrives (``on``, contender ``int8+behind``), after
+    each batch arrived (``off``, as the hooks do by default: ``int8``), or both, interleaved."""
     link: LinkSpec | None = None
     """The shaped link the run measures over (``--link``); its round trip is waited once per request."""
 
@@ -168,8 +168,8 @@ class CellResult:
 
     @property
     def contender(self) -> str:
-        """The codec, and ``/serial`` for a lossy one decoded after its batch arrived (``--overlap off``)."""
-        return self.codec + ("/serial" if self.codec != "raw" and not self.overlapped else "")
+        """The codec, and ``+behind`` where its blobs decode while the rest arrives (``--overlap``)."""
+        return self.codec + ("+behind" if self.overlapped else "")
 
     @property
     def cached_tokens(self) -> int:
