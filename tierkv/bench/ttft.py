@@ -2,8 +2,9 @@
 bench that measures in-process (``tierkv bench llamacpp``), its table, verdict and JSON.
 
 Each :class:`TTFTRow` is one prompt: the three TTFTs, what the cold restore moved, how its time splits
-(``parts``, seconds by name, e.g. network / rebuild / compute), and whether its first token and logits
-were the full prefill's. Medians per length are reported; nothing is asserted about timings.
+(``parts``, seconds by name, e.g. network / load / compute), and whether it computed what the engine
+computes from memory (``identical``: the engine's check). Medians per length are reported; nothing
+is asserted about timings.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ class TTFTResult:
     def finish(self) -> None:
         """Set the one-line verdict once every row is in."""
         if not self.ok:
-            self.verdict = "FAIL: a cold restore did not give the full prefill's first token and logits"
+            self.verdict = (
+                "FAIL: a cold restore did not give the hot hit's logits and the prefill's first token"
+            )
             return
         longest = max(r.tokens for r in self.rows)
         at = [r for r in self.rows if r.tokens == longest]

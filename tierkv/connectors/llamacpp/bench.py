@@ -4,14 +4,16 @@ A random-weight llama GGUF of the chosen size (written in code: the FLOPs and KV
 model's, the words are noise), one ``Llama``. For each prompt length, ``repeats`` fresh prompts:
 
 1. **prefill**: the whole prompt evaluated in an empty context, to the first token's logits;
-2. **hot hit**: llama.cpp's own reuse — the context holds all but the last token, which is evaluated;
-3. the prompt's blocks are stored through :meth:`LlamaTier.store` (not timed);
+2. its blocks are stored through :meth:`LlamaTier.store` (not timed);
+3. **hot hit**: llama.cpp's own reuse of the prefix held in memory — the context keeps the whole blocks
+   short of the last token (what a restore gives) and evaluates the rest;
 4. **cold restore**: the context emptied, :meth:`LlamaTier.restore` (lookup, get, verify, rebuild, load)
-   and the rest of the prompt evaluated, to the first token's logits; its time splits into network
-   (lookup and get), load (rebuild and ``llama_state_seq_set_data``) and compute.
+   and the same rest evaluated; its time splits into network (lookup and get), load (rebuild and
+   ``llama_state_seq_set_data``) and compute.
 
-Every cold restore must give the full prefill's logits bit for bit (``ok``); timings are reported,
-never asserted.
+Every cold restore must give the hot hit's logits bit for bit and the prefill's first token (``ok``;
+with flash attention a one-batch prefill differs from a split one in the low bits); timings are
+reported, never asserted.
 """
 
 from __future__ import annotations
@@ -66,24 +68,24 @@ def first_logits(llm: Any, rest: Sequence[int]) -> np.ndarray[Any, Any]:
 def measure_prompt(llm: Any, tier: LlamaTier, ids: list[int]) -> TTFTRow:
     """The three TTFTs of one prompt (see the module docstring)."""
     llm.reset()
-    first_logits(llm, ids[:-1])
     t = time.perf_counter()
-    first_logits(llm, ids[-1:])
-    hot_s = time.perf_counter() - t
-    llm.reset()
-    t = time.perf_counter()
-    reference = first_logits(llm, ids)
+    full = first_logits(llm, ids)
     prefill_s = time.perf_counter() - t
     tier.store()
     tier.flush()
+    held = tier.reachable(len(ids)) * tier.block_size
+    llm.n_tokens = held  # llama.cpp's own reuse of the prefix a restore gives: the next eval drops the rest
+    t = time.perf_counter()
+    hot = first_logits(llm, ids[held:])
+    hot_s = time.perf_counter() - t
     llm.reset()
     t = time.perf_counter()
     got = tier.restore(ids)
-    logits = first_logits(llm, ids[got.tokens :])
+    cold = first_logits(llm, ids[got.tokens :])
     cold_s = time.perf_counter() - t
     network = got.lookup_s + got.get_s
     parts = {"network": network, "load": got.load_s, "compute": cold_s - network - got.load_s}
-    identical = got.tokens > 0 and np.array_equal(logits, reference)
+    identical = got.tokens == held > 0 and np.array_equal(cold, hot) and np.argmax(cold) == np.argmax(full)
     return TTFTRow(len(ids), prefill_s, hot_s, cold_s, got.tokens, got.fetched_bytes, parts, identical)
 
 
@@ -96,7 +98,7 @@ def run_llamacpp(storage: Storage, settings: LlamaBenchSettings, console: Consol
         kv_heads=settings.kv_heads,
         ff=settings.hidden * 3,
         vocab=4096,
-        context=max(settings.lengths) + 64,
+        context=-(-(max(settings.lengths) + 64) // 256) * 256,  # llama.cpp rounds n_ctx up to 256
         seed=settings.seed,
     )
     head_dim = settings.hidden // settings.heads
