@@ -17,6 +17,8 @@ EXTRAS = {
     "vllm": "vllm",
     "zmq": "vllm",
     "msgspec": "vllm",
+    "mlx": "mlx",
+    "mlx_lm": "mlx",
     "llama_cpp": "llamacpp",
     "gguf": "llamacpp",
 }

@@ -151,7 +151,7 @@ def test_a_damaged_block_is_recomputed_with_identical_output(
         blob = bytearray(cluster.get(ns, [key])[0] or b"")
         assert blob, "the blob to corrupt is not stored"
         blob[len(blob) // 2] ^= 0x01
-        assert cluster.put(ns, {key: bytes(blob)}) == 1
+        assert cluster.put(ns, {key: bytes(blob)}).stored == 1
     else:
         assert cluster.delete(ns, [key]) == 1
     restored, rejected, run = _restore(path, kv_vault, ids)
