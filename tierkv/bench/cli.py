@@ -427,7 +427,7 @@ def llamacpp(
 
     def measure(cfg: Config, console: Console) -> BenchResult:
         try:
-            from tierkv.connectors.llamacpp.bench import KV_TYPES, LlamaBenchSettings, run_llamacpp
+            from tierkv.bench.llamacpp import KV_TYPES, LlamaBenchSettings, run_llamacpp
         except ImportError as exc:
             raise BenchError(
                 f"bench llamacpp needs llama-cpp-python and gguf (tierkv's llamacpp extra): {exc}"
