@@ -107,7 +107,8 @@ def run_llamacpp(storage: Storage, settings: LlamaBenchSettings, console: Consol
             f"--kv {settings.kv} needs a head dim that is a multiple of 32, --hidden gives {head_dim}"
         )
     desc = f"{shape.describe()}, KV {settings.kv}, flash attention {'on' if settings.flash_attn else 'off'}"
-    result = TTFTResult("llamacpp", dataclasses.asdict(settings), desc, ("network", "load", "compute"))
+    check = "the hot hit's logits and the prefill's first token"
+    result = TTFTResult("llamacpp", dataclasses.asdict(settings), desc, ("network", "load", "compute"), check)
     with tempfile.TemporaryDirectory(prefix="tierkv-bench-gguf-") as tmp:
         llm = llama_cpp.Llama(
             model_path=str(write_gguf(Path(tmp) / "bench.gguf", shape)),

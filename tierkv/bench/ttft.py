@@ -1,5 +1,6 @@
 """Prefill vs hot hit vs cold restore time to first token, per prompt length: the result of an engine
-bench that measures in-process (``tierkv bench llamacpp``), its table, verdict and JSON.
+bench that measures in-process (``tierkv bench mlx``, ``tierkv bench llamacpp``), its table, verdict and
+JSON.
 
 Each :class:`TTFTRow` is one prompt: the three TTFTs, what the cold restore moved, how its time splits
 (``parts``, seconds by name, e.g. network / load / compute), and whether it computed what the engine
@@ -36,6 +37,8 @@ class TTFTResult:
     model_desc: str
     parts: tuple[str, ...]
     """Names of the shares a cold restore's time is split into, in table order."""
+    check: str
+    """What a cold restore must give for its row to be ``identical`` (for the verdict)."""
     rows: list[TTFTRow] = field(default_factory=list)
     vaults: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
