@@ -34,6 +34,8 @@ lint: $(STAMP)
 	@out=$$($(VENV)/bin/radon cc -n D -s -e 'tierkv/wire/_proto/*' tierkv) && \
 	  if [ -n "$$out" ]; then echo "functions above rank C:"; echo "$$out"; exit 1; fi && \
 	  echo "complexity: every function rank C or better"
+	@# the import contract: arrows point down only (tests/test_layers.py lists what may import what)
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_layers.py
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy tierkv

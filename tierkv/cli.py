@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from tierkv import __version__
@@ -27,10 +26,12 @@ from tierkv.config import (
     check_vault_start,
     config_to_dict,
     format_size,
-    load_config,
     to_toml,
     with_overrides,
 )
+from tierkv.console import err, out
+from tierkv.console import fail as _fail
+from tierkv.console import load as _load
 from tierkv.errors import ConfigError, TierKVError
 from tierkv.extras import MissingExtra, install_hint
 from tierkv.logs import setup_logging
@@ -55,9 +56,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     **_APP_STYLE,  # type: ignore[arg-type]
 )
-# rich assumes 80 columns when output is piped; tables of figures read better unwrapped
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 ConfigOpt = Annotated[
     str | None,
@@ -73,19 +71,6 @@ Verbose = Annotated[
 ]
 _VAULT = VaultConfig()
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-
-
-def _fail(exc: Exception, label: str = "error", code: int = 2) -> NoReturn:
-    """One red line on stderr and the exit code; never a traceback."""
-    err.print(f"[red]{label}:[/red] {escape(str(exc))}", soft_wrap=True)
-    raise typer.Exit(code) from exc
-
-
-def _load(path: str | None) -> Config:
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        _fail(exc, "config error")
 
 
 def _setup_logging(cfg: Config, verbosity: int) -> None:
@@ -445,6 +430,12 @@ def _show_status(cfg: Config, nodes: list[NodeStatus], *, as_json: bool, watchin
         for n in nodes:
             if not n.reachable:
                 err.print(f"[red]{n.role} {n.address} {n.state}:[/red] {escape(n.error)}")
+            elif n.auth == "off":
+                err.print(
+                    f"[yellow]{n.role} {n.address}: auth is OFF:[/yellow] it answers callers without a "
+                    "token, each an admin of tenant 'default'",
+                    soft_wrap=True,
+                )
     return all(n.reachable for n in nodes)
 
 
@@ -621,16 +612,28 @@ def config_check(
         ),
     ] = False,
 ) -> None:
-    """Validate tierkv.toml and the files it names; exit 0 when usable, 2 (with the reason) when not."""
+    """Validate tierkv.toml and the files it names; exit 0 when usable, 2 (with the reason) when not.
+
+    With ``--vault`` the token file is read by the vault's own parser, so what passes here starts."""
     cfg = _load(config)
+    from tierkv.vault.auth import exposure_warning, load_tokens
+
+    auth = ""
     try:
+        if vault:
+            auth = load_tokens(cfg.auth, cfg.source).describe()
         check_client_files(cfg)
+        exposed = exposure_warning(cfg.auth)
+        if exposed:
+            err.print(f"[yellow]warning:[/yellow] {escape(exposed)}", soft_wrap=True)
         if vault:
             check_vault_start(cfg, create=False)
     except ConfigError as exc:
         _fail(exc, "config error")
     roles = ", ".join(f"{len(cfg.cluster.addresses(r))} {r}" for r in (Role.KV_COLD, Role.SSM_COLD))
     out.print(f"{escape(cfg.source)}: ok (role {cfg.cluster.role}; vaults: {roles})", highlight=False)
+    if auth:
+        out.print(f"vault {escape(auth)}", highlight=False, soft_wrap=True)
 
 
 @config_app.command("show")

@@ -2,7 +2,9 @@
 
 A node's ``state`` is ``ok``, ``serves ROLE`` (a vault of another role at that address), ``auth refused``
 (it answered but refused our token: fix ``[auth]`` or ``$TIERKV_TOKEN``, not the network) or
-``unreachable``.
+``unreachable``. ``auth`` says whether the vault asks for a token at all: ``off`` when it answered a
+Stats call that carried none (anyone who reaches it is an admin of its default tenant), ``on`` when it
+refused that call, empty when it could not be asked.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class NodeStatus:
     access: str = ""
     leases: dict[str, int] = dataclasses.field(default_factory=dict)
     """Lookup leases: granted, honoured, expired, refused since start; held and leased bytes now."""
+    auth: str = ""
+    """``on``, ``off`` (the vault answers callers without a token) or empty (not known)."""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -73,6 +77,7 @@ def probe(role: Role, address: str, config: Config, timeout: float, token: str |
             state = AUTH_REFUSED if isinstance(exc, AuthError) else UNREACHABLE
             return NodeStatus(role=str(role), address=address, reachable=False, state=state, error=str(exc))
         rtt = (time.perf_counter() - start) * 1000
+        auth = _auth_state(address, config, timeout) if token else "off"
     return NodeStatus(
         role=str(role),
         address=address,
@@ -101,7 +106,21 @@ def probe(role: Role, address: str, config: Config, timeout: float, token: str |
         access=s.access,
         classes=tuple({**dataclasses.asdict(c), "hit_rate_5m": c.hit_rate_5m} for c in s.classes),
         leases=dataclasses.asdict(s.leases),
+        auth=auth,
     )
+
+
+def _auth_state(address: str, config: Config, timeout: float) -> str:
+    """Whether a vault that took our token would also answer without one: what "auth off" means."""
+    tls = config.tls if config.tls.enabled else None
+    with VaultClient(address, timeout=timeout, tls=tls) as anonymous:
+        try:
+            anonymous.stats()
+        except AuthError:
+            return "on"
+        except VaultError:
+            return ""
+    return "off"
 
 
 def cluster_status(config: Config, timeout: float | None = None) -> list[NodeStatus]:
@@ -134,6 +153,8 @@ def status_table(nodes: list[NodeStatus], title: str, width: int | None = None) 
             table.add_row(n.role, n.address, f"[red]{n.state}[/red]", *[""] * (len(table.columns) - 3))
             continue
         state = "[green]ok[/green]" if n.state == "ok" else f"[yellow]{n.state}[/yellow]"
+        if n.auth == "off":
+            state += ", [red]auth OFF[/red]"
         rate = "—" if n.hit_rate is None else f"{n.hit_rate:.1%}"
         cells = {
             "rtt ms": f"{n.rtt_ms:.2f}",

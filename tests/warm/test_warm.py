@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.test_cli import assert_clean_error, tierkv
-from tierkv.admin import Answer, Target
 from tierkv.client import VaultClient
-from tierkv.client.types import HotChain
+from tierkv.client.fanout import Answer, Target
 from tierkv.errors import VaultError
+from tierkv.records import HotChain
 from tierkv.retention import BlockMeta, keyed
 from tierkv.vault.launcher import VaultProcess
 from tierkv.warm import SnapshotError, load_snapshot

@@ -176,9 +176,9 @@ def _run(
     """Load the config, run ``measure``, render; exit 2 on a setup error, 1 when the run failed."""
     from tierkv.bench.record import write_json
     from tierkv.bench.runner import render_result
-    from tierkv.cli import _load, err, out
+    from tierkv.console import err, load, out
 
-    cfg = _load(config)
+    cfg = load(config)
     setup_logging(verbose, level=cfg.log.level)
     console = err if json_out == "-" else out
     try:
@@ -371,7 +371,7 @@ def mlx(
 
     def measure(cfg: Config, console: Console) -> BenchResult:
         try:
-            from tierkv.connectors.mlx.bench import MlxBenchSettings, run_mlx
+            from tierkv.bench.mlx import MlxBenchSettings, run_mlx
         except ImportError as exc:
             raise BenchError(f"bench mlx needs mlx and mlx-lm (tierkv's mlx extra): {exc}") from exc
         settings = MlxBenchSettings(

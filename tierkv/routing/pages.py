@@ -258,7 +258,7 @@ def collect(
 ) -> tuple[list[Page], list[str]]:
     """Pages from every replica's replayed events and every vault's chains; and one error line per
     replica or vault that did not answer (the others still count)."""
-    from tierkv import admin
+    from tierkv.client.fanout import ask
 
     parsed = [parse_replica(r) for r in replicas]
     pages: list[Page] = []
@@ -268,7 +268,7 @@ def collect(
             pages += replica_pages(name, replay(endpoint, timeout))
         except TimeoutError as exc:
             errors.append(str(exc))
-    for answer in admin.ask(config, targets, lambda c: vault_pages(c, block_tokens), timeout):
+    for answer in ask(config, targets, lambda c: vault_pages(c, block_tokens), timeout):
         if answer.error is not None:
             errors.append(f"{answer.target.address}: {answer.error}")
         else:

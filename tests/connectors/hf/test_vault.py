@@ -78,7 +78,7 @@ def _flip_bits(
     blob = bytearray(cluster.get(namespace, [key], role=role)[0] or b"")
     assert blob, "the blob to corrupt is not stored"
     blob[len(blob) // 2 if at is None else at] ^= mask
-    assert cluster.put(namespace, {key: bytes(blob)}, role=role) == 1
+    assert cluster.put(namespace, {key: bytes(blob)}, role=role).stored == 1
 
 
 def _check_cold_restore(family: str, cluster: Cluster) -> None:

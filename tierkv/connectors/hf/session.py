@@ -142,8 +142,13 @@ class TieredSession:
 
     @property
     def stored_blobs(self) -> int:
-        """Blobs the vaults acknowledged so far."""
+        """Blobs the vaults' replies said they stored, so far."""
         return self.writer.stored_blobs
+
+    @property
+    def refused_blobs(self) -> int:
+        """Blobs a vault refused and none stored, so far (budget, tenant quota or no room)."""
+        return self.writer.tally.rejected
 
     @property
     def stored_bytes(self) -> int:
@@ -227,13 +232,11 @@ class TieredSession:
         """Fill the hot tier from the vaults' hottest chains of this session's namespace (``Hottest``;
         blocks carry token ids only under ``[retention] warm_tokens``): each is restored into an entry
         as a request for it would be, without generating. Coldest first, so the hottest end up the most
-        recent. Returns how many chains were restored; 0 without vaults or with storage that cannot say
-        which chains are hot (anything but a :class:`~tierkv.client.cluster.Cluster`)."""
-        hottest = getattr(self.cluster, "hottest", None)
-        if hottest is None:
+        recent. Returns how many chains were restored; 0 without vaults."""
+        if self.cluster is None:
             return 0
         warmed = 0
-        for chain in reversed(hottest(self.namespace, limit=limit)):
+        for chain in reversed(self.cluster.hottest(self.namespace, limit=limit)):
             if chain.tokens:
                 warmed += self._warm_one(list(chain.tokens))
         return warmed
