@@ -1,7 +1,8 @@
 """Optional dependencies: a missing one is named with the extra that installs it, not a bare ImportError.
 
 The engine hooks and ``tierkv bench hf`` need torch (``pip install 'tierkv[hf]'``); the vLLM hook needs
-vLLM (``tierkv[vllm]``). A vault needs none of them.
+vLLM (``tierkv[vllm]``); ``tierkv pages --replica`` and the event forwarder read vLLM's KV events with
+pyzmq and msgspec (``tierkv[routing]``, no vLLM needed). A vault needs none of them.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ EXTRAS = {
     "transformers": "hf",
     "tokenizers": "hf",
     "vllm": "vllm",
-    "zmq": "vllm",
-    "msgspec": "vllm",
+    "zmq": "routing",
+    "msgspec": "routing",
     "mlx": "mlx",
     "mlx_lm": "mlx",
 }
