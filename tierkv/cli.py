@@ -554,9 +554,11 @@ def demo(
         from tierkv.routing.demo import run_cluster_demo
 
         try:
-            run_cluster_demo(Path(state_dir) / "cluster", out)
+            served = run_cluster_demo(Path(state_dir) / "cluster", out)
         except (RuntimeError, TimeoutError) as exc:
             _fail(exc, code=1)
+        if not any(r.restored for r in served):
+            raise typer.Exit(1)
         return
     try:
         result = run_demo(Path(state_dir), out, tokens=tokens)

