@@ -182,6 +182,9 @@ class VaultConfig:
     metrics_host: str = ""
     metrics_port: int = _port(0)
     workers: int = setting(16, minimum=1)
+    """Vault calls (both transports) that run at once; twice as many may wait up to 0.25 s for a slot, one
+    connection holds at most this many, and with several tenants one tenant runs at most 3/4 of them. Past
+    that a call is refused (RESOURCE_EXHAUSTED: a miss to the client). Health checks are never counted."""
     max_message_bytes: ByteSize = setting(ByteSize(MAX_MESSAGE_BYTES), minimum=64 * 1024)
     frame_bytes: ByteSize = setting(ByteSize(FRAME_BYTES), minimum=4096)
     bulk: bool = True

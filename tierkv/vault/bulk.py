@@ -2,12 +2,13 @@
 plain TCP socket.
 
 Each connection gets a thread that reads a request head and token, authenticates in the same call scope
-as gRPC (so validation, auth, metrics and rejection logging are shared), and only then reads the body:
-an unauthenticated peer never gets a body buffered. Request bodies count against a vault-wide budget of
-in-flight bytes. Reply frames go out with ``sendmsg`` straight from LMDB's map while the socket takes them
-without blocking; once the peer is slow the rest of the frame is copied and the read transaction ends
-(:mod:`tierkv.vault.reply`), so a slow reader never holds LMDB back. A bad request gets an ERROR record
-and the connection is closed; the vault keeps serving.
+as gRPC (so validation, auth, metrics and rejection logging are shared), and only then reads the body: an
+unauthenticated peer never gets a body buffered. The call is admitted (:mod:`.admission`) once its body
+is in, so a peer that stalls mid-request holds no slot another call could run in. Request bodies count
+against a vault-wide budget of in-flight bytes. Reply frames go out with ``sendmsg`` straight from LMDB's
+map while the socket takes them without blocking; once the peer is slow the rest of the frame is copied
+and the read transaction ends (:mod:`tierkv.vault.reply`), so a slow reader never holds LMDB back. A bad
+request gets an ERROR record and the connection is closed; the vault keeps serving.
 
 Connections are capped below the process's file limit. At the cap the longest-idle connection is closed
 to make room (clients retry a dropped pooled connection); when every connection is busy the newcomer gets
@@ -228,27 +229,32 @@ class BulkServer:
             return False
 
     def _answer_get(self, sock: socket.socket, token: bytes) -> None:
-        with self.service.calls.scope("BatchGet", token) as who:
+        calls, conn = self.service.calls, _connection(sock)
+        with calls.scope("BatchGet", token, conn, admit=False) as who:
             request = self._read_body(sock, pb.BatchGetRequest, who.tenant)
-            reply = self.service.batch_get(who, request)
-            try:
-                for parts in reply.frames():
-                    frame = [bulk.record(bulk.FRAME, sum(len(p) for p in parts)), *parts]
-                    rest = _send_nowait(sock, frame)
-                    if rest:
-                        copy = b"".join(rest)
-                        reply.release()  # the peer is slow: never wait on it inside a read transaction
-                        gather.send_all(sock, [copy])
-            finally:
-                self.service.finish_batch_get(reply)
+            with calls.admission.admit(who.tenant, conn):
+                reply = self.service.batch_get(who, request)
+                try:
+                    for parts in reply.frames():
+                        frame = [bulk.record(bulk.FRAME, sum(len(p) for p in parts)), *parts]
+                        rest = _send_nowait(sock, frame)
+                        if rest:
+                            copy = b"".join(rest)
+                            reply.release()  # the peer is slow: never wait on it inside a read transaction
+                            gather.send_all(sock, [copy])
+                finally:
+                    self.service.finish_batch_get(reply)
 
     def _answer_put(self, sock: socket.socket, token: bytes) -> None:
         """A Put: its frames are read whole (against the in-flight budget) before the store is touched, so a
         slow sender never holds the write lock; the reply is one FRAME with the ``PutReply``."""
-        with self.service.calls.scope("Put", token) as who:
+        calls, conn = self.service.calls, _connection(sock)
+        with calls.scope("Put", token, conn, admit=False) as who:
             body = _PutBody(sock, self._budget, who.tenant, self.service.limits.max_message_bytes)
             try:
-                reply = self.service.put(who, body.frames()).SerializeToString()
+                batch = self.service.read_put(body.frames())
+                with calls.admission.admit(who.tenant, conn):
+                    reply = self.service.store_put(who, batch).SerializeToString()
             finally:
                 peak = self._budget.give(body.held, who.tenant)
                 if peak >= LARGE_CALL_BYTES:
@@ -257,9 +263,11 @@ class BulkServer:
 
     def _answer_lookup(self, sock: socket.socket, token: bytes) -> None:
         """A PrefixLookup, answered as gRPC answers it; the reply is one FRAME with the reply message."""
-        with self.service.calls.scope("PrefixLookup", token) as who:
+        calls, conn = self.service.calls, _connection(sock)
+        with calls.scope("PrefixLookup", token, conn, admit=False) as who:
             request = self._read_body(sock, pb.PrefixLookupRequest, who.tenant)
-            reply = self.service.prefix_lookup(who, request).SerializeToString()
+            with calls.admission.admit(who.tenant, conn):
+                reply = self.service.prefix_lookup(who, request).SerializeToString()
         sock.sendall(bulk.record(bulk.FRAME, len(reply)) + reply)
 
     @staticmethod
@@ -345,6 +353,11 @@ class _PutBody:
             self.held -= n - k
             got += k
         return view
+
+
+def _connection(sock: socket.socket) -> str:
+    """The name admission counts this connection's calls by (unique among open connections)."""
+    return f"bulk {sock.fileno()}"
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from tierkv.vault.admission import Admission, AdmissionLimits
 from tierkv.vault.auth import Principal, TokenTable
 from tierkv.vault.memory import MemoryTrimmer
 from tierkv.vault.metrics import VaultMetrics
@@ -75,22 +76,29 @@ class RejectLog:
 class Calls:
     """Serving state, auth, metrics and rejection log shared by every method on every transport."""
 
-    def __init__(self, metrics: VaultMetrics, tokens: TokenTable) -> None:
+    def __init__(self, metrics: VaultMetrics, tokens: TokenTable, admission: Admission | None = None) -> None:
         self.metrics = metrics
         self.tokens = tokens
+        self.admission = admission or Admission(AdmissionLimits())
         self.draining = threading.Event()
         self.rejects = RejectLog()
         self.memory = MemoryTrimmer()
 
     @contextlib.contextmanager
-    def scope(self, method: str, token: bytes | None) -> Iterator[Principal]:
-        """Run one call; yields the caller. Whatever ends it is counted; only :class:`Abort` escapes."""
+    def scope(
+        self, method: str, token: bytes | None, connection: str, *, admit: bool = True
+    ) -> Iterator[Principal]:
+        """Run one call from ``connection`` (a name for the peer's connection); yields the caller once
+        admitted (:mod:`.admission`; ``admit=False``: the caller admits itself once it has read the
+        request, see :mod:`.bulk`). Whatever ends it is counted; only :class:`Abort` escapes."""
         start = time.perf_counter()
         status = Status.OK
         try:
             if self.draining.is_set():
                 raise Abort(Status.UNAVAILABLE, "vault is shutting down")
-            yield self.tokens.principal(token)
+            who = self.tokens.principal(token)
+            with self.admission.admit(who.tenant, connection) if admit else contextlib.nullcontext():
+                yield who
         except Abort as exc:
             status = exc.status
             self._reject(method, exc)

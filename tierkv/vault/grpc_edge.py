@@ -63,7 +63,7 @@ def _unary(
 ) -> Callable[[bytes, grpc.ServicerContext], bytes]:
     def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
-            with service.calls.scope(name, _token(context)) as who:
+            with service.calls.scope(name, _token(context), context.peer()) as who:
                 return fn(who, parse(request_type, request)).SerializeToString()
         except Abort as exc:
             _abort(context, exc)
@@ -76,7 +76,7 @@ def _put(
 ) -> Callable[[Iterator[bytes], grpc.ServicerContext], bytes]:
     def handle(frames: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         try:
-            with service.calls.scope("Put", _token(context)) as who:
+            with service.calls.scope("Put", _token(context), context.peer()) as who:
                 held = _Held(budget, who.tenant)
                 try:
                     return service.put(who, held.frames(frames)).SerializeToString()
@@ -113,7 +113,7 @@ class _Held:
 def _batch_get(service: VaultService) -> Callable[[bytes, grpc.ServicerContext], Iterator[bytes]]:
     def handle(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         try:
-            with service.calls.scope("BatchGet", _token(context)) as who:
+            with service.calls.scope("BatchGet", _token(context), context.peer()) as who:
                 reply = service.batch_get(who, parse_message(pb.BatchGetRequest, request))
                 try:
                     for parts in reply.frames():

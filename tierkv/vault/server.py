@@ -34,6 +34,7 @@ from tierkv.endpoints import join_host_port
 from tierkv.errors import ConfigError
 from tierkv.roles import Role
 from tierkv.vault import grpc_edge
+from tierkv.vault.admission import Admission, AdmissionLimits, grpc_threads
 from tierkv.vault.auth import load_tokens
 from tierkv.vault.bulk import BulkLimits, BulkServer, bind_listener
 from tierkv.vault.calls import Calls
@@ -43,7 +44,7 @@ from tierkv.vault.notify import sd_notify
 from tierkv.vault.policy import make_policy
 from tierkv.vault.service import Limits, VaultService
 from tierkv.vault.store import Store
-from tierkv.vault.successors import SuccessorLearner
+from tierkv.vault.successors import TenantLearners
 from tierkv.wire import SERVICE
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,10 @@ class VaultServer:
             tenants=self.store.tenant_usage,
             classes=self.store.class_usage,
         )
-        self.calls = Calls(self.metrics, self.tokens)
+        self.admission = AdmissionLimits.for_workers(vc.workers)
+        self.calls = Calls(
+            self.metrics, self.tokens, Admission(self.admission, tenants=len(self.store.tenant_names))
+        )
         try:
             self._bulk_listener = self._bind_bulk()
             self.service = VaultService(
@@ -101,20 +105,23 @@ class VaultServer:
                     max_batch_bytes=vc.max_batch_bytes,
                     max_message_bytes=vc.max_message_bytes,
                 ),
-                successors=SuccessorLearner(window_s=vc.coaccess_window_s),
+                successors=TenantLearners(self.store.tenant_names, window_s=vc.coaccess_window_s),
             )
         except BaseException:
             self.store.close()
             raise
         self.health = health.HealthServicer()
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=vc.workers, thread_name_prefix="tierkv-rpc"),
+            # no maximum_concurrent_rpcs: gRPC would refuse health checks at it too; admission bounds the
+            # vault's calls instead and the pool keeps threads for health (see tierkv.vault.admission)
+            futures.ThreadPoolExecutor(
+                max_workers=grpc_threads(self.admission), thread_name_prefix="tierkv-rpc"
+            ),
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", vc.max_message_bytes),
                 ("grpc.max_send_message_length", vc.max_message_bytes),
             ],
-            maximum_concurrent_rpcs=vc.workers * 4,
         )
         grpc_budget = InflightBudget(
             vc.grpc_max_inflight_bytes, what="gRPC", tenants=len(self.store.tenant_names)
