@@ -33,6 +33,9 @@ MAX_BULK_REQUEST_BYTES: Final = 64 * MiB
 """The largest request header the bulk port reads."""
 MAX_BLOCK_TOKEN_BYTES: Final = 64 * KiB
 """The token ids a block may carry in its metadata (int32 each; a vault refuses more)."""
+MAX_HOTTEST_REPLY_BYTES: Final = 16 * MiB
+"""A Hottest reply's keys and token ids together (a quarter of the gRPC message limit): chains past it
+are left out and the reply says it was truncated. One chain's token ids may take all of it."""
 
 
 def check_namespace(namespace: bytes) -> bytes:
@@ -56,6 +59,7 @@ __all__ = [
     "MAX_BATCH_BYTES",
     "MAX_BLOCK_TOKEN_BYTES",
     "MAX_BULK_REQUEST_BYTES",
+    "MAX_HOTTEST_REPLY_BYTES",
     "MAX_ITEM_BYTES",
     "MAX_KEYS_PER_CALL",
     "MAX_KEY_BYTES",

@@ -31,7 +31,7 @@ from tierkv.errors import (
     VaultError,
     VaultUnavailable,
 )
-from tierkv.limits import CLIENT_BATCH_BYTES, FRAME_BYTES, MAX_MESSAGE_BYTES
+from tierkv.limits import CLIENT_BATCH_BYTES, FRAME_BYTES, MAX_HOTTEST_REPLY_BYTES, MAX_MESSAGE_BYTES
 from tierkv.retention.classes import BlockMeta, unpack_tokens
 from tierkv.vault.leases import LeaseCounts
 from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb
@@ -370,8 +370,10 @@ def entry_from_reply(r: pb.InspectReply, address: str) -> EntryInfo:
 
 
 def chain_from_reply(c: pb.HotChain, address: str) -> HotChain:
+    """One chain of a Hottest reply; its token ids span many blocks (a reply holds at most
+    :data:`~tierkv.limits.MAX_HOTTEST_REPLY_BYTES`)."""
     try:
-        tokens = unpack_tokens(c.tokens)
+        tokens = unpack_tokens(c.tokens, MAX_HOTTEST_REPLY_BYTES)
     except ValueError as exc:
         raise VaultError(f"Hottest reply: {exc}", address=address) from None
     return HotChain(keys=tuple(c.keys), hits=c.hits, source=c.source, tokens=tokens)

@@ -155,6 +155,10 @@ class Calls:
         request = pb.HottestRequest(namespace=namespace, limit=limit, tenant=tenant).SerializeToString()
         raw = yield Request(HOTTEST, request, self.options.deadline(timeout))
         reply = parse_reply(pb.HottestReply, raw, self.address)
+        if reply.truncated:
+            log.info(
+                "Hottest on %s: %d chains, truncated at the vault's bounds", self.address, len(reply.chains)
+            )
         return [chain_from_reply(c, self.address) for c in reply.chains]
 
     def successors(

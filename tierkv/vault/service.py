@@ -278,8 +278,9 @@ class VaultService:
         """A namespace's most-hit chains with their token ids (:mod:`tierkv.vault.hottest`); not a read."""
         _check_keys(request.namespace, [])
         tenant = self._tenant(who, request.tenant)
-        reply = pb.HottestReply()
-        for c in hottest(self.store, request.namespace, tenant=tenant, limit=request.limit):
+        found = hottest(self.store, request.namespace, tenant=tenant, limit=request.limit)
+        reply = pb.HottestReply(truncated=found.truncated)
+        for c in found.chains:
             reply.chains.add(keys=c.keys, hits=c.hits, source=c.source, tokens=c.tokens)
         return reply
 
