@@ -194,6 +194,11 @@ class VaultConfig:
     bulk_max_inflight_bytes: ByteSize = setting(ByteSize(256 * 1024**2), minimum=1024**2)
     """Request bytes (Put frames, BatchGet bodies) the bulk port buffers at once over every connection; a
     request past it is refused (RESOURCE_EXHAUSTED) and the client sends it over gRPC instead."""
+    grpc_bdp_probe: bool = True
+    """gRPC's HTTP/2 windows grow with the link's bandwidth-delay product (fast gRPC Puts over long links).
+    They also let a sender push far ahead of the vault, so senders that stall can make the transport hold
+    what they pushed beyond ``grpc_max_inflight_bytes``; false keeps windows small and that memory bounded
+    (see docs/operations/limits.md)."""
     grpc_max_inflight_bytes: ByteSize = setting(ByteSize(256 * 1024**2), minimum=1024**2)
     """Put bytes gRPC calls hold at once before the store writes them; a Put past it is refused
     (RESOURCE_EXHAUSTED: the client counts its blobs as not stored). With several tenants, one tenant holds

@@ -103,9 +103,28 @@ def test_the_in_flight_budget_is_exact_per_tenant_and_overall() -> None:
     budget.take(2 * MiB, "b")
     with pytest.raises(Abort, match="in flight on test"):
         budget.take(1, "b")
-    assert budget.give(6 * MiB, "a") == 0  # not idle yet
-    assert budget.give(2 * MiB, "b") == 8 * MiB  # idle: the peak
+    budget.give(6 * MiB, "a")
+    budget.give(2 * MiB, "b")
+    assert budget.held == 0 and budget.tenant_limit == 6 * MiB
     assert InflightBudget(8 * MiB, what="t").tenant_limit == 8 * MiB  # one tenant: all of it
+
+
+def test_the_budget_tells_of_large_calls_and_bursts_as_they_end() -> None:
+    """A trim may be due when a call of 16 MiB or more gives its bytes back (a refused one too), or when a
+    burst of smaller calls that peaked there ends."""
+    heard: list[int] = []
+    budget = InflightBudget(256 * MiB, what="test", on_large=lambda: heard.append(budget.held))
+    budget.take(20 * MiB, "t")
+    budget.take(MiB, "t")
+    budget.give(20 * MiB, "t")
+    assert heard == [MiB]  # a large call ended while a small one is still in flight
+    for _ in range(20):
+        budget.take(MiB, "t")
+    for _ in range(19):
+        budget.give(MiB, "t")
+    assert heard == [MiB]
+    budget.give(2 * MiB, "t")  # idle again after a 21 MiB peak
+    assert heard == [MiB, 0]
 
 
 class Clock:

@@ -32,7 +32,7 @@ import numpy as np
 
 from tierkv.endpoints import bare_host, join_host_port
 from tierkv.limits import MAX_BULK_REQUEST_BYTES, MiB
-from tierkv.vault.memory import LARGE_CALL_BYTES, InflightBudget
+from tierkv.vault.memory import InflightBudget
 from tierkv.vault.service import M, VaultService, parse_message
 from tierkv.vault.status import Abort, Status, invalid
 from tierkv.wire import bulk, gather, pb
@@ -114,7 +114,10 @@ class BulkServer:
         self._busy = 0
         self._stopping = False
         self._budget = InflightBudget(
-            self.limits.max_inflight_bytes, what="the bulk port", tenants=len(service.store.tenant_names)
+            self.limits.max_inflight_bytes,
+            what="the bulk port",
+            tenants=len(service.store.tenant_names),
+            on_large=service.calls.memory.large_call_ended,
         )
         self._acceptor = threading.Thread(target=self._accept, name="tierkv-bulk-accept", daemon=True)
 
@@ -256,9 +259,7 @@ class BulkServer:
                 with calls.admission.admit(who.tenant, conn):
                     reply = self.service.store_put(who, batch).SerializeToString()
             finally:
-                peak = self._budget.give(body.held, who.tenant)
-                if peak >= LARGE_CALL_BYTES:
-                    self.service.calls.memory.large_call_ended()
+                self._budget.give(body.held, who.tenant)
         sock.sendall(bulk.record(bulk.FRAME, len(reply)) + reply)
 
     def _answer_lookup(self, sock: socket.socket, token: bytes) -> None:
@@ -304,9 +305,7 @@ class BulkServer:
             chunks.clear()
             return parse_message(message, body)
         finally:
-            peak = self._budget.give(held, tenant)
-            if peak >= LARGE_CALL_BYTES:
-                self.service.calls.memory.large_call_ended()
+            self._budget.give(held, tenant)
 
 
 class _PutBody:

@@ -14,7 +14,7 @@ import grpc
 from google.protobuf.message import Message
 
 from tierkv.vault.auth import Principal, bearer_token
-from tierkv.vault.memory import LARGE_CALL_BYTES, InflightBudget
+from tierkv.vault.memory import InflightBudget
 from tierkv.vault.service import VaultService, parse_canonical, parse_message
 from tierkv.vault.status import Abort, Status
 from tierkv.wire import SERVICE, pb
@@ -81,8 +81,7 @@ def _put(
                 try:
                     return service.put(who, held.frames(frames)).SerializeToString()
                 finally:
-                    if held.release() >= LARGE_CALL_BYTES:
-                        service.calls.memory.large_call_ended()
+                    held.release()
         except Abort as exc:
             _abort(context, exc)
 
@@ -104,10 +103,11 @@ class _Held:
             self.held += len(frame)
             yield frame
 
-    def release(self) -> int:
-        """Give every byte back; the budget's peak once it is idle (else 0)."""
+    def release(self) -> None:
+        """Give every byte back."""
         held, self.held = self.held, 0
-        return self.budget.give(held, self.tenant) if held else 0
+        if held:
+            self.budget.give(held, self.tenant)
 
 
 def _batch_get(service: VaultService) -> Callable[[bytes, grpc.ServicerContext], Iterator[bytes]]:

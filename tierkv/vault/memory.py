@@ -45,8 +45,12 @@ def tenant_cap(total: int, tenants: int) -> int:
 class InflightBudget:
     """Bytes of request bodies held at once (over every connection of one transport), and per tenant."""
 
-    def __init__(self, limit: int, *, what: str, tenants: int = 1) -> None:
+    def __init__(
+        self, limit: int, *, what: str, tenants: int = 1, on_large: Callable[[], None] | None = None
+    ) -> None:
         self.limit = limit
+        self.on_large = on_large
+        """Called when a large call (or a burst adding up to one) gives its bytes back: a trim may be due."""
         self.tenant_limit = tenant_cap(limit, tenants)
         self.what = what
         self.held = 0
@@ -68,17 +72,19 @@ class InflightBudget:
             self._by_tenant[tenant] += n
             self.peak = max(self.peak, self.held)
 
-    def give(self, n: int, tenant: str) -> int:
-        """Return ``n`` bytes; the peak since the budget was last idle once it is idle again, else 0."""
+    def give(self, n: int, tenant: str) -> None:
+        """Return ``n`` bytes. ``on_large`` hears of it when they were :data:`LARGE_CALL_BYTES` or more, or
+        when the budget falls idle after a burst that peaked there (a refused call's bytes count too)."""
         with self._lock:
             self.held -= n
             self._by_tenant[tenant] -= n
             if self._by_tenant[tenant] <= 0:
                 del self._by_tenant[tenant]
-            if self.held:
-                return 0
-            peak, self.peak = self.peak, 0
-            return peak
+            peak = 0
+            if not self.held:
+                peak, self.peak = self.peak, 0
+        if self.on_large is not None and max(n, peak) >= LARGE_CALL_BYTES:
+            self.on_large()
 
 
 def anon_rss_bytes() -> int:

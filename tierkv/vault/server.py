@@ -119,12 +119,16 @@ class VaultServer:
             ),
             options=[
                 ("grpc.so_reuseport", 0),
+                ("grpc.http2.bdp_probe", int(vc.grpc_bdp_probe)),
                 ("grpc.max_receive_message_length", vc.max_message_bytes),
                 ("grpc.max_send_message_length", vc.max_message_bytes),
             ],
         )
         grpc_budget = InflightBudget(
-            vc.grpc_max_inflight_bytes, what="gRPC", tenants=len(self.store.tenant_names)
+            vc.grpc_max_inflight_bytes,
+            what="gRPC",
+            tenants=len(self.store.tenant_names),
+            on_large=self.calls.memory.large_call_ended,
         )
         self._server.add_generic_rpc_handlers((grpc_edge.handler(self.service, grpc_budget),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
