@@ -106,8 +106,13 @@ def run(scenario: Scenario, budget: int, overfill: int, workdir: Path, load: Loa
                 vault = VaultProcess(
                     path, port=vault.port, max_bytes=budget, sync="durable", extra_args=extra
                 )
-                vault.start()  # the same port: the readers and the writer reconnect
-        used = c.stats().used_bytes
+                vault.start()  # the same port: the readers reconnect
+                c.close()
+                c = VaultClient(vault.address, timeout=60)
+        try:
+            used = c.stats().used_bytes
+        except VaultError as exc:
+            raise SystemExit(f"vault gone: {exc}\n{vault.log_tail()}") from None
         c.close()
     finally:
         stop.set()
