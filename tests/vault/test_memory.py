@@ -160,8 +160,11 @@ def test_a_stream_of_large_calls_is_never_trimmed_until_it_goes_idle() -> None:
     assert trimmer.due_in(clock.now) == pytest.approx(trimmer.idle_s - 0.4)
     clock.now += trimmer.idle_s
     assert trimmer.tick() and len(trims) == 1
+    assert trimmer.due_in(clock.now) == trimmer.idle_s  # one follow-up for what the burst's end frees
+    clock.now += trimmer.idle_s
+    assert trimmer.tick() and len(trims) == 2
     clock.now += 100
-    assert not trimmer.tick() and trimmer.due_in(clock.now) is None  # nothing freed since
+    assert not trimmer.tick() and trimmer.due_in(clock.now) is None  # and then nothing until the next
 
 
 def test_memory_pressure_trims_at_once_but_not_more_than_once_per_interval() -> None:

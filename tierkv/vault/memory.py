@@ -122,6 +122,7 @@ class MemoryTrimmer:
         self._last_large: float | None = None
         """When the last large call ended; None when nothing was freed since the last trim."""
         self._last_trim = -float("inf")
+        self._follow_up = False
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -133,6 +134,7 @@ class MemoryTrimmer:
         )
         with self._wake:
             self._last_large = now
+            self._follow_up = False
             self._wake.notify()
         if pressed:
             self._run_trim(now)
@@ -148,11 +150,19 @@ class MemoryTrimmer:
         return max(0.0, self._last_large + self.idle_s - now)
 
     def tick(self) -> bool:
-        """Trim if the vault has been idle long enough since its last large call; True if it trimmed."""
+        """Trim if the vault has been idle long enough since its last large call; True if it trimmed.
+
+        An idle trim is followed by one more ``idle_s`` later: what the calls that ended the burst free
+        after the first (connections closing, replies draining) goes back too."""
         now = self._clock()
         if self.due_in(now) != 0.0:
             return False
-        return self._run_trim(now)
+        trimmed = self._run_trim(now)
+        with self._wake:
+            self._follow_up = not self._follow_up
+            if self._follow_up and self._last_large is None:
+                self._last_large = now
+        return trimmed
 
     def _run_trim(self, now: float) -> bool:
         with self._wake:
