@@ -9,9 +9,11 @@ these classes once, at the client boundary (``tierkv.client``); nothing above th
 
     TierKVError
     ├── ConfigError            malformed tierkv.toml / flags: names file, key and what was expected
+    │   └── TokenFileError     a token file the vault cannot use: names file and line
     ├── BenchError             a benchmark cannot start or go on (no vaults, engine silent, bad setting)
     ├── CodecError             a blob cannot be encoded or decoded
     │   └── CorruptBlobError   header or checksum does not verify: never restore, recompute instead
+    ├── UnsupportedStateError  an engine's saved state is in a layout tierkv does not know: refused
     └── VaultError             a vault call failed
         ├── VaultUnavailable   unreachable, deadline exceeded, shutting down, circuit open: a miss
         ├── AuthError          the vault refused our token (UNAUTHENTICATED / PERMISSION_DENIED)
@@ -36,6 +38,17 @@ class ConfigError(TierKVError):
         super().__init__(f"{source}: {key}: {problem}")
 
 
+class TokenFileError(ConfigError):
+    """A token file the vault refuses: ``file:line: problem`` (line 0: the file as a whole)."""
+
+    def __init__(self, path: str, line: int, problem: str) -> None:
+        self.path = path
+        self.line = line
+        where = f"{path}:{line}" if line else path
+        TierKVError.__init__(self, f"{where}: {problem}")
+        self.source, self.key, self.problem = path, f"line {line}" if line else "", problem
+
+
 class BenchError(TierKVError):
     """A bench run cannot start or go on: no vaults, an engine that does not answer, a bad setting."""
 
@@ -46,6 +59,11 @@ class CodecError(TierKVError):
 
 class CorruptBlobError(CodecError):
     """A blob's header or payload checksum does not verify; the block must be recomputed."""
+
+
+class UnsupportedStateError(TierKVError):
+    """An engine's saved state (llama.cpp's sequence state) is in a version or layout tierkv does not
+    read: it is refused, never guessed at."""
 
 
 class VaultError(TierKVError):
@@ -83,6 +101,7 @@ __all__ = [
     "InvalidRequest",
     "ResourceExhausted",
     "TierKVError",
+    "UnsupportedStateError",
     "VaultError",
     "VaultUnavailable",
 ]

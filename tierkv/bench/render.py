@@ -8,6 +8,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tierkv.bench.breakeven import BreakEven
@@ -77,6 +78,11 @@ def render_synthetic(result: SyntheticResult, console: Console) -> None:
     if "int8" in s.codecs:
         head += f"; int8 decoded with {result.decoder}"
     console.print(f"[bold]tierkv bench synthetic[/bold] — {head}; blocks of {s.block_tokens} tokens")
+    if s.link is not None:
+        console.print(
+            f"over an emulated link: {s.link.label()} (veth between network namespaces, shaped with htb"
+            + ("; the round trip waited once per request)" if s.link.rtt_s else ")")
+        )
     console.print(
         _table(
             "codecs (on the workload's values)",
@@ -104,6 +110,7 @@ def render_synthetic(result: SyntheticResult, console: Console) -> None:
         "restore GB/s",
         "restore batch p50/p99 ms",
         "restore tokens/s",
+        "ms / 1k tokens",
         "lookup ms",
         "verified",
     )
@@ -122,7 +129,7 @@ def _cell_row(cell: CellResult) -> tuple[str, ...]:
         verified = "checksums"
     return (
         f"{cell.tokens:,}",
-        cell.codec,
+        cell.contender,
         human_bytes(cell.kv_bytes),
         f"{f['stored_bytes_per_token']:,.0f}",
         _f(f["store_gbps"]),
@@ -130,6 +137,7 @@ def _cell_row(cell: CellResult) -> tuple[str, ...]:
         _f(f["restore_gbps"]),
         _p50_p99(f, "restore"),
         _f(f["restore_tokens_per_s"], ",.0f"),
+        _f(f["restore_ms_per_1k_tokens"], ".1f"),
         _f(f["lookup_ms_median"], ".2f"),
         verified,
     )
@@ -201,9 +209,9 @@ def render_meta(meta: RunMeta, console: Console) -> None:
 
 def render_footer(result: BenchRun, console: Console) -> None:
     for w in result.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     for e in result.errors:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(e)}")
     color = "green" if result.ok else "red"
     console.print(f"[bold {color}]{result.verdict}[/bold {color}]")
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.connectors.vllm.clock import StepClock
 from tierkv.client.cluster import Cluster
 from tierkv.connectors.vllm.plan import KV, GroupPlan, make_topology
 from tierkv.connectors.vllm.scheduler import SchedulerSide
@@ -54,7 +55,7 @@ def matched(scheduler: SchedulerSide, request: FakeRequest, local: int = 0) -> t
 
 def test_broken_sync_load_does_not_block_the_later_store(vault: VaultProcess) -> None:
     with Cluster({"kv_cold": vault.address}) as cluster:
-        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:4]}) == 4
+        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:4]}).stored == 4
     scheduler = make_scheduler(vault.address, sync_loads=True)
     try:
         request = FakeRequest("r", num_tokens=4 * BS + 3)
@@ -74,7 +75,7 @@ def test_broken_sync_load_does_not_block_the_later_store(vault: VaultProcess) ->
 
 def test_request_finished_while_loading_asynchronously_is_not_stored(vault: VaultProcess) -> None:
     with Cluster({"kv_cold": vault.address}) as cluster:
-        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:2]}) == 2
+        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:2]}).stored == 2
     scheduler = make_scheduler(vault.address)
     try:
         request = FakeRequest("r", num_tokens=3 * BS)
@@ -102,7 +103,7 @@ class GoneRecorder:
 
 def test_a_lookup_that_stops_short_reports_the_first_missing_block_gone(vault: VaultProcess) -> None:
     with Cluster({"kv_cold": vault.address}) as cluster:
-        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:5] if k != KEYS[3]}) == 4
+        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:5] if k != KEYS[3]}).stored == 4
     events = GoneRecorder()
     scheduler = make_scheduler(vault.address, events=events)
     try:
@@ -114,7 +115,7 @@ def test_a_lookup_that_stops_short_reports_the_first_missing_block_gone(vault: V
 
 def put_blocks(address: str, keys: list[bytes]) -> None:
     with Cluster({"kv_cold": address}) as cluster:
-        assert cluster.put(NAMESPACE, dict.fromkeys(keys, b"blob")) == len(keys)
+        assert cluster.put(NAMESPACE, dict.fromkeys(keys, b"blob")).stored == len(keys)
 
 
 def arrived(scheduler: SchedulerSide, num_tokens: int) -> FakeRequest:
@@ -130,7 +131,9 @@ def arrived(scheduler: SchedulerSide, num_tokens: int) -> FakeRequest:
 
 def test_a_prompt_is_looked_up_on_arrival_and_vllm_is_answered_from_that_lookup(vault: VaultProcess) -> None:
     put_blocks(vault.address, KEYS[:5])
-    scheduler = make_scheduler(vault.address, lookup_lease_ms=2000)
+    scheduler = make_scheduler(
+        vault.address, lookup_lease_ms=2000, clock=StepClock()
+    )  # the lease stays young
     try:
         request = arrived(scheduler, 6 * BS + 1)
         # vLLM's own cache holds the first 2 blocks: the lookup of the whole prompt answers for the rest
@@ -160,10 +163,11 @@ def test_a_lookup_on_arrival_that_says_nothing_past_the_local_hit_is_asked_again
 
 def test_a_lookup_on_arrival_older_than_half_its_lease_is_not_trusted(vault: VaultProcess) -> None:
     put_blocks(vault.address, KEYS[:3])
-    scheduler = make_scheduler(vault.address, lookup_lease_ms=100)
+    clock = StepClock()
+    scheduler = make_scheduler(vault.address, lookup_lease_ms=100, clock=clock)
     try:
         request = arrived(scheduler, 6 * BS + 1)
-        time.sleep(0.06)  # past half the lease: the vaults may drop the blocks before the load
+        clock.advance(0.06)  # past half the lease: the vaults may drop the blocks before the load
         assert matched(scheduler, request, BS) == (2 * BS, True)
         assert scheduler.counters.totals()["lookups"] == 2
     finally:

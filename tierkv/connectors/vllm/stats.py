@@ -14,6 +14,7 @@ from collections.abc import Mapping
 COUNTERS: tuple[str, ...] = (
     "lookups",
     "lookup_hit_tokens",
+    "restore_tokens",
     "restore_requests",
     "restored_blocks",
     "restored_bytes",
@@ -23,6 +24,8 @@ COUNTERS: tuple[str, ...] = (
     "stored_bytes",
     "store_skipped_blocks",
     "store_failures",
+    "store_rejected",
+    "store_lagging",
     "stores_dropped",
     "snapshot_blocks",
     "layouts",
@@ -53,11 +56,16 @@ COUNTERS: tuple[str, ...] = (
 )
 """Every counter the connector reports, in a fixed order.
 
-``lookups``/``lookup_hit_tokens``: prefix lookups answered and the tokens they claimed (scheduler);
+``lookups``/``lookup_hit_tokens``: prefix lookups answered and the tokens they found (scheduler; a prompt
+may be looked up more than once, and on arrival also where vLLM's own cache holds it);
+``restore_tokens``: prompt tokens vLLM took from the vaults instead of computing them (loads scheduled; a
+block whose load fails is counted in ``load_errors`` and recomputed);
 ``restore_requests``/``restored_blocks``/``restored_bytes``: loads done; ``load_errors``: blocks whose
 fetch, checksum, header or decode failed and were handed back to vLLM for recomputation;
-``store_requests``/``stored_blocks``/``stored_bytes``: blobs the vaults acknowledged;
-``store_skipped_blocks``: blocks already in the vaults; ``store_failures``: blocks not acknowledged;
+``store_requests``/``stored_blocks``/``stored_bytes``: blobs the vaults' replies said they stored;
+``store_skipped_blocks``: blocks already in the vaults; ``store_failures``: blocks not stored, of which
+``store_rejected`` a vault refused (larger than its budget or the tenant's quota, or no room);
+``store_lagging``: blocks stored with fewer copies than replication asks;
 ``stores_dropped``: store jobs refused because the bounded queue was full (back-pressure);
 ``snapshot_blocks``: recurrent-state snapshots taken mid-request; ``layouts``: requests whose prompt layout
 tags their stored blocks, ``layouts_rejected``: malformed layouts ignored (scheduler); ``kv_events``:
