@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from tierkv.vault.policy.base import Budget, EntryInfo
-from tierkv.vault.policy.learning import AdaptiveState, Part, digest, sampled
+from tierkv.vault.policy.learning import SAMPLE_MASK, AdaptiveState, Part, digest
 
 
 class AdaptivePolicy:
@@ -33,8 +33,7 @@ class AdaptivePolicy:
         only touched under the store's write lock."""
 
     def rank(self, entry: EntryInfo) -> bytes:
-        part = Part.MAIN if entry.proven else Part.PROBATION
-        return bytes((part,)) + entry.clock.to_bytes(8, "big")
+        return _RANK_HEAD[entry.proven] + entry.clock.to_bytes(8, "big")
 
     def state(self, tenant: str, limit: int) -> AdaptiveState:
         """The tenant's learning state (made on first use; a new limit starts it afresh)."""
@@ -45,21 +44,21 @@ class AdaptivePolicy:
         return found
 
     def admit(self, tenant: str, limit: int, fkey: bytes, size: int, importance: float) -> bool:
-        return self.state(tenant, limit).split.admit(digest(fkey), size, importance) is Part.MAIN
+        return self.state(tenant, limit).split.admit(digest(fkey), size, importance) is _MAIN
 
     def evicted(self, tenant: str, limit: int, fkey: bytes, size: int, proven: bool) -> None:
-        self.state(tenant, limit).split.remember(Part(proven), digest(fkey), size)
+        self.state(tenant, limit).split.remember(_PARTS[proven], digest(fkey), size)
 
     def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
-        keyed = [(k, size) for k in map(digest, fkeys) if sampled(k)]
+        keyed = [(digest(k), size) for k in fkeys if not k[-1] & SAMPLE_MASK]  # sampled(), cheaply
         if keyed:
             state = self.state(tenant, limit)
             with self._lock:
                 state.observe(keyed, read=read)
 
     def walk_from(self, budget: Budget, heads: Callable[[], tuple[int | None, int | None]]) -> bytes:
-        part = self.state(budget.tenant, budget.limit).victim_part(budget.probation, budget.main, heads)
-        return _PREFIX[part]
+        tenant, limit, probation, main = budget
+        return _RANK_HEAD[self.state(tenant, limit).victim_part(probation, main, heads)]
 
     def learning_keys(self) -> int:
         """Keys the learning state holds now, all tenants (ghosts and shadows): its memory, stated."""
@@ -67,7 +66,10 @@ class AdaptivePolicy:
             return sum(s.keys() for s in self._states.values())
 
 
-_PREFIX = {part: bytes((part,)) for part in Part}
+_PARTS = (Part.PROBATION, Part.MAIN)
+_RANK_HEAD = (b"\x00", b"\x01")
+"""A rank's first byte by part (indexed by the part, or by ``proven``)."""
+_MAIN = Part.MAIN
 
 
 __all__ = ["AdaptivePolicy"]

@@ -49,11 +49,12 @@ LOW_IMPORTANCE: Final = 0.3
 INITIAL_TARGET: Final = 0.5
 """Probation's first target, as a share of the budget (it moves from the first remembered miss on)."""
 SAMPLE: Final = 16
-"""One key in this many feeds the shadow caches, which get this fraction of the budget."""
+"""One key in this many feeds the shadow caches, which get this fraction of the budget (a power of two:
+a key is sampled when its low bits are zero, see :func:`sampled`)."""
 MEMORY: Final = 1000
 """The shadows' hit difference is decayed by 1/MEMORY per sampled access."""
 _DECAY: Final = 1.0 - 1.0 / MEMORY
-_MIX: Final = 0x9E3779B97F4A7C15
+SAMPLE_MASK: Final = SAMPLE - 1
 
 
 class Part(enum.IntEnum):
@@ -69,8 +70,9 @@ def digest(full_key: bytes) -> int:
 
 
 def sampled(key: int) -> bool:
-    """Whether ``key`` feeds the shadow caches (one in :data:`SAMPLE`, by a mix of its bits)."""
-    return ((key * _MIX) & 0xFFFFFFFFFFFFFFFF) >> 60 < 16 // SAMPLE
+    """Whether ``key`` feeds the shadow caches: one in :data:`SAMPLE`, those whose low bits are zero
+    (keys are hashes, so those bits are uniform; the store tests them on the key's last byte)."""
+    return not key & SAMPLE_MASK
 
 
 class _Ghosts:
@@ -284,6 +286,7 @@ __all__ = [
     "LOW_IMPORTANCE",
     "MAX_GHOSTS",
     "SAMPLE",
+    "SAMPLE_MASK",
     "AdaptiveState",
     "Part",
     "Parts",
