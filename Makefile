@@ -23,6 +23,7 @@ test: $(STAMP) lint typecheck proto-check
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(MAKE) test-vllm
 	$(MAKE) test-mlx
+	$(MAKE) test-sglang
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not vllm and not mlx"
@@ -57,6 +58,9 @@ test-mlx: $(STAMP)
 	@if [ -x scripts/setup-mlx-env.sh ]; then \
 	  scripts/setup-mlx-env.sh && .venv-mlx/bin/python -m pytest -q -p no:cacheprovider -m mlx tests/connectors/mlx tests/connectors/exo; \
 	else echo "MLX tier not present"; fi
+
+test-sglang: $(STAMP)
+	scripts/setup-sglang-env.sh && .venv-sglang/bin/python -m pytest -q -p no:cacheprovider -m "sglang or lmcache" tests/connectors/sglang tests/connectors/lmcache
 
 bench: $(STAMP)
 	$(VENV)/bin/tierkv bench

@@ -107,7 +107,7 @@ class Target(Generic[A]):
         if self.rows is None:
             return None
         expect = self.nth(i)
-        if expect.codec != "raw" or expect.dtype is None:
+        if expect.codec != "raw" or expect.dtype is None or expect.shape is None:
             return None
         rows = self.rows(i)
         head = header_len(len(expect.shape))
@@ -154,13 +154,15 @@ class _Landed:
 
     def landed(self) -> None:
         target, expect = self.target, self.target.nth(self.i)
+        shape = expect.shape
+        assert shape is not None, "only blobs of a known shape are received into rows (see land)"
         t0 = time.perf_counter()
         target._verdict(
             self.i,
             lambda: verify_parts(
                 self.buffers[0],
                 self.buffers[1:],
-                expect_shape=expect.shape,
+                expect_shape=shape,
                 expect_dtype=self.dtype,
                 expect_tokens=expect.tokens,
                 expect_layer_group=expect.layer_group,

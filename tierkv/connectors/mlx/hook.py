@@ -85,6 +85,7 @@ class ManifestBlobs(NumpyBlobs):
 
     def decode_into(self, blob: Buffer, out: npt.NDArray[Any], expect: Expect) -> None:
         super().decode_into(blob, out, expect)
+        assert expect.tokens is not None, "a manifest is restored with its token count expected"
         parse_manifest(self.layout, out, expect.tokens)
 
 
