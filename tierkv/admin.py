@@ -11,80 +11,19 @@ per block and layer group — which is what the listing prints beside the hex.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Generic, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from rich.table import Table
 
+from tierkv.client.fanout import Answer, Target, ask, targets
 from tierkv.client.types import EntryInfo, NamespaceInfo, blob_header
-from tierkv.client.vault import VaultClient
-from tierkv.config import Config
-from tierkv.endpoints import HostPort
-from tierkv.errors import CodecError, ConfigError, VaultError
-from tierkv.roles import COLD_ROLES
+from tierkv.errors import CodecError, ConfigError
 from tierkv.status import human_bytes
 
 T = TypeVar("T")
 UNKNOWN_MODEL = "unknown: the namespace is a digest"
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    role: str
-    address: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Answer(Generic[T]):
-    """One vault's answer to one command, or the error it gave."""
-
-    target: Target
-    value: T | None = None
-    error: VaultError | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def error_dict(self) -> dict[str, Any]:
-        code = self.error.code if self.error is not None else ""
-        return {
-            "role": self.target.role,
-            "vault": self.target.address,
-            "error": str(self.error),
-            "code": code,
-        }
-
-
-def targets(config: Config, vaults: Sequence[str] = ()) -> list[Target]:
-    """The vaults named on the command line, else every vault of the config (kv_cold, then ssm_cold)."""
-    if vaults:
-        try:
-            return [Target("", HostPort.parse(v).address) for v in vaults]
-        except ValueError as exc:
-            raise ConfigError("command line", "--vault", str(exc)) from exc
-    return [Target(str(role), address) for role in COLD_ROLES for address in config.cluster.addresses(role)]
-
-
-def ask(
-    config: Config, where: Sequence[Target], call: Callable[[VaultClient], T], timeout: float
-) -> list[Answer[T]]:
-    """``call`` on a client of each vault, in parallel; a vault's failure is its answer's error."""
-    token = config.token()
-    tls = config.tls if config.tls.enabled else None
-
-    def one(target: Target) -> Answer[T]:
-        with VaultClient(target.address, timeout=timeout, token=token, tls=tls) as client:
-            try:
-                return Answer(target, call(client))
-            except VaultError as exc:
-                return Answer(target, error=exc)
-
-    with ThreadPoolExecutor(max_workers=max(1, len(where))) as pool:
-        return list(pool.map(one, where))
 
 
 def parse_hex(value: str, what: str) -> bytes:

@@ -1,4 +1,4 @@
-"""Receiving BatchGet blobs straight into a sink's memory (:mod:`tierkv.wire.landing`), at unit level:
+"""Receiving BatchGet blobs straight into a sink's memory (:mod:`tierkv.codec.landing`), at unit level:
 the assembler's frame reading, and the cluster read's hand-over bookkeeping."""
 
 from __future__ import annotations

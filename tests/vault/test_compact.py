@@ -35,8 +35,7 @@ def churn(path: Path, *, overfill: int = 8, batch: int = 32, seed: int = 3) -> d
             s.put_many(b"ns", items)
             if rng.random() < 0.2:
                 s.delete(b"ns", [k for k, _, _ in rng.sample(items, len(items) // 4)])
-        with s._env.begin() as txn:
-            return {bytes(k): bytes(v) for k, v in txn.cursor(db=s._data)}
+        return s.debug.blobs()
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -69,8 +68,8 @@ def test_compact_shrinks_and_keeps_every_entry(tmp_path: Path) -> None:
 def test_compact_keeps_every_entry_byte_for_byte(tmp_path: Path) -> None:
     kept = churn(tmp_path / "v", overfill=3)
     compact(tmp_path / "v")
-    with Store(tmp_path / "v", BUDGET) as s, s._env.begin() as txn:
-        assert {bytes(k): bytes(v) for k, v in txn.cursor(db=s._data)} == kept
+    with Store(tmp_path / "v", BUDGET) as s:
+        assert s.debug.blobs() == kept
 
 
 def test_compact_refuses_while_a_vault_holds_the_directory(vault_factory: VaultFactory) -> None:

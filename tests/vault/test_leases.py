@@ -17,7 +17,7 @@ from tests.vault.test_daemon import free_port
 from tierkv.client.vault import VaultClient
 from tierkv.vault.launcher import VaultProcess
 from tierkv.vault.leases import MAX_LEASE_MS, LeaseCounts
-from tierkv.vault.store import Store, full_key
+from tierkv.vault.store import Store
 
 BUDGET = 100_000
 CHAIN = [b"c%d" % i for i in range(5)]  # 5 entries of 4,904 bytes: 24,520, under the 25,000 lease cap
@@ -42,8 +42,7 @@ def flood(s: Store, rounds: int = 40, size: int = 4900, tag: bytes = b"f") -> No
 
 
 def present(s: Store, keys: list[bytes]) -> list[bool]:
-    with s._env.begin() as txn:
-        return [txn.get(full_key(b"ns", k), db=s._index) is not None for k in keys]
+    return [s.debug.index_record(b"ns", k) is not None for k in keys]
 
 
 def test_a_leased_chain_survives_a_flood_and_goes_after_the_lease_expires(tmp_path: Path) -> None:
@@ -81,8 +80,7 @@ def test_the_budget_holds_exactly_when_only_leased_entries_could_make_room(tmp_p
             for i in range(30):
                 s.put_many(b"flood", [(b"%d-%d" % (round_, i), blob(i, 1000 + 997 * i), 0)])
                 used = s.stats().used_bytes
-                with s._env.begin() as txn:
-                    charged = sum(len(k) - 1 + len(v) for k, v in txn.cursor(db=s._data))
+                charged = sum(len(k) - 1 + len(v) for k, v in s.debug.blobs().items())
                 assert used == charged <= BUDGET
                 s.prefix_lookup(b"flood", [b"%d-%d" % (round_, i)], lease_ms=MAX_LEASE_MS)
         assert present(s, CHAIN) == [True] * 5
@@ -104,7 +102,7 @@ def test_huge_lease_values_are_capped(tmp_path: Path) -> None:
     with chain_store(tmp_path) as s:
         s.prefix_lookup(b"ns", CHAIN, lease_ms=2**32 - 1)
         limit = time.monotonic() + MAX_LEASE_MS / 1000
-        assert all(deadline <= limit for deadline, _ in s._leases._leases.values())
+        assert all(deadline <= limit for deadline in s.debug.lease_deadlines())
 
 
 def test_no_lease_asked_changes_nothing(tmp_path: Path) -> None:
@@ -228,3 +226,21 @@ def test_what_a_leased_lookup_reports_is_readable_while_another_thread_floods(tm
             stop.set()
             flooder.join()
         assert reported and s.stats().leases.honoured
+
+
+def test_one_tenants_leases_cannot_starve_another(tenant_vault: VaultProcess) -> None:
+    """Beta leases a quarter of the 16 MiB vault and keeps renewing; alpha's leased lookups still report
+    its blocks (before: beta took the whole vault-wide lease allowance and alpha's lookups reported 0)."""
+    blob = b"b" * (64 * 1024)
+    hog_keys = [b"h%d" % i for i in range(64)]
+    mine = [b"a0", b"a1", b"a2"]
+    with (
+        VaultClient(tenant_vault.address, token="tok-b") as hog,
+        VaultClient(tenant_vault.address, token="tok-a") as alpha,
+    ):
+        hog.put(b"ns", dict.fromkeys(hog_keys, blob))
+        alpha.put(b"ns", dict.fromkeys(mine, blob))
+        for _ in range(3):  # renewals change nothing
+            held = hog.prefix_lookup(b"ns", hog_keys, lease_ms=10_000)
+        assert 0 < held < len(hog_keys), "the hog is held to its share"
+        assert alpha.prefix_lookup(b"ns", mine, lease_ms=10_000) == len(mine)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tierkv.retention import BlockMeta
 from tierkv.vault import store as store_module
-from tierkv.vault.store import Lookup, Store, full_key
+from tierkv.vault.store import Lookup, Store
 
 TENANTS = {"alpha": 0, "beta": 0}
 entries = st.lists(
@@ -62,8 +62,7 @@ def test_the_listing_adds_up_to_a_model(
 def test_inspect_reports_a_damaged_blob_as_corrupt_and_leaves_it(tmp_path: Path) -> None:
     with Store(tmp_path / "s", 64 << 20) as s:
         s.put_many(b"ns", [(b"k", b"original bytes", 0)], metas=[BlockMeta("tools")])
-        with s._env.begin(write=True) as txn:
-            txn.put(full_key(b"ns", b"k"), b"tampered bytes", db=s._data)
+        s.debug.overwrite_blob(b"ns", b"k", b"tampered bytes")
         report = s.inspect(b"ns", b"k")
         assert report.status is Lookup.CORRUPT and report.meta is not None and report.meta.source == "tools"
         assert s.inspect(b"ns", b"k").status is Lookup.CORRUPT  # inspection dropped nothing

@@ -23,9 +23,7 @@ FILLER = BlockMeta("generation", 0.1)
 
 
 def keys_of(store: Store, tenant: str = "default") -> set[bytes]:
-    t = store._tenants[tenant]
-    with store._env.begin() as txn:
-        return {bytes(k) for k, _ in txn.cursor(db=t.index)}
+    return store.debug.index_keys(tenant)
 
 
 def put(
@@ -331,5 +329,5 @@ def test_untagged_entries_keep_the_old_index_format_under_lru(tmp_path: Path) ->
         put(s, b"ns", {b"a": b"x" * 100})
         s.get_many(b"ns", [b"a"])
         s.apply_touches()
-        with s._env.begin() as txn:
-            assert len(txn.get(full_key(b"ns", b"a"), db=s._index)) == 26
+        record = s.debug.index_record(b"ns", b"a")
+        assert record is not None and len(record) == 26

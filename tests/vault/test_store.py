@@ -19,9 +19,7 @@ def blob(n: int, seed: int) -> bytes:
 
 def live_entries(store: Store) -> dict[bytes, bytes]:
     """Every stored entry, read straight from LMDB (to compare with the model, never to build it)."""
-    env = store._env
-    with env.begin() as txn:
-        return {bytes(k): bytes(v) for k, v in txn.cursor(db=store._data)}
+    return store.debug.blobs()
 
 
 def test_roundtrip_and_missing(tmp_path: Path) -> None:
@@ -171,11 +169,9 @@ def test_blob_larger_than_budget_is_rejected(tmp_path: Path) -> None:
 def test_flipped_byte_is_corrupt_counted_and_dropped(tmp_path: Path) -> None:
     with Store(tmp_path, 1 << 20) as s:
         s.put_many(b"ns", [(b"a", b"A" * 5000, 0), (b"b", b"B" * 5000, 0)])
-        fkey = full_key(b"ns", b"a")
-        with s._env.begin(write=True) as txn:
-            data = bytearray(txn.get(fkey, db=s._data))
-            data[1234] ^= 0x01
-            txn.put(fkey, bytes(data), db=s._data)
+        data = bytearray(s.debug.blobs()[full_key(b"ns", b"a")])
+        data[1234] ^= 0x01
+        s.debug.overwrite_blob(b"ns", b"a", bytes(data))
         with s.view_many(b"ns", [b"a", b"b"]) as views:
             assert [status for status, _ in views] == [Lookup.CORRUPT, Lookup.FOUND]
         assert s.stats().corrupt == 1
@@ -187,8 +183,7 @@ def test_flipped_byte_is_corrupt_counted_and_dropped(tmp_path: Path) -> None:
 def test_blob_swapped_between_keys_is_corrupt(tmp_path: Path) -> None:
     with Store(tmp_path, 1 << 20) as s:
         s.put_many(b"ns", [(b"a", b"A" * 100, 0), (b"b", b"B" * 100, 0)])
-        with s._env.begin(write=True) as txn:
-            txn.put(full_key(b"ns", b"a"), b"B" * 100, db=s._data)
+        s.debug.overwrite_blob(b"ns", b"a", b"B" * 100)
         assert s.get_many(b"ns", [b"a", b"b"]) == [None, b"B" * 100]
 
 
@@ -234,6 +229,5 @@ def test_policy_change_reranks_existing_entries(tmp_path: Path) -> None:
     with Store(tmp_path, 1 << 20) as s:
         s.put_many(b"ns", [(b"a", b"x", 3)])
     with Store(tmp_path, 1 << 20, policy=PriorityLRUPolicy()) as s:
-        with s._env.begin() as txn:
-            ranks = [bytes(k) for k, _ in txn.cursor(db=s._order)]
+        ranks = s.debug.order_keys()
         assert len(ranks) == 1 and ranks[0][:2] == (3).to_bytes(2, "big")

@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import VaultFactory
 from tests.vault.rawcalls import code_of, get, put, stats, unary
+from tierkv.client.vault import VaultClient
 from tierkv.vault.launcher import VaultProcess
 from tierkv.wire import pb
 
@@ -112,6 +113,35 @@ def test_a_bad_token_file_line_is_a_clear_start_up_error(vault_factory: VaultFac
     cfg = tmp_path / "bad.toml"
     cfg.write_text(f'[auth]\ntoken_file = "{token_file}"\n')
     v = vault_factory(extra_args=["--config", str(cfg)], start=False)
-    with pytest.raises(RuntimeError, match=r"line 1[\s\S]*expected admin or user"):
+    with pytest.raises(RuntimeError, match=r"tokens:1: the role must be admin or user"):
         v.start(timeout=20)
     assert "Traceback" not in v.log_tail(100)
+
+
+@pytest.mark.parametrize("transport", ["grpc", "bulk"])
+def test_a_full_vault_with_a_token_file_keeps_storing(
+    vault_factory: VaultFactory, tmp_path: Path, transport: str
+) -> None:
+    """One `user` line makes two tenants (it and `default`): a Put that needs room must evict, not be
+    refused (before the fix: 31 of 80 stored here, then nothing, evictions 0)."""
+    token_file = tmp_path / "tokens"
+    token_file.write_text("tok-u  solo  user\n")
+    token_file.chmod(0o600)
+    cfg = tmp_path / "one-user.toml"
+    cfg.write_text(f'[auth]\ntoken_file = "{token_file}"\n')
+    v = vault_factory(max_bytes="4MiB", extra_args=["--config", str(cfg)])
+    blob = b"z" * (128 * 1024)
+    stored = 0
+    if transport == "grpc":
+        with grpc.insecure_channel(v.address) as ch:
+            for i in range(80):
+                stored += put(ch, b"ns", {b"k%d" % i: blob}, token="tok-u").stored
+            after = stats(ch, "tok-u")
+    else:
+        with VaultClient(v.address, token="tok-u", timeout=30) as c:
+            for i in range(80):
+                stored += c.put(b"ns", [(b"k%d" % i, blob)])
+        with grpc.insecure_channel(v.address) as ch:
+            after = stats(ch, "tok-u")
+    assert stored == 80
+    assert after.evictions > 0 and after.used_bytes <= 4 << 20

@@ -68,20 +68,24 @@ def legacy_args(args: Sequence[str], commands: Mapping[str, Any]) -> tuple[list[
     return [mode, *head, *kept], dropped
 
 
+ENGINE_FLAGS = ("--engine-api", "--exo-api")
+"""The flag spellings of ``engine`` mode (0.1 named EXO's API; EXO serves the same OpenAI API)."""
+
+
 def _legacy_mode(args: Sequence[str]) -> tuple[str, list[str], list[str]]:
     """The mode the deprecated flags picked, its positional arguments, and the remaining words."""
     rest = [a for a in args if a != "--hf"]
     hf = len(rest) < len(args)
     for i, arg in enumerate(rest):
         name, eq, value = arg.partition("=")
-        if name != "--engine-api":
+        if name not in ENGINE_FLAGS:
             continue
         if not eq and i + 1 == len(rest):
-            raise ValueError("--engine-api needs a URL")
+            raise ValueError(f"{name} needs a URL")
         url = value if eq else rest[i + 1]
         del rest[i : i + (1 if eq else 2)]
         if hf:
-            raise ValueError("--hf and --engine-api are separate modes: pick one")
+            raise ValueError(f"--hf and {name} are separate modes: pick one")
         return "engine", [url], rest
     return ("hf" if hf else "synthetic"), [], rest
 
@@ -172,9 +176,9 @@ def _run(
     """Load the config, run ``measure``, render; exit 2 on a setup error, 1 when the run failed."""
     from tierkv.bench.record import write_json
     from tierkv.bench.runner import render_result
-    from tierkv.cli import _load, err, out
+    from tierkv.console import err, load, out
 
-    cfg = _load(config)
+    cfg = load(config)
     setup_logging(verbose, level=cfg.log.level)
     console = err if json_out == "-" else out
     try:
@@ -367,7 +371,7 @@ def mlx(
 
     def measure(cfg: Config, console: Console) -> BenchResult:
         try:
-            from tierkv.connectors.mlx.bench import MlxBenchSettings, run_mlx
+            from tierkv.bench.mlx import MlxBenchSettings, run_mlx
         except ImportError as exc:
             raise BenchError(f"bench mlx needs mlx and mlx-lm (tierkv's mlx extra): {exc}") from exc
         settings = MlxBenchSettings(

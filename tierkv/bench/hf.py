@@ -55,6 +55,7 @@ from tierkv.bench.vaults import VaultSettings, watched_vaults
 from tierkv.client.cluster import KV_COLD, Cluster
 from tierkv.codec import Buffer
 from tierkv.config import Config
+from tierkv.records import HotChain, PutResult, Successor
 from tierkv.retention import BlockMeta
 from tierkv.tiering.storage import BlobSink
 
@@ -246,7 +247,7 @@ class RecordingCluster:
         role: str = KV_COLD,
         *,
         meta: Mapping[bytes, BlockMeta] | None = None,
-    ) -> int:
+    ) -> PutResult:
         self.stored[namespace, role].update(items)
         return self.cluster.put(namespace, items, role=role, meta=meta)
 
@@ -254,11 +255,11 @@ class RecordingCluster:
         return self.cluster.get(namespace, keys, role=role)
 
     def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD
+        self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD, *, timeout: float | None = None
     ) -> list[Buffer | None]:
         if role == KV_COLD:
             self.last_get = (namespace, list(keys))
-        return self.cluster.get_buffers(namespace, keys, role=role)
+        return self.cluster.get_buffers(namespace, keys, role=role, timeout=timeout)
 
     def get_each(
         self, namespace: bytes, keys: Sequence[bytes], on_blob: BlobSink, role: str = KV_COLD
@@ -275,6 +276,25 @@ class RecordingCluster:
     def delete(self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD) -> int:
         self.stored[namespace, role].difference_update(keys)
         return self.cluster.delete(namespace, keys, role=role)
+
+    def successors(
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        role: str = KV_COLD,
+        *,
+        max_bytes: int = 0,
+        max_keys: int = 0,
+        timeout: float | None = None,
+    ) -> list[Successor]:
+        return self.cluster.successors(
+            namespace, keys, role, max_bytes=max_bytes, max_keys=max_keys, timeout=timeout
+        )
+
+    def hottest(
+        self, namespace: bytes, *, limit: int = 0, tenant: str = "", role: str = KV_COLD
+    ) -> list[HotChain]:
+        return self.cluster.hottest(namespace, limit=limit, tenant=tenant, role=role)
 
     def close(self) -> None:
         """Nothing: the run's vault set owns the cluster and closes it after :meth:`delete_stored`."""
@@ -386,7 +406,7 @@ def run_hf(config: Config, settings: HFSettings, vault_settings: VaultSettings, 
             if settings.codec != "raw" and result.rows and not result.out_of_time(deadline):
                 _agreement(model, cluster, settings, lengths[0], f"{model_id}/agreement", result, console)
         finally:
-            session.close(timeout=60)
+            session.close(persist=False, timeout=60)
             cluster.delete_stored()
     _conclude(result)
     result.finish(deadline)

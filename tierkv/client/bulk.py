@@ -3,7 +3,7 @@ plain socket.
 
 :class:`BulkTransport` keeps a small pool of connections to one vault's bulk port. A BatchGet reply's
 frames are read into one buffer per frame and handed to the request's sink, so blobs come back as
-zero-copy slices, or, for a sink that offers memory of its own (:mod:`tierkv.wire.landing`), each frame's
+zero-copy slices, or, for a sink that offers memory of its own (:mod:`tierkv.codec.landing`), each frame's
 head is read first and its blobs are received straight into that memory. A Put's frames go out with
 scatter-gather ``sendmsg`` straight from the caller's blobs. Every read and send runs against the call's
 deadline.

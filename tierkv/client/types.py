@@ -13,15 +13,12 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass(frozen=True)
-class HotChain:
-    """One of a namespace's most-hit chains (``Hottest``): keys root first, the decayed hits of its last
-    block, the class of its first, and its token ids (empty when the vault cannot replay it: a block
-    stored without ids, or a prefix it does not hold)."""
+class PutAck:
+    """One vault's checked answer to a put: the positions (in the items as given) it stored and those it
+    refused. A reply that does not add up is an error, never an answer (``_rpc.refused``)."""
 
-    keys: tuple[bytes, ...]
-    hits: float
-    source: str
-    tokens: tuple[int, ...]
+    stored: tuple[int, ...]
+    rejected: tuple[int, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,16 +123,6 @@ class NamespaceInfo:
     protected_bytes: int
     sample_key: bytes
     head: bytes
-
-
-@dataclasses.dataclass(frozen=True)
-class Successor:
-    """A block the vault expects to be fetched next (``Successors``): its key, blob size and score (higher
-    is likelier; a vault answers best first)."""
-
-    key: bytes
-    size: int
-    score: float
 
 
 class EntryStatus(str, enum.Enum):

@@ -30,11 +30,11 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, Protocol, cast
+from typing import Final
 
 from tierkv.codec import Buffer, verify
 from tierkv.errors import TierKVError
-from tierkv.tiering.storage import LazyStorage
+from tierkv.tiering.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -44,34 +44,6 @@ FETCH_KEYS: Final = 64
 """Keys per prefetch BatchGet: small, so a foreground restore waits at most one of them."""
 Slot = tuple[str, bytes, bytes]
 """(role, namespace, key) of a buffered blob."""
-
-
-class Suggestion(Protocol):
-    @property
-    def key(self) -> bytes: ...
-
-    @property
-    def size(self) -> int: ...
-
-
-class PrefetchSource(Protocol):
-    """What prefetch needs of a storage beyond :class:`~tierkv.tiering.storage.Storage`: the vaults' hints
-    and a get with its own deadline (:class:`~tierkv.client.cluster.Cluster` has both)."""
-
-    def successors(
-        self,
-        namespace: bytes,
-        keys: Sequence[bytes],
-        role: str = ...,
-        *,
-        max_bytes: int = ...,
-        max_keys: int = ...,
-        timeout: float | None = ...,
-    ) -> Sequence[Suggestion]: ...
-
-    def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], role: str = ..., *, timeout: float | None = ...
-    ) -> Sequence[Buffer | None]: ...
 
 
 @dataclasses.dataclass
@@ -115,7 +87,7 @@ class Prefetcher:
 
     def __init__(
         self,
-        storage: Any,
+        storage: Storage,
         *,
         max_bytes: int,
         max_keys: int = DEFAULT_MAX_KEYS,
@@ -137,7 +109,6 @@ class Prefetcher:
         self._foreground = 0
         self._busy = False
         self._closed = False
-        self._unsupported_logged = False
         self._thread: threading.Thread | None = None
 
     # -- the foreground side ---------------------------------------------------------------------
@@ -253,9 +224,7 @@ class Prefetcher:
 
     def _run(self, job: _Request) -> None:
         deadline = time.monotonic() + self.timeout_s
-        source = self._source()
-        if source is None:
-            return
+        source = self.storage
         self._wait_for_foreground(deadline)
         hints = source.successors(
             job.namespace,
@@ -277,16 +246,6 @@ class Prefetcher:
             self._keep(job, chunk, blobs)
             if time.monotonic() >= deadline:
                 raise _GaveUp
-
-    def _source(self) -> PrefetchSource | None:
-        """The storage under a lazy wrapper, if it can give hints; None (logged once) if it cannot."""
-        target = self.storage.get() if isinstance(self.storage, LazyStorage) else self.storage
-        if hasattr(target, "successors"):
-            return cast(PrefetchSource, target)
-        if not self._unsupported_logged:
-            self._unsupported_logged = True
-            log.info("prefetch is on but %s gives no hints (Successors): nothing is prefetched", type(target))
-        return None
 
     def _wait_for_foreground(self, deadline: float) -> None:
         start = time.monotonic()
@@ -339,4 +298,4 @@ def _left(deadline: float) -> float:
     return left
 
 
-__all__ = ["PrefetchSource", "PrefetchStats", "Prefetcher"]
+__all__ = ["PrefetchStats", "Prefetcher"]

@@ -1,12 +1,19 @@
 """The one seam between the pipeline and the vaults: a small storage Protocol and its implementations.
 
-Every engine hook reaches the cold tier through :class:`Storage` only. Three things satisfy it:
+Every engine hook reaches the cold tier through :class:`Storage` only. It has two declared parts:
+:class:`Blocks` (put, get, lookup, delete: what every restore and store needs) and :class:`Hints` (what
+the vaults can tell beyond the blocks: likely successors of a chain for prefetch, the hottest chains for
+a warm start). Nothing reaches past it by probing for methods. Three things satisfy it:
 
 - :class:`tierkv.client.cluster.Cluster` (structurally; :func:`open_cluster` builds one from tierkv.toml),
   the real thing: roles, sharding, replication, deadlines; it never raises because a vault failed;
-- :class:`MemoryStorage`, a dict per (role, namespace), for unit tests of the pipeline and of hooks;
+- :class:`~tierkv.tiering.memory.MemoryStorage`, dicts in this process with faults a test switches on
+  (down, slow, corrupt, evicting), for fast tests of the pipeline and of hooks;
 - :class:`LazyStorage`, which opens another storage on first use (a hook that must not open sockets
   before its engine forks, or whose threads may all ask for it at once).
+
+A put answers a :class:`~tierkv.records.PutResult`: how many blobs the vaults' replies said they stored, which
+they refused and why, and which have fewer copies than asked; never what was merely sent.
 
 ``meta`` on a put is each block's retention metadata (:class:`~tierkv.retention.BlockMeta`), keyed like
 ``items``; a key without an entry (or ``meta=None``) is stored untagged, exactly as a store without a
@@ -19,12 +26,12 @@ accepted as they are strings). Which role a blob goes to is decided once, by :fu
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tierkv.codec import Buffer
 from tierkv.config import Config
+from tierkv.records import HotChain, PutResult, Successor
 from tierkv.retention import BlockMeta
 from tierkv.roles import Role
 
@@ -33,7 +40,7 @@ BlobSink = Callable[[int, Buffer], None]
 reply is still arriving; it must not raise, and the blob is valid only during the call."""
 
 
-class Storage(Protocol):
+class Blocks(Protocol):
     """What the pipeline needs from the vaults. Failures are misses (``None``, 0), never exceptions."""
 
     def put(
@@ -43,14 +50,15 @@ class Storage(Protocol):
         role: str = ...,
         *,
         meta: Mapping[bytes, BlockMeta] | None = None,
-    ) -> int:
-        """Store blobs (with the metadata ``meta`` gives for some of them); how many were acknowledged."""
+    ) -> PutResult:
+        """Store blobs (with the metadata ``meta`` gives for some of them); what the vaults stored."""
         ...
 
     def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], role: str = ...
+        self, namespace: bytes, keys: Sequence[bytes], role: str = ..., *, timeout: float | None = ...
     ) -> Sequence[Buffer | None]:
-        """One blob (or ``None``) per key, in order."""
+        """One blob (or ``None``) per key, in order, within ``timeout`` seconds (None: the storage's own
+        deadline); what has not arrived by then is a miss."""
         ...
 
     def get_each(
@@ -76,13 +84,42 @@ class Storage(Protocol):
         ...
 
 
+class Hints(Protocol):
+    """What the vaults can say beyond the blocks they hold. Best effort: a failed or slow vault adds
+    nothing, and a storage that knows nothing answers with nothing."""
+
+    def successors(
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        role: str = ...,
+        *,
+        max_bytes: int = ...,
+        max_keys: int = ...,
+        timeout: float | None = ...,
+    ) -> Sequence[Successor]:
+        """The blocks likely to be fetched after the chain ``keys``, best first, within ``max_bytes`` and
+        ``max_keys`` (0: no bound of the caller's) and ``timeout`` seconds (None: the storage's own)."""
+        ...
+
+    def hottest(
+        self, namespace: bytes, *, limit: int = ..., tenant: str = ..., role: str = ...
+    ) -> Sequence[HotChain]:
+        """The namespace's most-hit chains, hottest first, at most ``limit`` (0: the storage's default)."""
+        ...
+
+
+class Storage(Blocks, Hints, Protocol):
+    """The whole contract between the pipeline and the vaults: blocks and hints."""
+
+
 def put_tagged(
     storage: Storage,
     namespace: bytes,
     items: Mapping[bytes, bytes],
     role: str,
     meta: Mapping[bytes, BlockMeta] | None,
-) -> int:
+) -> PutResult:
     """``storage.put`` with ``meta`` passed only when some block carries metadata: an untagged store is
     exactly the call it always was (and reaches a storage that does not know the keyword)."""
     if meta:
@@ -102,86 +139,6 @@ def open_cluster(
     from tierkv.client.cluster import Cluster
 
     return Cluster.from_config(config, roles=roles, **overrides)
-
-
-class MemoryStorage:
-    """An in-process :class:`Storage`: blobs in a dict per (role, namespace).
-
-    ``blobs`` is public so a test can corrupt or drop a stored blob; ``meta`` holds the metadata the
-    last put of each key carried (a put without any drops it, as the vault does); ``calls`` counts
-    operations by name (``"put"``, ``"get"``, ``"lookup"``, ``"delete"``) so a test can check how often a
-    hook asks.
-    """
-
-    def __init__(self) -> None:
-        self.blobs: dict[tuple[str, bytes], dict[bytes, bytes]] = defaultdict(dict)
-        self.meta: dict[tuple[str, bytes], dict[bytes, BlockMeta]] = defaultdict(dict)
-        self.calls: dict[str, int] = defaultdict(int)
-        self.closed = False
-        self._lock = threading.Lock()
-
-    def _space(self, namespace: bytes, role: str) -> dict[bytes, bytes]:
-        return self.blobs[(str(Role.parse(role)), namespace)]
-
-    def _meta(self, namespace: bytes, role: str) -> dict[bytes, BlockMeta]:
-        return self.meta[(str(Role.parse(role)), namespace)]
-
-    def put(
-        self,
-        namespace: bytes,
-        items: Mapping[bytes, bytes],
-        role: str = Role.KV_COLD,
-        *,
-        meta: Mapping[bytes, BlockMeta] | None = None,
-    ) -> int:
-        with self._lock:
-            self.calls["put"] += 1
-            self._space(namespace, role).update((k, bytes(v)) for k, v in items.items())
-            tags = self._meta(namespace, role)
-            for k in items:
-                m = meta.get(k) if meta else None
-                if m is None:
-                    tags.pop(k, None)
-                else:
-                    tags[k] = m
-            return len(items)
-
-    def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD
-    ) -> list[Buffer | None]:
-        with self._lock:
-            self.calls["get"] += 1
-            space = self._space(namespace, role)
-            return [space.get(k) for k in keys]
-
-    def get_each(
-        self, namespace: bytes, keys: Sequence[bytes], on_blob: BlobSink, role: str = Role.KV_COLD
-    ) -> list[int | None]:
-        found = self.get_buffers(namespace, keys, role)
-        for i, blob in enumerate(found):
-            if blob is not None:
-                on_blob(i, blob)
-        return [None if blob is None else len(blob) for blob in found]
-
-    def prefix_lookup(
-        self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD, *, lease_ms: int = 0
-    ) -> int:
-        """``lease_ms`` is accepted and ignored: this storage never evicts."""
-        with self._lock:
-            self.calls["lookup"] += 1
-            space = self._space(namespace, role)
-            return next((i for i, k in enumerate(keys) if k not in space), len(keys))
-
-    def delete(self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD) -> int:
-        with self._lock:
-            self.calls["delete"] += 1
-            space, tags = self._space(namespace, role), self._meta(namespace, role)
-            for k in keys:
-                tags.pop(k, None)
-            return sum(space.pop(k, None) is not None for k in keys)
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class LazyStorage:
@@ -211,13 +168,18 @@ class LazyStorage:
         role: str = Role.KV_COLD,
         *,
         meta: Mapping[bytes, BlockMeta] | None = None,
-    ) -> int:
+    ) -> PutResult:
         return put_tagged(self.get(), namespace, items, role, meta)
 
     def get_buffers(
-        self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        role: str = Role.KV_COLD,
+        *,
+        timeout: float | None = None,
     ) -> Sequence[Buffer | None]:
-        return self.get().get_buffers(namespace, keys, role=role)
+        return self.get().get_buffers(namespace, keys, role=role, timeout=timeout)
 
     def get_each(
         self, namespace: bytes, keys: Sequence[bytes], on_blob: BlobSink, role: str = Role.KV_COLD
@@ -232,6 +194,25 @@ class LazyStorage:
     def delete(self, namespace: bytes, keys: Sequence[bytes], role: str = Role.KV_COLD) -> int:
         return self.get().delete(namespace, keys, role=role)
 
+    def successors(
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        role: str = Role.KV_COLD,
+        *,
+        max_bytes: int = 0,
+        max_keys: int = 0,
+        timeout: float | None = None,
+    ) -> Sequence[Successor]:
+        return self.get().successors(
+            namespace, keys, role, max_bytes=max_bytes, max_keys=max_keys, timeout=timeout
+        )
+
+    def hottest(
+        self, namespace: bytes, *, limit: int = 0, tenant: str = "", role: str = Role.KV_COLD
+    ) -> Sequence[HotChain]:
+        return self.get().hottest(namespace, limit=limit, tenant=tenant, role=role)
+
     def close(self) -> None:
         with self._lock:
             if self._storage is not None:
@@ -239,4 +220,4 @@ class LazyStorage:
                 self._storage = None
 
 
-__all__ = ["BlobSink", "LazyStorage", "MemoryStorage", "Storage", "open_cluster", "put_tagged"]
+__all__ = ["BlobSink", "Blocks", "Hints", "LazyStorage", "Storage", "open_cluster", "put_tagged"]

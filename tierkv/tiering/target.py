@@ -9,7 +9,7 @@ verifying and copying one blob overlaps the vault sending the next.
 
 A hook that also says where each key's values lie as bytes (``rows(i)``: its cache's own rows) gets
 blobs received straight there where the transport can (:meth:`Target.land`, see
-:mod:`tierkv.wire.landing`): the blob's header goes to a small buffer, its payload into the rows, and it
+:mod:`tierkv.codec.landing`): the blob's header goes to a small buffer, its payload into the rows, and it
 is verified where it lies (header, expectations, payload checksum over the rows). Nothing is copied
 after the socket then; a blob that does not verify leaves garbage in rows the restore reports as failed.
 """

@@ -25,11 +25,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tierkv.admin import Answer, ask, targets
-from tierkv.client.types import HotChain
+from tierkv.client.fanout import Answer, ask, targets
 from tierkv.client.vault import VaultClient
 from tierkv.config import Config
 from tierkv.limits import MAX_NAMESPACE_BYTES
+from tierkv.records import HotChain
 from tierkv.roles import Role
 
 FORMAT = "tierkv-snapshot"

@@ -22,7 +22,7 @@ from tests.connectors.exo import standin
 from tests.connectors.mlx.models import prompt, run, tiny_model
 from tierkv.client.cluster import Cluster
 from tierkv.connectors.exo.adapter import agree, rank_tenant, tiered_prefix_cache
-from tierkv.tiering.storage import MemoryStorage
+from tierkv.tiering.memory import MemoryStorage
 
 pytestmark = pytest.mark.mlx
 

@@ -26,7 +26,7 @@ from tierkv.codec import LayerGroup, read_header
 from tierkv.connectors.mlx import LayoutError, MlxTier, probe
 from tierkv.connectors.mlx.layout import MlxLayout, kv_blocks, kv_states, manifest, parse_manifest
 from tierkv.connectors.mlx.states import is_legacy, read_state, rebuild
-from tierkv.tiering.storage import MemoryStorage
+from tierkv.tiering.memory import MemoryStorage
 
 pytestmark = pytest.mark.mlx
 

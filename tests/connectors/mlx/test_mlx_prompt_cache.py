@@ -16,7 +16,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from tests.connectors.mlx.models import prompt, run, tiny_model
 from tierkv.connectors.mlx import MlxTier
 from tierkv.connectors.mlx.server import TieredPromptCache
-from tierkv.tiering.storage import MemoryStorage
+from tierkv.tiering.memory import MemoryStorage
 
 pytestmark = pytest.mark.mlx
 

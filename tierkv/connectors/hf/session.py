@@ -41,6 +41,7 @@ from tierkv.connectors.hf.blocks import ModelBlocks
 from tierkv.connectors.hf.hot import HotTier, TokenArray, as_tokens
 from tierkv.connectors.hf.layout import (
     CacheLayout,
+    cache_kwargs,
     check_continuation,
     extract_kv,
     model_device,
@@ -141,8 +142,13 @@ class TieredSession:
 
     @property
     def stored_blobs(self) -> int:
-        """Blobs the vaults acknowledged so far."""
+        """Blobs the vaults' replies said they stored, so far."""
         return self.writer.stored_blobs
+
+    @property
+    def refused_blobs(self) -> int:
+        """Blobs a vault refused and none stored, so far (budget, tenant quota or no room)."""
+        return self.writer.tally.rejected
 
     @property
     def stored_bytes(self) -> int:
@@ -226,13 +232,11 @@ class TieredSession:
         """Fill the hot tier from the vaults' hottest chains of this session's namespace (``Hottest``;
         blocks carry token ids only under ``[retention] warm_tokens``): each is restored into an entry
         as a request for it would be, without generating. Coldest first, so the hottest end up the most
-        recent. Returns how many chains were restored; 0 without vaults or with storage that cannot say
-        which chains are hot (anything but a :class:`~tierkv.client.cluster.Cluster`)."""
-        hottest = getattr(self.cluster, "hottest", None)
-        if hottest is None:
+        recent. Returns how many chains were restored; 0 without vaults."""
+        if self.cluster is None:
             return 0
         warmed = 0
-        for chain in reversed(hottest(self.namespace, limit=limit)):
+        for chain in reversed(self.cluster.hottest(self.namespace, limit=limit)):
             if chain.tokens:
                 warmed += self._warm_one(list(chain.tokens))
         return warmed
@@ -263,8 +267,12 @@ class TieredSession:
             self.hot.evict_all()
         return self.flush(timeout)
 
-    def close(self, persist: bool = False, timeout: float | None = 30.0) -> None:
-        """Stop background work (after shipping the hot tier when ``persist``). The storage is not closed."""
+    def close(self, persist: bool = True, timeout: float | None = 30.0) -> None:
+        """Ship the hot tier to the vaults (unless ``persist=False``), then stop background work.
+
+        Persisting is the default because what a session computed is expected to be there for the next
+        process: the hot tier otherwise reaches the vaults only on eviction. The storage is not closed.
+        """
         if persist:
             self.persist(timeout)
         self.writer.close(timeout)
@@ -273,6 +281,7 @@ class TieredSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Leaving a ``with`` block closes the session, persisting its hot tier."""
         self.close()
 
     # ---------------------------------------------------------------------------------- generation
@@ -314,10 +323,10 @@ class TieredSession:
         with torch.no_grad():
             out = self.model.generate(
                 ids,
-                past_key_values=cache,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_new_tokens,
                 streamer=timer,
+                **cache_kwargs(self.model, cache),
                 **kwargs,
             )
         end = time.perf_counter()

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from tierkv.wire.framing import Buffer
+from tierkv.codec.header import Buffer
 
 
 class Landing(Protocol):

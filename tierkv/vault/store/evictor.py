@@ -1,0 +1,194 @@
+"""Eviction: the one place the store consults its policy, and the victim search inside a write transaction.
+
+:class:`Ranking` asks the policy (:mod:`tierkv.vault.policy`) for an entry's rank, whether it keeps
+retention records for every entry, and what an entry's hits are worth now; the ``order`` database is
+kept in that rank. :class:`Evictor` makes room for a write: in the writer's own entries while its quota
+is short, then among the writer's and quota-less tenants' entries while the budget is — an expired entry
+first, else the lowest-ranked entry that no lookup lease holds (walking past at most as many entries as
+the tenant holds leases; with none left the write is refused, so the budget holds exactly). Protected
+entries are not in the order and never go; deletes and flushes ignore leases.
+
+Everything here takes the write transaction and its :class:`~tierkv.vault.store.ledger.Ledger` (whose
+``now`` is the injected clock's reading), so an evictor is tested directly on a transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import lmdb
+
+from tierkv.vault.leases import LeaseTable
+from tierkv.vault.policy import ContextPolicy, EntryInfo, EvictionPolicy
+from tierkv.vault.store.format import IndexRecord, expiry_ms
+from tierkv.vault.store.ledger import Ledger
+from tierkv.vault.store.tenants import Tenant
+
+if TYPE_CHECKING:
+    from tierkv.vault.store.entries import Entries
+
+
+class Ranking:
+    """What the policy says about entries: their rank in the ``order`` database and their hits now."""
+
+    def __init__(self, policy: EvictionPolicy) -> None:
+        self.policy = policy
+        self.rank_len = len(policy.rank(EntryInfo(clock=0, size=0, priority=0)))
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    @property
+    def uses_meta(self) -> bool:
+        """Every entry gets a retention record (hits, sharing) even when stored untagged."""
+        return self.policy.uses_meta
+
+    def rank(self, entry: IndexRecord) -> bytes:
+        ext = entry.ext
+        if ext is None:
+            return self.policy.rank(EntryInfo(clock=entry.clock, size=entry.charge, priority=entry.priority))
+        info = EntryInfo(
+            clock=entry.clock,
+            size=entry.charge,
+            priority=entry.priority,
+            importance=ext.importance,
+            hits=ext.hits,
+            sharing=ext.sharing,
+            population=ext.population,
+        )
+        return self.policy.rank(info)
+
+    def decayed(self, entry: IndexRecord, clock: int) -> float:
+        """The entry's hit count now: halved per ``hit_half_life`` turnovers under ``context``, else kept."""
+        ext = entry.ext
+        if ext is None:
+            return 0.0
+        if not isinstance(self.policy, ContextPolicy):
+            return ext.hits
+        return self.policy.decayed_hits(ext.hits, clock - entry.clock, ext.population)
+
+    def rerank(self, txn: lmdb.Transaction, tenant: Tenant) -> None:
+        """Rebuild the tenant's order from its index (the store was ranked by another policy)."""
+        txn.drop(tenant.order, delete=False)
+        with txn.cursor(db=tenant.index) as cur:
+            for fkey, raw in cur:
+                entry = IndexRecord.unpack(raw)
+                if not entry.protected:
+                    txn.put(self.rank(entry) + bytes(fkey), b"", db=tenant.order)
+
+
+class Evictor:
+    """Makes room in a write transaction; the leases decide what may not go yet."""
+
+    def __init__(
+        self,
+        ranking: Ranking,
+        entries: Entries,
+        leases: LeaseTable,
+        tenants: Callable[[], Sequence[Tenant]],
+        max_bytes: int,
+    ) -> None:
+        self.ranking = ranking
+        self.entries = entries
+        self.leases = leases
+        self.tenants = tenants
+        self.max_bytes = max_bytes
+
+    def make_room(self, txn: lmdb.Transaction, ledger: Ledger, owner: Tenant, charge: int) -> bool:
+        """Evict until ``charge`` more bytes fit the owner's quota and the vault budget."""
+        while owner.quota and ledger.used[owner.name] + charge > owner.quota:
+            if not self.evict_one(txn, ledger, owner):
+                return False
+        while ledger.total + charge > self.max_bytes:
+            victim = self.victim(txn, ledger, owner)
+            if victim is None or not self.evict_one(txn, ledger, victim):
+                return False
+        return True
+
+    def victim(self, txn: lmdb.Transaction, ledger: Ledger, owner: Tenant) -> Tenant | None:
+        """Whose entry goes: the owner's or a quota-less tenant's — one with an expired entry first, else
+        whichever's lowest-ranked unleased entry ranks lower."""
+        candidates = [owner, *(t for t in self.tenants() if t is not owner and not t.quota)]
+        if len(candidates) == 1:
+            return owner
+        best: tuple[bytes, Tenant] | None = None
+        for t in candidates:
+            if self.first_expired(txn, t, ledger.now) is not None:
+                return t
+            with txn.cursor(db=t.order) as cur:
+                if self.first_evictable(cur, ledger, t, self.unleased):
+                    rank = bytes(cur.key()[: self.ranking.rank_len])
+                    if best is None or rank < best[0]:
+                        best = (rank, t)
+        return None if best is None else best[1]
+
+    def unleased(self, tenant: str, fkey: bytes) -> bool:
+        """No live lease holds the entry: the victim search's question, which (unlike
+        :meth:`LeaseTable.claim`) neither counts an honoured lease nor claims the entry."""
+        return not self.leases.leased(tenant, fkey)
+
+    @staticmethod
+    def first_expired(txn: lmdb.Transaction, tenant: Tenant, now: float) -> bytes | None:
+        """The full key of the tenant's soonest-expiring entry if it has expired by ``now``."""
+        with txn.cursor(db=tenant.expiry) as cur:
+            if not cur.first():
+                return None
+            key = bytes(cur.key())
+        return key[8:] if expiry_ms(key) <= int(now * 1000) else None
+
+    def evict_one(self, txn: lmdb.Transaction, ledger: Ledger, tenant: Tenant) -> bool:
+        """Drop the tenant's first expired entry, else its lowest-ranked one; False when it has neither."""
+        victim_fkey = self.first_expired(txn, tenant, ledger.now)
+        expired = victim_fkey is not None
+        if victim_fkey is not None:
+            self.leases.claim(tenant.name, victim_fkey, force=True)
+        else:
+            with txn.cursor(db=tenant.order) as order:
+                if not self.first_evictable(order, ledger, tenant, self.leases.claim):
+                    return False
+                victim_fkey = bytes(order.key()[self.ranking.rank_len :])
+                order.delete()
+        victim = self.entries.drop(txn, ledger, tenant, victim_fkey, ordered=expired)
+        if victim is None:  # an order or expiry key without its entry: drop the stray key
+            with txn.cursor(db=tenant.expiry) as cur:
+                if expired and cur.first():
+                    cur.delete()
+            return True
+        ledger.evicted[tenant.name] += 1
+        if victim.source:
+            ledger.ghosts.append((tenant.name, victim_fkey, victim.source))
+        return True
+
+    def first_evictable(
+        self, cur: lmdb.Cursor, ledger: Ledger, tenant: Tenant, free: Callable[[str, bytes], bool]
+    ) -> bool:
+        """Put ``cur`` on the tenant's lowest-ranked order key that ``free`` says no lease holds; walks
+        past at most as many keys as the tenant holds leases (False when none is left within that).
+        Within one transaction a walk resumes where the last one ended (an entry it passed whose lease
+        ended since is left for the next transaction), so a flood of puts walks a run of leased entries
+        once per transaction, not once per eviction."""
+        start = ledger.past_leases.get(tenant.name)
+        found = cur.first() if start is None else cur.set_range(start)
+        for walked in range(self.leases.held(tenant.name) + 1):
+            if not found:
+                return False
+            key = bytes(cur.key())
+            if free(tenant.name, key[self.ranking.rank_len :]):
+                if walked:
+                    ledger.past_leases[tenant.name] = key
+                return True
+            found = cur.next()
+        return False
+
+    def purge(self, txn: lmdb.Transaction, ledger: Ledger, due: Sequence[Tenant], limit: int) -> None:
+        """Drop up to ``limit`` expired entries of each tenant in ``due``."""
+        for t in due:
+            for _ in range(limit):
+                if self.first_expired(txn, t, ledger.now) is None:
+                    break
+                self.evict_one(txn, ledger, t)
+
+
+__all__ = ["Evictor", "Ranking"]
