@@ -21,9 +21,8 @@ is a miss within the cluster's deadline. No call raises for a vault failure. ``b
 success only for pages a vault acknowledged. With ``hicache_storage_pass_prefix_keys`` each page is
 stored with its parent (the page before it), so the vaults' retention sees whole chains.
 
-Hybrid models (Mamba / SWA / indexer pools, SGLang's ``batch_*_v2``) are refused at attach: SGLang
-0.5.23's hybrid host pools cannot be exercised on a CPU here, and tierkv does not ship a path it has not
-run; full-attention and MLA KV pages are stored.
+Hybrid models (Mamba / SWA / indexer pools, SGLang's ``batch_*_v2`` with its per-pool hit policies) are
+refused at attach: that path is not built yet. Full-attention and MLA KV pages are stored.
 """
 
 from __future__ import annotations
