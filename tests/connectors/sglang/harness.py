@@ -23,8 +23,9 @@ prepare_sglang()
 import torch.distributed as dist  # noqa: E402
 from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
 
 LAYOUTS = ("layer_first", "page_first", "page_first_direct")
@@ -62,6 +63,24 @@ def host_pool(layout: str, geo: Geometry = Geometry()) -> tuple[Any, Any]:
         write_back_staging=device.hicache_write_back_staging,
     )
     return device, host
+
+
+def mla_host_pool(layout: str, geo: Geometry = Geometry()) -> Any:
+    """An MLA host pool (latent KV of rank 32 plus 8 rope dims per token and layer) in ``layout``."""
+    device = MLATokenToKVPool(geo.tokens, geo.page, geo.dtype, 32, 8, geo.layers, "cpu", False)
+    return MLATokenToKVPoolHost(
+        device.get_device_pool_infos()[0].buffer_info,
+        2.0,
+        0,
+        geo.page,
+        layout,
+        pin_memory=False,
+        device="cpu",
+        device_capacity_tokens=device.size,
+        start_layer=device.start_layer,
+        end_layer=device.end_layer,
+        target_layer_num=geo.layers,
+    )
 
 
 def tierkv_extra(vaults: list[str], *, v1: bool, timeout: float = 2.0, **tierkv: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from tests.connectors.sglang.harness import (
     Node,
     fill_random,
     host_pool,
+    mla_host_pool,
     page_bits,
     page_hashes,
     tierkv_extra,
@@ -160,7 +161,7 @@ def test_a_hung_vault_never_holds_the_threads_past_the_deadline(
     assert node.prefetch(TOKENS)[1:] == (len(TOKENS), len(TOKENS)), "served again once it resumes"
 
 
-def storage_config(tp_rank: int, address: str) -> Any:
+def storage_config(tp_rank: int, address: str, *, mla: bool = False) -> Any:
     return HiCacheStorageConfig(
         tp_rank=tp_rank,
         tp_size=2,
@@ -168,7 +169,7 @@ def storage_config(tp_rank: int, address: str) -> Any:
         pp_size=1,
         attn_cp_rank=0,
         attn_cp_size=1,
-        is_mla_model=False,
+        is_mla_model=mla,
         enable_storage_metrics=False,
         is_page_first_layout=False,
         model_name="tiny-test-model",
@@ -199,6 +200,32 @@ def test_tp_ranks_keep_their_own_pages(vault: VaultProcess) -> None:
         assert same(page_bits(h0, back0), page_bits(h0, at0))
         assert same(page_bits(h1, back1), page_bits(h1, at1))
         assert not same(page_bits(h0, back0), page_bits(h1, back1))
+    finally:
+        for backend, _ in ranks:
+            backend.close()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_mla_pages_are_one_copy_for_every_tp_rank(layout: str, vault: VaultProcess) -> None:
+    """MLA's latent KV is the same on every TP rank: rank 0 writes it, rank 1 reads the same pages."""
+    ranks = []
+    for rank in (0, 1):
+        host = mla_host_pool(layout)
+        config = storage_config(rank, vault.address, mla=True)
+        assert config.is_storage_writer == (rank == 0)
+        backend = StorageBackendFactory.create_backend("dynamic", config, host)
+        backend.register_mem_pool_host(host)
+        ranks.append((backend, host))
+    keys = page_hashes(TOKENS, 4)
+    try:
+        (b0, h0), (b1, h1) = ranks
+        at0 = h0.alloc(len(TOKENS))
+        fill_random(h0, at0, seed=12)
+        assert b0.batch_set_v1(keys, at0) == [True] * PAGES
+        assert b1.batch_exists(keys) == PAGES
+        back = h1.alloc(len(TOKENS))
+        assert b1.batch_get_v1(keys, back) == [True] * PAGES
+        assert same(page_bits(h1, back), page_bits(h0, at0))
     finally:
         for backend, _ in ranks:
             backend.close()
