@@ -23,7 +23,9 @@ prepare_sglang()
 import torch.distributed as dist  # noqa: E402
 from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
@@ -80,6 +82,17 @@ def mla_host_pool(layout: str, geo: Geometry = Geometry()) -> Any:
         start_layer=device.start_layer,
         end_layer=device.end_layer,
         target_layer_num=geo.layers,
+    )
+
+
+def mamba_host_pool(layers: int = 2, slots: int = 9) -> Any:
+    """A Mamba state host pool over CPU checkpoint tensors (temporal state and one conv state per slot)."""
+    info = MambaStateBufferInfo(
+        temporal=torch.zeros(layers, slots, 4, 8, dtype=torch.float32),
+        conv=(torch.zeros(layers, slots, 3, 16, dtype=torch.bfloat16),),
+    )
+    return MambaPoolHost(
+        info, 2.0, 0, device_capacity=slots - 1, pin_memory=False, device="cpu", layout="page_first"
     )
 
 

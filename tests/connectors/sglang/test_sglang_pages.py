@@ -132,11 +132,11 @@ def test_namespace_carries_rank_layout_and_dtype() -> None:
         page_namespace(pool, Ranks(), model="", codec="raw", tenant="")
 
 
-def test_hybrid_pools_are_refused_with_a_clear_message() -> None:
+def test_state_pools_tierkv_does_not_store_are_refused_with_a_clear_message() -> None:
     b, host = backend("layer_first", MemoryStorage())
     b.register_mem_host_pool_v2(host, PoolName.KV)
-    with pytest.raises(ConfigError, match="mamba pool of a hybrid model"):
-        b.register_mem_host_pool_v2(host, PoolName.MAMBA)
+    with pytest.raises(ConfigError, match="the indexer pool is not supported"):
+        b.register_mem_host_pool_v2(host, PoolName.INDEXER)
 
 
 def test_bad_settings_name_the_key() -> None:

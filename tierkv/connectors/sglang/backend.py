@@ -21,29 +21,31 @@ is a miss within the cluster's deadline. No call raises for a vault failure. ``b
 success only for pages a vault acknowledged. With ``hicache_storage_pass_prefix_keys`` each page is
 stored with its parent (the page before it), so the vaults' retention sees whole chains.
 
-Hybrid models (Mamba / SWA / indexer pools, SGLang's ``batch_*_v2`` with its per-pool hit policies) are
-refused at attach: that path is not built yet. Full-attention and MLA KV pages are stored.
+Hybrid models (SGLang's ``batch_*_v2``): Mamba / linear-attention states are stored in the ``ssm_cold``
+vaults and sliding-window pages in ``kv_cold``, each pool in a namespace of its own, with SGLang's hit
+policies ``ALL_PAGES`` and ``TRAILING_PAGES`` (:mod:`tierkv.connectors.sglang.hybrid`); other state
+pools (DSA indexers, compressed DeepSeek pools, draft pools) are refused at attach.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
 from tierkv.codec import LayerGroup
-from tierkv.connectors.sglang.pages import PagePool, Ranks, byte_rows, page_keys, page_namespace
+from tierkv.connectors.sglang.hybrid import POOL_GROUPS, exists_v2, io_v2
+from tierkv.connectors.sglang.pages import PagePool, Ranks, page_namespace
 from tierkv.connectors.sglang.stats import PageStats
+from tierkv.connectors.sglang.streams import PageStream
 from tierkv.connectors.vault_settings import VaultSettings
 from tierkv.errors import ConfigError, TierKVError
 from tierkv.keys import Namespace
-from tierkv.retention import UNTAGGED, keyed
-from tierkv.tiering import ColdTier, Restored, Storage, StreamSpec
-from tierkv.tiering.tensors import TorchArrays
+from tierkv.tiering import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -63,57 +65,81 @@ class TierKVStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's ABC, unty
         self.storage_config = storage_config
         self.ranks = Ranks.of(storage_config)
         self.storage = storage if storage is not None else self.settings.cluster()
-        self.tier = ColdTier(self.storage, TorchArrays())
         self._metrics = bool(getattr(storage_config, "enable_storage_metrics", False))
         self.stats = PageStats(sampling=self._metrics)
-        self.pool: PagePool | None = None
-        self.namespace: Namespace | None = None
-        self.spec: StreamSpec | None = None
+        self.kv: PageStream | None = None
+        self.sidecars: dict[str, PageStream] = {}
+
+    @property
+    def pool(self) -> PagePool | None:
+        return self.kv.pool if self.kv is not None else None
+
+    @property
+    def namespace(self) -> Namespace | None:
+        return self.kv.namespace if self.kv is not None else None
 
     # -- host pools ------------------------------------------------------------------------------
+
+    def _stream(self, host: Any, name: str, group: LayerGroup) -> PageStream:
+        """The stream of one host pool; state pools are sharded by TP rank even for MLA models."""
+        pool = PagePool(host, name)
+        ranks = (
+            self.ranks if group is LayerGroup.ATTENTION else dataclasses.replace(self.ranks, replicated=False)
+        )
+        codec = self.settings.codec if group in (LayerGroup.ATTENTION, LayerGroup.SLIDING) else "raw"
+        namespace = page_namespace(
+            pool,
+            ranks,
+            model=self.settings.model_id or (self.storage_config.model_name or ""),
+            codec=codec,
+            tenant=self.settings.namespace,
+        )
+        logger.info(
+            "tierkv: %s pool, %s pages of shape %s (%s), namespace %s",
+            name,
+            pool.layout,
+            pool.shape,
+            pool.dtype,
+            namespace.hex[:16],
+        )
+        return PageStream(self.storage, pool, namespace, group, self.stats, self.settings.lookup_lease_ms)
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """SGLang hands over its host pool after building the backend: the namespace follows from it."""
         super().register_mem_pool_host(mem_pool_host)
-        pool = PagePool(mem_pool_host)
-        model = self.settings.model_id or (self.storage_config.model_name or "")
-        self.namespace = page_namespace(
-            pool, self.ranks, model=model, codec=self.settings.codec, tenant=self.settings.namespace
-        )
-        self.spec = StreamSpec(self.namespace.digest, LayerGroup.ATTENTION, self.settings.codec)
-        self.pool = pool
-        logger.info(
-            "tierkv: %s pages of shape %s (%s), namespace %s",
-            pool.layout,
-            pool.shape,
-            pool.dtype,
-            self.namespace.hex[:16],
-        )
+        self.kv = self._stream(mem_pool_host, "kv", LayerGroup.ATTENTION)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
-        if str(host_pool_name) != "kv":
-            raise ConfigError(
-                SOURCE,
-                "backend_name",
-                f"tierkv stores full-attention and MLA KV pages; the {host_pool_name} pool of a hybrid "
-                "model (SGLang's batch_*_v2) is not supported",
-            )
+        """A hybrid model's pools, one by one: Mamba states and sliding-window pages get streams."""
+        name = str(host_pool_name)
+        if name != "kv":
+            group = POOL_GROUPS.get(name)
+            if group is None:
+                raise ConfigError(
+                    SOURCE,
+                    "backend_name",
+                    f"tierkv stores KV, Mamba and sliding-window pages; the {name} pool is not supported",
+                )
+            self.sidecars[name] = self._stream(host_pool, name, group)
         super().register_mem_host_pool_v2(host_pool, host_pool_name)
 
-    def _ready(self) -> tuple[PagePool, Namespace, StreamSpec]:
-        if self.pool is None or self.namespace is None or self.spec is None:
+    def _ready(self) -> PageStream:
+        if self.kv is None:
             raise TierKVError("tierkv: no host pool registered yet (SGLang calls register_mem_pool_host)")
-        return self.pool, self.namespace, self.spec
+        return self.kv
 
     # -- lookup ----------------------------------------------------------------------------------
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         """How many leading ``keys`` the vaults hold (leased for ``lookup_lease_ms``)."""
-        _, ns, spec = self._ready()
-        return self.tier.lookup(spec, page_keys(ns, keys), lease_ms=self.settings.lookup_lease_ms)
+        return self._ready().lookup(keys)
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
+
+    def batch_exists_v2(self, keys: list[str], pool_transfers: Any = None, extra_info: Any = None) -> Any:
+        """The longest prefix every pool can restore, under each transfer's hit policy."""
+        return exists_v2(self._ready(), self.sidecars, keys, list(pool_transfers or ()))
 
     # -- load ------------------------------------------------------------------------------------
 
@@ -121,10 +147,10 @@ class TierKVStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's ABC, unty
         self, keys: list[str], target_locations: Any = None, target_sizes: Any = None
     ) -> list[torch.Tensor | None]:
         """Generic path: each page into its flat tensor; the tensor, or None where the page is not back."""
-        pool, _, _ = self._ready()
+        kv = self._ready()
         targets = list(target_locations) if target_locations is not None else []
-        targets += [pool.host.get_dummy_flat_data_page() for _ in range(len(keys) - len(targets))]
-        got = self._load(keys, [t.view(pool.shape) for t in targets])
+        targets += [kv.pool.host.get_dummy_flat_data_page() for _ in range(len(keys) - len(targets))]
+        got = kv.load(keys, [t.view(kv.pool.shape) for t in targets])
         return [t if ok else None for t, ok in zip(targets, got, strict=True)]
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
@@ -132,39 +158,11 @@ class TierKVStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's ABC, unty
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
         """Zero-copy path: each page straight into the host pool at ``host_indices``."""
-        pool, _, _ = self._ready()
-        return self._load(keys, pool.pages(host_indices, len(keys)))
+        kv = self._ready()
+        return kv.load(keys, kv.pool.pages(host_indices, len(keys)))
 
-    def _load(self, keys: Sequence[str], pages: Sequence[torch.Tensor]) -> list[bool]:
-        """One restore of ``keys`` into ``pages`` (page-shaped views); which pages arrived verified."""
-        pool, ns, spec = self._ready()
-        expect = spec.expect(pool.shape, pool.page_size, pool.dtype)
-        start = time.perf_counter()
-        try:
-            if spec.codec == "raw":
-                result = self.tier.restore(
-                    spec,
-                    page_keys(ns, keys),
-                    expect,
-                    place=_placer(pages),
-                    rows=lambda i: byte_rows(pages[i]),
-                )
-            else:
-                result = self.tier.restore(
-                    spec, page_keys(ns, keys), expect, lambda n: pages[n], leading_only=True
-                )
-        except TierKVError:
-            logger.exception("tierkv: loading %d pages failed; they are misses", len(keys))
-            result = Restored(len(keys))
-        self._count_load(result, time.perf_counter() - start)
-        good = set(result.decoded)
-        return [i in good for i in range(len(keys))]
-
-    def _count_load(self, result: Restored, seconds: float) -> None:
-        missed = result.asked - len(result.decoded) - result.rejected
-        self.stats.loaded(
-            len(result.decoded), missed, result.rejected, result.landed, result.decoded_bytes, seconds
-        )
+    def batch_get_v2(self, transfers: Any, extra_info: Any = None) -> dict[Any, list[bool]]:
+        return io_v2(self._streams(), list(transfers), store=False, prefix=None)
 
     # -- store -----------------------------------------------------------------------------------
 
@@ -172,35 +170,23 @@ class TierKVStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's ABC, unty
         self, keys: list[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None
     ) -> bool:
         """Generic path (all or nothing): the flat pages ``values``; True when every one was acknowledged."""
-        pool, _, _ = self._ready()
-        stored = self._store(keys, [v.view(pool.shape) for v in values], None)
-        return all(stored)
+        kv = self._ready()
+        return all(kv.store(keys, [v.view(kv.pool.shape) for v in values], None))
 
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
         return self.batch_set([key], [value])
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
         """Zero-copy path: the pages at ``host_indices``; per page, whether a vault acknowledged it."""
-        pool, _, _ = self._ready()
-        return self._store(keys, pool.pages(host_indices, len(keys)), extra_info)
+        kv = self._ready()
+        return kv.store(keys, kv.pool.pages(host_indices, len(keys)), _parent(extra_info))
 
-    def _store(self, keys: Sequence[str], pages: Sequence[torch.Tensor], extra_info: Any) -> list[bool]:
-        pool, ns, spec = self._ready()
-        wrapped = page_keys(ns, keys)
+    def batch_set_v2(self, transfers: Any, extra_info: Any = None) -> dict[Any, list[bool]]:
         prefix = getattr(extra_info, "prefix_keys", None) if extra_info is not None else None
-        parent = page_keys(ns, prefix[-1:])[0] if prefix else b""
-        meta = keyed([UNTAGGED] * len(wrapped), wrapped, parent)
-        start = time.perf_counter()
-        try:
-            tally = self.tier.store(
-                spec, ((k, p, pool.page_size) for k, p in zip(wrapped, pages, strict=True)), meta
-            )
-        except TierKVError:
-            logger.exception("tierkv: storing %d pages failed", len(keys))
-            return [False] * len(keys)
-        acked = set(tally.acked)
-        self.stats.stored(len(acked), len(keys) - len(acked), tally.stored_bytes, time.perf_counter() - start)
-        return [k in acked for k in wrapped]
+        return io_v2(self._streams(), list(transfers), store=True, prefix=prefix)
+
+    def _streams(self) -> dict[str, PageStream]:
+        return {"kv": self._ready(), **self.sidecars}
 
     # -- the rest of SGLang's interface ----------------------------------------------------------
 
@@ -224,17 +210,16 @@ class TierKVStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's ABC, unty
         )
 
     def close(self) -> None:
-        self.tier.close()
+        streams = [*([self.kv] if self.kv is not None else []), *self.sidecars.values()]
+        for stream in streams:
+            stream.tier.close()
         self.storage.close()
 
 
-def _placer(pages: Sequence[torch.Tensor]) -> Callable[[int, torch.Tensor], None]:
-    """``place`` for a restore: copy a verified page's values into its view (the one copy)."""
-
-    def place(i: int, values: torch.Tensor) -> None:
-        pages[i].copy_(values)
-
-    return place
+def _parent(extra_info: Any) -> str | None:
+    """The key of the page before a batch (SGLang's ``prefix_keys``), if SGLang passes it."""
+    prefix = getattr(extra_info, "prefix_keys", None) if extra_info is not None else None
+    return prefix[-1] if prefix else None
 
 
 __all__ = ["SETTINGS_KEY", "TierKVStorage"]

@@ -58,10 +58,12 @@ class Ranks:
 
 
 class PagePool:
-    """One registered host pool: page views by host index, and the shape every page blob carries."""
+    """One registered host pool (``name``: SGLang's pool name): page views by host index, and the shape
+    every page blob carries. ``views`` is False for a pool whose pages are copies (Mamba states)."""
 
-    def __init__(self, host: Any) -> None:
+    def __init__(self, host: Any, name: str = "kv") -> None:
         self.host = host
+        self.name = name
         self.page_size = int(host.page_size)
         try:
             first = host.get_data_page(0, flat=False)
@@ -74,7 +76,9 @@ class PagePool:
                 f"({exc})",
             ) from exc
         self.shape: tuple[int, ...] = tuple(first.shape)
-        self.dtype = dtype_name(first.dtype)
+        self.views = first._base is not None
+        self.dtype = "uint8" if first.dtype == torch.uint8 else dtype_name(first.dtype)
+        """``uint8``: opaque bytes (a state page of mixed dtypes), stored raw through numpy."""
         self.layout = str(host.layout)
 
     def page(self, host_index: int) -> torch.Tensor:
@@ -87,8 +91,8 @@ class PagePool:
         return [self.page(int(i)) for i in starts]
 
     def tag(self) -> str:
-        """The namespace's layout field: adapter version, host layout and page shape."""
-        return f"{LAYOUT_PREFIX}/{self.layout}/{'x'.join(map(str, self.shape))}"
+        """The namespace's layout field: adapter version, pool, host layout and page shape."""
+        return f"{LAYOUT_PREFIX}/{self.name}/{self.layout}/{'x'.join(map(str, self.shape))}"
 
 
 def page_namespace(pool: PagePool, ranks: Ranks, *, model: str, codec: str, tenant: str) -> Namespace:
