@@ -155,3 +155,15 @@ def test_the_table_stays_within_its_bounds(steps: list[tuple[object, ...]]) -> N
             assert counts.leased_bytes == sum(held) <= 0.25 * 1000
         assert leases.counts().leased_bytes <= 250
         assert len(leases._evicted) <= 8
+
+
+def test_each_tenant_holds_at_most_its_share_so_none_starves_another() -> None:
+    """Two tenants share the bounds: one filling its share of bytes (or of the lease count) leaves the
+    other's share untouched (before: first come, first served, and the other tenant got nothing)."""
+    leases, _ = table(max_bytes=1000, tenants=2)  # 250 leased bytes in all, 125 each
+    hog = [(b"h%d" % i, 25) for i in range(10)]
+    assert leases.grant("hog", hog, 1000, since=leases.mark()) == 5
+    assert leases.grant("fair", [(b"a", 60), (b"b", 60)], 1000, since=leases.mark()) == 2
+    few, _ = table(max_bytes=10**9, max_leases=8, tenants=2)
+    assert few.grant("hog", [(b"h%d" % i, 1) for i in range(8)], 1000, since=few.mark()) == 4
+    assert few.grant("fair", [(b"a", 1), (b"b", 1), (b"c", 1), (b"d", 1)], 1000, since=few.mark()) == 4

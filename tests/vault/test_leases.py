@@ -226,3 +226,21 @@ def test_what_a_leased_lookup_reports_is_readable_while_another_thread_floods(tm
             stop.set()
             flooder.join()
         assert reported and s.stats().leases.honoured
+
+
+def test_one_tenants_leases_cannot_starve_another(tenant_vault: VaultProcess) -> None:
+    """Beta leases a quarter of the 16 MiB vault and keeps renewing; alpha's leased lookups still report
+    its blocks (before: beta took the whole vault-wide lease allowance and alpha's lookups reported 0)."""
+    blob = b"b" * (64 * 1024)
+    hog_keys = [b"h%d" % i for i in range(64)]
+    mine = [b"a0", b"a1", b"a2"]
+    with (
+        VaultClient(tenant_vault.address, token="tok-b") as hog,
+        VaultClient(tenant_vault.address, token="tok-a") as alpha,
+    ):
+        hog.put(b"ns", dict.fromkeys(hog_keys, blob))
+        alpha.put(b"ns", dict.fromkeys(mine, blob))
+        for _ in range(3):  # renewals change nothing
+            held = hog.prefix_lookup(b"ns", hog_keys, lease_ms=10_000)
+        assert 0 < held < len(hog_keys), "the hog is held to its share"
+        assert alpha.prefix_lookup(b"ns", mine, lease_ms=10_000) == len(mine)

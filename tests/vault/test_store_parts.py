@@ -50,7 +50,7 @@ class Parts:
         self.now = 1000.0
         self.env = StoreEnv(path, BUDGET, durable=False, map_size=None, max_map_size=None, on_damage="refuse")
         self.tenants = Tenants(self.env, quotas)
-        self.leases = LeaseTable(BUDGET, clock=lambda: self.now)
+        self.leases = LeaseTable(BUDGET, clock=lambda: self.now, tenants=len(self.tenants))
         self.entries = Entries(Ranking(LRUPolicy()))
         self.evictor = Evictor(self.entries.ranking, self.entries, self.leases, self.tenants.all, BUDGET)
         self.writer = EntryWriter(self.entries, self.evictor, BUDGET, 0.5)
@@ -77,7 +77,8 @@ def parts(tmp_path: Path) -> Iterator[Parts]:
     p.env.close()
 
 
-def test_the_evictor_takes_the_writers_oldest_and_keeps_a_leased_one(parts: Parts) -> None:
+def test_the_evictor_takes_the_writers_oldest_and_keeps_a_leased_one(tmp_path: Path) -> None:
+    parts = Parts(tmp_path, {})  # one tenant: its lease share is a quarter of the budget
     for k in (b"a", b"b", b"c", b"d"):
         assert parts.put("default", k, 200)
     fkey_a = full_key(b"n", b"a")
@@ -87,6 +88,7 @@ def test_the_evictor_takes_the_writers_oldest_and_keeps_a_leased_one(parts: Part
     parts.now += 61  # the lease ended
     assert parts.put("default", b"f", 200)
     assert parts.keys("default") == {b"c", b"d", b"e", b"f"}
+    parts.env.close()
 
 
 def test_the_evictor_never_takes_from_a_tenant_with_a_quota_for_another(parts: Parts) -> None:

@@ -6,10 +6,14 @@ eviction walk past those entries until the lease ends or a BatchGet of the same 
 Mooncake does). Leases live in memory only: a restart forgets them, and deletes and flushes ignore them.
 
 Bounds, so that leases can never starve writers: at most :data:`MAX_LEASES` leases, each at most
-:data:`MAX_LEASE_MS` long, and leased bytes under :data:`MAX_LEASED_FRACTION` of the tenant's quota (or
-of the budget) and of the budget for all tenants together. Past a bound a lookup reports only the leading
-blocks it could lease (the rest counted as refused): an engine claims only blocks that cannot go before
-it loads them.
+:data:`MAX_LEASE_MS` long, and leased bytes under :data:`MAX_LEASED_FRACTION` of the budget. Past a bound
+a lookup reports only the leading blocks it could lease (the rest counted as refused): an engine claims
+only blocks that cannot go before it loads them.
+
+Bounds are shares, not first come first served: of a vault with ``n`` tenants each may hold at most
+``1/n`` of the leases and of the leased bytes (and never more than the fraction of its own quota), so one
+tenant renewing leases on a quarter of the vault, or on 65,536 tiny blocks, cannot make every other
+tenant's lookups report nothing.
 
 The race a lease must close: a lookup reads the index, then grants; an eviction between the two (or one
 in a write transaction that commits after the read) would remove a block the lookup reports. Every
@@ -64,9 +68,12 @@ class LeaseTable:
         fraction: float = MAX_LEASED_FRACTION,
         history: int = EVICTION_HISTORY,
         clock: Callable[[], float] = time.monotonic,
+        tenants: int = 1,
     ) -> None:
         self.max_bytes = max_bytes
         self.max_leases = max_leases
+        self.tenants = max(1, tenants)
+        """How many tenants share the bounds: each gets an equal share."""
         self.fraction = fraction
         self._history_cap = history
         self._clock = clock
@@ -154,7 +161,8 @@ class LeaseTable:
             now = self._clock()
             deadline = now + ms / 1000
             blind = since < self._forgotten
-            tenant_cap = self.fraction * min(self.max_bytes, quota or self.max_bytes)
+            share = self.max_bytes / self.tenants
+            tenant_cap = self.fraction * min(share, quota or share)
             for i, (fkey, charge) in enumerate(entries):
                 key = (tenant, fkey)
                 if self._evicted.get(key, 0) > since:
@@ -174,11 +182,13 @@ class LeaseTable:
         if old is not None:
             self._leases[key] = (max(old[0], deadline), old[1])
             return True
+        tenant = key[0]
+        count_cap = max(1, self.max_leases // self.tenants)
         if len(self._leases) >= self.max_leases:
             self._sweep(now)
-        tenant = key[0]
         if (
             len(self._leases) >= self.max_leases
+            or self._held[tenant] >= count_cap
             or self._bytes[tenant] + charge > tenant_cap
             or self._bytes.total() + charge > self.fraction * self.max_bytes
         ):

@@ -90,7 +90,6 @@ class Store:
             raise ValueError(f"max_protected_fraction must be in [0, 1], got {max_protected_fraction!r}")
         self.max_protected_fraction = max_protected_fraction
         self._ranking = Ranking(self.policy)
-        self._leases = LeaseTable(self.max_bytes, clock=clock or time.monotonic)
         self._entries = Entries(self._ranking)
         self._env = StoreEnv(
             self.path,
@@ -101,6 +100,7 @@ class Store:
             on_damage=on_damage,
         )
         self._tenants = Tenants(self._env, dict(tenants or {}))
+        self._leases = LeaseTable(self.max_bytes, clock=clock or time.monotonic, tenants=len(self._tenants))
         self._evictor = Evictor(self._ranking, self._entries, self._leases, self._tenants.all, self.max_bytes)
         self._writer = EntryWriter(self._entries, self._evictor, self.max_bytes, max_protected_fraction)
         self.debug = StoreDebug(self._env, self._tenants, self._leases)
