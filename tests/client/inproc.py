@@ -32,9 +32,11 @@ from tierkv.wire import pb
 class InProcessVault:
     """One vault: a store, its service, and the handler a :class:`MockTransport` calls."""
 
-    def __init__(self, path: Path, address: str, max_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self, path: Path, address: str, max_bytes: int = 64 << 20, clock: Callable[[], float] | None = None
+    ) -> None:
         self.address = address
-        self.store = Store(path, max_bytes, sync_mode="fast", maintenance_interval_s=3600)
+        self.store = Store(path, max_bytes, sync_mode="fast", maintenance_interval_s=3600, clock=clock)
         stats = self.store.stats
         self.service = VaultService(
             self.store, role="kv_cold", limits=Limits(), calls=Calls(VaultMetrics(stats), TokenTable({}))
