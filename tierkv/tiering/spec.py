@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tierkv.codec import LayerGroup
+from tierkv.codec.expect import Expect
 from tierkv.roles import Role, role_for
 
 STATE_CODEC = "raw"
@@ -25,17 +26,6 @@ def codec_for(layer_group: LayerGroup, kv_codec: str) -> str:
     not stay local to one block but carries into every later token.
     """
     return kv_codec if role_for(layer_group) is Role.KV_COLD else STATE_CODEC
-
-
-@dataclass(frozen=True)
-class Expect:
-    """The header a blob must carry: layer group, codec, shape, token count and (when given) dtype name."""
-
-    layer_group: LayerGroup
-    codec: str
-    shape: tuple[int, ...]
-    tokens: int
-    dtype: str | None = None
 
 
 @dataclass(frozen=True)
