@@ -5,20 +5,20 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint typecheck proto proto-check test-fast test-vllm test-mlx bench bench-vllm bench-redis clean
+.PHONY: demo test docs lint typecheck proto proto-check test-fast test-vllm test-mlx bench bench-vllm bench-redis clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned, so the [hf] extra never pulls a multi-GB CUDA build
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e '.[dev,hf]'
+	$(PY) -m pip install -q -e '.[dev,hf,docs]'
 	touch $@
 
 demo: $(STAMP)
 	$(VENV)/bin/tierkv demo
 
-test: $(STAMP) lint typecheck proto-check
+test: $(STAMP) lint typecheck proto-check docs
 	scripts/setup-test-tools.sh
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(MAKE) test-vllm
@@ -40,6 +40,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy tierkv
 
+# the documentation site: broken links, missing pages and undocumented settings fail the build
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 proto: $(STAMP)
 	PYTHON=$(PY) scripts/gen-proto.sh
 
@@ -52,12 +56,12 @@ proto-check: $(STAMP)
 
 test-vllm: $(STAMP)
 	@if [ -x scripts/setup-vllm-env.sh ]; then \
-	  scripts/setup-vllm-env.sh && .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/connectors/vllm tests/routing tests/bench/test_engine_vllm.py; \
+	  scripts/setup-vllm-env.sh && .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/connectors/vllm tests/routing tests/bench/test_engine_vllm.py tests/docs; \
 	else echo "vLLM tier not present"; fi
 
 test-mlx: $(STAMP)
 	@if [ -x scripts/setup-mlx-env.sh ]; then \
-	  scripts/setup-mlx-env.sh && .venv-mlx/bin/python -m pytest -q -p no:cacheprovider -m mlx tests/connectors/mlx tests/connectors/exo; \
+	  scripts/setup-mlx-env.sh && .venv-mlx/bin/python -m pytest -q -p no:cacheprovider -m mlx tests/connectors/mlx tests/connectors/exo tests/docs; \
 	else echo "MLX tier not present"; fi
 
 bench: $(STAMP)
@@ -71,4 +75,4 @@ bench-redis: $(STAMP)
 	$(PY) benchmarks/vault_vs_redis.py
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-mlx .state build *.egg-info
+	rm -rf $(VENV) .venv-vllm .venv-mlx .state build site *.egg-info

@@ -93,7 +93,9 @@ class Wire:
     def read(self, blocks: int) -> float:
         self.reads += 1
         keys = [f"wire-{blocks}-{self.reads}-{i}".encode() for i in range(blocks)]
-        assert self.cluster.put(b"bench-wire", dict(zip(keys, self.blobs[blocks], strict=True))) == blocks
+        assert (
+            self.cluster.put(b"bench-wire", dict(zip(keys, self.blobs[blocks], strict=True))).stored == blocks
+        )
         start = time.perf_counter()
         got = self.cluster.get_buffers(b"bench-wire", keys)
         took = time.perf_counter() - start

@@ -248,3 +248,9 @@ def test_cli_backup_is_reachable_under_admin(vault_factory: VaultFactory, tmp_pa
     assert result.returncode == 0, result.stderr
     with client(vault_factory(name="copy")) as c:  # a vault on the copy (the factory's path tmp/copy)
         assert c.get(b"ns", [b"k"]) == [b"kept"]
+
+
+def test_cli_refused_everywhere_prints_no_empty_table(tenant_vault: VaultProcess) -> None:  # noqa: F811
+    code, stdout, stderr = admin_cli(tenant_vault, "namespaces", token="wrong-token")
+    assert code == 1 and "UNAUTHENTICATED" in stderr
+    assert stdout == "", stdout

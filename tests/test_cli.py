@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import importlib.util
 import json
 import os
+import pty
+import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -293,13 +300,22 @@ def test_config_init_writes_the_example_and_does_not_overwrite(tmp_path: Path) -
     assert tierkv("config", "init", "-").stdout == target.read_text()
 
 
-def test_service_print_gives_the_shipped_units() -> None:
+def test_config_init_creates_missing_directories(tmp_path: Path) -> None:
+    target = tmp_path / "etc" / "tierkv" / "tierkv.toml"
+    assert tierkv("config", "init", str(target)).returncode == 0
+    assert load_config(target).vault == Config().vault
+
+
+def test_service_print_gives_the_shipped_units_for_this_install(tmp_path: Path) -> None:
     root = Path(__file__).parent.parent
-    systemd = tierkv("service", "print", "systemd")
-    assert systemd.returncode == 0
-    assert systemd.stdout == (root / "systemd" / "tierkv-vault.service").read_text()
-    launchd = tierkv("service", "print", "launchd")
-    assert launchd.stdout == (root / "launchd" / "io.tierkv.vault.plist").read_text()
+    shipped = tierkv("service", "print", "systemd", "--exec", "/opt/tierkv/bin/tierkv")
+    assert shipped.returncode == 0
+    assert shipped.stdout == (root / "systemd" / "tierkv-vault.service").read_text()
+    here = tierkv("service", "print", "systemd", "--user", "kv").stdout
+    assert f"ExecStart={Path(sys.executable).parent / 'tierkv'} vault" in here
+    assert "User=kv\nGroup=kv\n" in here and "/opt/tierkv" not in here
+    launchd = tierkv("service", "print", "launchd", env={"HOME": str(tmp_path)}).stdout
+    assert "/Users/YOU" not in launchd and f"{tmp_path}/Library/Logs/tierkv/vault.log" in launchd
     assert tierkv("service", "print", "upstart").returncode == 2
 
 
@@ -323,3 +339,94 @@ def test_help_shows_h_defaults_the_token_variable_and_flags_without_placeholders
         and "TIERKV_TOKEN" in vault.stdout
     )
     assert tierkv("config", "show", "-h").returncode == 0
+
+
+def test_the_01_install_command_names_its_successor() -> None:
+    result = tierkv("install", "--exo-path", "/opt/exo")
+    assert_clean_error(result, "tierkv exo install --python /opt/exo/.venv/bin/python")
+    commands = [
+        line.split()[0]
+        for line in tierkv("--help").stdout.split("Commands:")[1].splitlines()
+        if line.startswith("  ")
+    ]
+    assert "exo" in commands and "install" not in commands
+
+
+def test_mlx_serve_is_a_command_and_names_its_extra() -> None:
+    result = tierkv("mlx-serve", "--model", "m")
+    if importlib.util.find_spec("mlx") is None:
+        assert_clean_error(result, "pip install 'tierkv[mlx]'")
+    assert "mlx_lm.server" in tierkv("mlx-serve", "-h").stdout
+
+
+def test_the_start_line_is_said_once(vault_factory: VaultFactory) -> None:
+    """The vault logs its start line at INFO on stderr; it is not printed to stdout a second time."""
+    v = vault_factory()
+    v.stop()
+    assert v.log_file.read_text().count("vault serving on") == 1, v.log_tail()
+
+
+def test_a_vault_creates_its_data_directory_0700(tmp_path: Path) -> None:
+    data, ready = tmp_path / "new" / "vault", tmp_path / "ready"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tierkv",
+            "vault",
+            "--port",
+            "0",
+            "--path",
+            str(data),
+            "--ready-file",
+            str(ready),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the vault did not start"
+            time.sleep(0.05)
+        assert data.stat().st_mode & 0o777 == 0o700
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def in_a_terminal(args: list[str], columns: int) -> str:
+    """Run the command line on a pseudo-terminal ``columns`` wide; its screen output, colours removed."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm-256color"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tierkv", *args], stdin=slave, stdout=slave, stderr=slave, env=env
+    )
+    os.close(slave)
+    chunks: list[bytes] = []
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's last writer exited
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(master)
+        proc.wait(60)
+    return re.sub(r"\x1b\[[0-9;]*m", "", b"".join(chunks).decode())
+
+
+def test_status_reads_at_80_columns_in_a_terminal(vault_factory: VaultFactory, tmp_path: Path) -> None:
+    v = vault_factory()
+    host, port = v.address.rsplit(":", 1)
+    cfg = tmp_path / "tierkv.toml"
+    cfg.write_text(f'[cluster.kv_cold]\nhost = "{host}"\nport = {port}\n')
+    screen = in_a_terminal(["status", "-c", str(cfg)], 80)
+    lines = screen.replace("\r", "").splitlines()
+    assert max(len(line) for line in lines) <= 80, screen
+    row = next(line for line in lines if "kv_cold" in line)
+    assert v.address in row and " ok " in row and "…" not in screen, screen

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "tierkv"
 GENERATED = ROOT / "wire" / "_proto"
 
-_BASE = frozenset({"errors", "limits", "endpoints", "roles", "logs", "extras", "_malloc", "records"})
+_BASE = frozenset({"errors", "limits", "endpoints", "roles", "logs", "extras", "_malloc", "records", "certs"})
 _SHARED = _BASE | {"retention", "config", "keys", "codec"}
 _APPS = {"bench", "demo", "routing", "admin", "status", "warm"}
 _EVERYTHING_BELOW_APPS = _SHARED | {"wire", "client", "vault", "tiering", "connectors"}

@@ -266,7 +266,7 @@ def admin_namespaces(
     answers = admin.ask(cfg, where, lambda c: c.list_namespaces(tenant=tenant, limit=limit), timeout)
     if as_json:
         print(json.dumps(admin.namespaces_doc(answers), indent=2))
-    else:
+    elif any(a.ok for a in answers):  # no empty table above the errors of vaults that all refused
         out.print(admin.namespaces_table(answers, f"tierkv namespaces ({cfg.source})"))
         out.print(
             f"model: {admin.UNKNOWN_MODEL}; the sample header says what its blocks hold", highlight=False
@@ -426,10 +426,16 @@ def _show_status(cfg: Config, nodes: list[NodeStatus], *, as_json: bool, watchin
         if watching and out.is_terminal:
             out.clear()
         stamp = time.strftime(" %H:%M:%S") if watching else ""
-        out.print(status_table(nodes, f"tierkv status ({cfg.source}){stamp}"))
+        out.print(status_table(nodes, f"tierkv status ({cfg.source}){stamp}", width=out.width))
         for n in nodes:
             if not n.reachable:
                 err.print(f"[red]{n.role} {n.address} {n.state}:[/red] {escape(n.error)}")
+            elif n.auth == "off":
+                err.print(
+                    f"[yellow]{n.role} {n.address}: auth is OFF:[/yellow] it answers callers without a "
+                    "token, each an admin of tenant 'default'",
+                    soft_wrap=True,
+                )
     return all(n.reachable for n in nodes)
 
 
@@ -455,6 +461,14 @@ def snapshot(
     out.print(f"{len(snap.prefixes)} prefixes ({tokens} tokens) written to {output}", highlight=False)
     if snap.skipped:
         out.print(f"{snap.skipped} hot chains without token ids skipped (warm_tokens off when stored?)")
+    if not snap.prefixes:
+        out.print(
+            escape(
+                "nothing to warm: engines send a block's token ids only with [retention] warm_tokens = true "
+                "in their tierkv.toml (off by default), and a chain is hot once it was read"
+            ),
+            highlight=False,
+        )
     for line in snap.errors:
         err.print(f"[red]{escape(line)}[/red]", soft_wrap=True)
     if snap.errors:
@@ -549,7 +563,11 @@ def pages(
     config: ConfigOpt = None,
     vault: VaultOpt = None,
     block_tokens: Annotated[
-        int, typer.Option(min=1, help="Tokens per vault block, for chains without ids.")
+        int,
+        typer.Option(
+            min=1,
+            help="Tokens per vault block where a namespace's blob headers do not say (chains without ids).",
+        ),
     ] = 32,
     timeout: Annotated[float, typer.Option(help="Per replica and vault deadline in seconds.")] = 10.0,
     as_json: JsonFlag = False,
@@ -592,16 +610,28 @@ def config_check(
         ),
     ] = False,
 ) -> None:
-    """Validate tierkv.toml and the files it names; exit 0 when usable, 2 (with the reason) when not."""
+    """Validate tierkv.toml and the files it names; exit 0 when usable, 2 (with the reason) when not.
+
+    With ``--vault`` the token file is read by the vault's own parser, so what passes here starts."""
     cfg = _load(config)
+    from tierkv.vault.auth import exposure_warning, load_tokens
+
+    auth = ""
     try:
+        if vault:
+            auth = load_tokens(cfg.auth, cfg.source).describe()
         check_client_files(cfg)
+        exposed = exposure_warning(cfg.auth)
+        if exposed:
+            err.print(f"[yellow]warning:[/yellow] {escape(exposed)}", soft_wrap=True)
         if vault:
             check_vault_start(cfg, create=False)
     except ConfigError as exc:
         _fail(exc, "config error")
     roles = ", ".join(f"{len(cfg.cluster.addresses(r))} {r}" for r in (Role.KV_COLD, Role.SSM_COLD))
     out.print(f"{escape(cfg.source)}: ok (role {cfg.cluster.role}; vaults: {roles})", highlight=False)
+    if auth:
+        out.print(f"vault {escape(auth)}", highlight=False, soft_wrap=True)
 
 
 @config_app.command("show")
@@ -632,6 +662,7 @@ def config_init(
     if target.exists() and not force:
         _fail(FileExistsError(f"{target} exists (--force overwrites it)"))
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)  # /etc/tierkv/ on a fresh machine
         target.write_text(text)
     except OSError as exc:
         _fail(OSError(f"cannot write {target}: {exc.strerror or exc}"))
@@ -671,6 +702,38 @@ def exo_install(python: ExoPython = None, site_dir: ExoSiteDir = None) -> None:
     _print_lines(_exo("status", python, site_dir).lines()[2:])
 
 
+@app.command(
+    "mlx-serve",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
+def mlx_serve(ctx: typer.Context) -> None:
+    """mlx-lm's OpenAI server with a tiered prompt cache: --tierkv-config, --tierkv-block-size,
+    --tierkv-codec, --tierkv-tenant here; every other flag goes to mlx_lm.server (needs tierkv[mlx])."""
+    from tierkv.connectors.mlx.serve import main as serve
+
+    serve(list(ctx.args))
+
+
+@app.command(
+    "install",
+    hidden=True,
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
+def legacy_install(ctx: typer.Context) -> None:
+    """tierkv 0.1's ``install --exo-path DIR``: exit 2 naming the command that replaced it."""
+    args = list(ctx.args)
+    where = next((a.partition("=")[2] for a in args if a.startswith("--exo-path=")), "")
+    if not where and "--exo-path" in args[:-1]:
+        where = args[args.index("--exo-path") + 1]
+    python = f"{where.rstrip('/')}/.venv/bin/python" if where else "EXO_DIR/.venv/bin/python"
+    _fail(
+        ValueError(
+            "`tierkv install --exo-path` was tierkv 0.1's; the EXO hook is now installed into EXO's own "
+            f"environment with: tierkv exo install --python {python}  (see tierkv exo -h)"
+        )
+    )
+
+
 @exo_app.command("uninstall")
 def exo_uninstall(python: ExoPython = None, site_dir: ExoSiteDir = None) -> None:
     """Remove exactly the .pth file `tierkv exo install` wrote."""
@@ -695,12 +758,32 @@ service_app = typer.Typer(help="Run a vault as a service (systemd, launchd).", *
 app.add_typer(service_app, name="service")
 
 
+SHIPPED_EXEC = {
+    ServiceKind.systemd: "/opt/tierkv/bin/tierkv",
+    ServiceKind.launchd: "/Users/YOU/.local/tierkv/bin/tierkv",
+}
+
+
 @service_app.command("print")
 def service_print(
     kind: Annotated[ServiceKind, typer.Argument(help="systemd (a unit) or launchd (a plist).")],
+    exec_path: Annotated[
+        str | None,
+        typer.Option(
+            "--exec", help="The tierkv to run (default: the one beside this Python).", show_default=False
+        ),
+    ] = None,
+    user: Annotated[str, typer.Option(help="systemd: the user and group the vault runs as.")] = "tierkv",
 ) -> None:
-    """Print the service definition; redirect it into place (see the comments at its top)."""
-    print((DATA / SERVICE_FILES[kind]).read_text(), end="")
+    """Print the service definition for this install; redirect it into place (see the comments at its top)."""
+    text = (DATA / SERVICE_FILES[kind]).read_text()
+    executable = exec_path or str(Path(sys.executable).parent / "tierkv")
+    text = text.replace(SHIPPED_EXEC[kind], executable)
+    if kind is ServiceKind.systemd:
+        text = text.replace("User=tierkv\nGroup=tierkv", f"User={user}\nGroup={user}")
+    else:
+        text = text.replace("/Users/YOU", str(Path.home()))
+    print(text, end="")
 
 
 def run() -> None:

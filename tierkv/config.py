@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
+from tierkv.certs import certificate_problem
 from tierkv.endpoints import HostPort, join_host_port
 from tierkv.errors import ConfigError
 from tierkv.limits import FRAME_BYTES, MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
@@ -160,6 +161,9 @@ class AuthConfig:
             except OSError as exc:
                 problem = f"cannot read the token file {path}: {exc.strerror or exc}"
                 raise ConfigError(source, "auth.token_file", problem) from exc
+            except UnicodeDecodeError:
+                problem = f"the token file {path} is not UTF-8 text"
+                raise ConfigError(source, "auth.token_file", problem) from None
             if not token:
                 raise ConfigError(source, "auth.token_file", f"the token file {path} is empty")
             return token
@@ -182,6 +186,9 @@ class VaultConfig:
     metrics_host: str = ""
     metrics_port: int = _port(0)
     workers: int = setting(16, minimum=1)
+    """Vault calls (both transports) that run at once; twice as many may wait up to 0.25 s for a slot, one
+    connection holds at most this many, and with several tenants one tenant runs at most 3/4 of them. Past
+    that a call is refused (RESOURCE_EXHAUSTED: a miss to the client). Health checks are never counted."""
     max_message_bytes: ByteSize = setting(ByteSize(MAX_MESSAGE_BYTES), minimum=64 * 1024)
     frame_bytes: ByteSize = setting(ByteSize(FRAME_BYTES), minimum=4096)
     bulk: bool = True
@@ -191,6 +198,15 @@ class VaultConfig:
     bulk_max_inflight_bytes: ByteSize = setting(ByteSize(256 * 1024**2), minimum=1024**2)
     """Request bytes (Put frames, BatchGet bodies) the bulk port buffers at once over every connection; a
     request past it is refused (RESOURCE_EXHAUSTED) and the client sends it over gRPC instead."""
+    grpc_bdp_probe: bool = True
+    """gRPC's HTTP/2 windows grow with the link's bandwidth-delay product (fast gRPC Puts over long links).
+    They also let a sender push far ahead of the vault, so senders that stall can make the transport hold
+    what they pushed beyond ``grpc_max_inflight_bytes``; false keeps windows small and that memory bounded
+    (see docs/operations/limits.md)."""
+    grpc_max_inflight_bytes: ByteSize = setting(ByteSize(256 * 1024**2), minimum=1024**2)
+    """Put bytes gRPC calls hold at once before the store writes them; a Put past it is refused
+    (RESOURCE_EXHAUSTED: the client counts its blobs as not stored). With several tenants, one tenant holds
+    at most three quarters of this budget and of the bulk port's."""
     max_batch_bytes: ByteSize = setting(ByteSize(MAX_BATCH_BYTES), minimum=1)
     grace_s: float = setting(5.0, minimum=0)
     coaccess_window_s: float = setting(30.0, minimum=0)
@@ -700,12 +716,12 @@ def check_client_files(cfg: Config) -> None:
 def check_vault_start(cfg: Config, *, ready_file: str | None = None, create: bool = True) -> None:
     """Everything ``tierkv vault`` would otherwise fail on with a traceback, checked before it starts.
 
-    The token and TLS files, the data directory (created here if missing and ``create``), the ready
-    file's directory, the bind address (resolvable and local) and the metrics port (free). A taken gRPC
-    port is left to the server, which reports it with its own exit code.
+    The TLS files, the data directory (created here if missing and ``create``), the ready file's directory,
+    the bind address (resolvable and local) and the metrics port (free). The token file is read by the
+    vault's own parser (:func:`tierkv.vault.auth.load_tokens`); a taken gRPC port is left to the server,
+    which reports it with its own exit code.
     """
     vc = cfg.vault
-    cfg.token()
     if cfg.tls.enabled:
         if not (cfg.tls.cert_file and cfg.tls.key_file):
             raise ConfigError(cfg.source, "tls", "a vault needs both tls.cert_file and tls.key_file")
@@ -724,6 +740,7 @@ def check_vault_start(cfg: Config, *, ready_file: str | None = None, create: boo
 
 
 def _check_readable(cfg: Config, names: Iterable[str]) -> None:
+    """Each named TLS file can be read, and each certificate among them is valid now."""
     for name in names:
         value = getattr(cfg.tls, name)
         if not value:
@@ -736,12 +753,15 @@ def _check_readable(cfg: Config, names: Iterable[str]) -> None:
             raise ConfigError(
                 cfg.source, f"tls.{name}", f"cannot read {path}: {exc.strerror or exc}"
             ) from exc
+        problem = certificate_problem(path) if name in ("cert_file", "ca_file") else None
+        if problem:
+            raise ConfigError(cfg.source, f"tls.{name}", f"{path}: {problem}")
 
 
 def _check_data_dir(path: Path, source: str, *, create: bool) -> None:
     if create:
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the store makes it: 0700
         except OSError as exc:
             raise ConfigError(source, "vault.path", f"cannot create {path}: {exc.strerror or exc}") from exc
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())

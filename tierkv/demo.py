@@ -113,8 +113,8 @@ def _workload(
     console.rule(f"[bold]3. store a {tokens}-token prompt shaped like {shape.name}")
     with Cluster.from_config(cfg, timeout=30.0) as cluster:
         start = time.perf_counter()
-        stored = cluster.put(ns.digest, blobs, role=Role.KV_COLD)
-        stored_ssm = cluster.put(ns.digest, ssm_blobs, role=role_for(LayerGroup.SSM))
+        stored = cluster.put(ns.digest, blobs, role=Role.KV_COLD).stored
+        stored_ssm = cluster.put(ns.digest, ssm_blobs, role=role_for(LayerGroup.SSM)).stored
         store_s = time.perf_counter() - start
         console.print(
             f"  {stored} KV blocks of {len(next(iter(blobs.values()))):,} bytes → kv_cold, "

@@ -9,6 +9,7 @@ these classes once, at the client boundary (``tierkv.client``); nothing above th
 
     TierKVError
     ├── ConfigError            malformed tierkv.toml / flags: names file, key and what was expected
+    │   └── TokenFileError     a token file the vault cannot use: names file and line
     ├── BenchError             a benchmark cannot start or go on (no vaults, engine silent, bad setting)
     ├── CodecError             a blob cannot be encoded or decoded
     │   └── CorruptBlobError   header or checksum does not verify: never restore, recompute instead
@@ -34,6 +35,17 @@ class ConfigError(TierKVError):
         self.key = key
         self.problem = problem
         super().__init__(f"{source}: {key}: {problem}")
+
+
+class TokenFileError(ConfigError):
+    """A token file the vault refuses: ``file:line: problem`` (line 0: the file as a whole)."""
+
+    def __init__(self, path: str, line: int, problem: str) -> None:
+        self.path = path
+        self.line = line
+        where = f"{path}:{line}" if line else path
+        TierKVError.__init__(self, f"{where}: {problem}")
+        self.source, self.key, self.problem = path, f"line {line}" if line else "", problem
 
 
 class BenchError(TierKVError):

@@ -16,6 +16,8 @@ EXTRAS = {
     "vllm": "vllm",
     "zmq": "vllm",
     "msgspec": "vllm",
+    "mlx": "mlx",
+    "mlx_lm": "mlx",
 }
 """Top-level module → the tierkv extra that installs it."""
 

@@ -24,15 +24,21 @@ MAX_MESSAGE_BYTES: Final = 64 * MiB
 MAX_ITEM_BYTES: Final = GiB
 """The largest single blob a vault accepts."""
 MAX_BATCH_BYTES: Final = GiB
-"""The most bytes one Put may carry (one write transaction)."""
+"""The most bytes one Put may carry (the vault writes it in transactions of at most ``max_bytes / 16``)."""
 CLIENT_BATCH_BYTES: Final = 64 * MiB
 """Clients split a put into batches of at most this many bytes."""
 HOOK_PUT_BYTES: Final = 32 * MiB
 """Engine hooks hand the cluster puts of at most this many bytes (bounds memory of encoded blobs)."""
 MAX_BULK_REQUEST_BYTES: Final = 64 * MiB
 """The largest request header the bulk port reads."""
+MAX_AUTH_TOKEN_BYTES: Final = 4 * KiB
+"""The longest auth token, on gRPC (``authorization: Bearer``) and on the bulk port alike; a vault refuses a
+token file naming a longer one, and a client refuses to send one."""
 MAX_BLOCK_TOKEN_BYTES: Final = 64 * KiB
 """The token ids a block may carry in its metadata (int32 each; a vault refuses more)."""
+MAX_HOTTEST_REPLY_BYTES: Final = 16 * MiB
+"""A Hottest reply's keys and token ids together (a quarter of the gRPC message limit): chains past it
+are left out and the reply says it was truncated. One chain's token ids may take all of it."""
 
 
 def check_namespace(namespace: bytes) -> bytes:
@@ -53,9 +59,11 @@ __all__ = [
     "CLIENT_BATCH_BYTES",
     "FRAME_BYTES",
     "HOOK_PUT_BYTES",
+    "MAX_AUTH_TOKEN_BYTES",
     "MAX_BATCH_BYTES",
     "MAX_BLOCK_TOKEN_BYTES",
     "MAX_BULK_REQUEST_BYTES",
+    "MAX_HOTTEST_REPLY_BYTES",
     "MAX_ITEM_BYTES",
     "MAX_KEYS_PER_CALL",
     "MAX_KEY_BYTES",

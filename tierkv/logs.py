@@ -9,12 +9,40 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
+from collections import Counter
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from tierkv.errors import ConfigError
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+class Throttle:
+    """Counts events by kind and lets a log line about them through at most once per ``interval_s``: the
+    first event's line goes out at once, the later ones' are summed into the next line that is due."""
+
+    def __init__(self, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._since = clock()
+        self._last = float("-inf")
+
+    def add(self, counts: Mapping[str, int]) -> tuple[Counter[str], float] | None:
+        """Count ``counts``; when a line is due, the counts since the last line and the seconds they
+        span (and start afresh), else None."""
+        now = self._clock()
+        with self._lock:
+            self._counts.update({k: n for k, n in counts.items() if n})
+            if not self._counts or now - self._last < self.interval_s:
+                return None
+            due, span = self._counts, now - self._since
+            self._counts, self._since, self._last = Counter(), now, now
+        return due, span
 
 
 class JSONFormatter(logging.Formatter):
@@ -55,6 +83,21 @@ def setup_logging(
     root.handlers[:] = [handler]
     root.setLevel(effective)
     logging.getLogger("grpc").setLevel(max(effective, logging.WARNING))
+
+
+def console_shows(level: int = logging.INFO) -> bool:
+    """Whether the root logger writes records of ``level`` to the terminal (stderr or stdout), so a line
+    also logged there need not be printed again."""
+    root = logging.getLogger()
+    if not root.isEnabledFor(level):
+        return False
+    return any(
+        isinstance(h, logging.StreamHandler)
+        and not isinstance(h, logging.FileHandler)
+        and getattr(h, "stream", None) in (sys.stderr, sys.stdout)
+        and h.level <= level
+        for h in root.handlers
+    )
 
 
 def _file_handler(file: str, source: str) -> logging.Handler:

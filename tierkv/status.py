@@ -2,7 +2,9 @@
 
 A node's ``state`` is ``ok``, ``serves ROLE`` (a vault of another role at that address), ``auth refused``
 (it answered but refused our token: fix ``[auth]`` or ``$TIERKV_TOKEN``, not the network) or
-``unreachable``.
+``unreachable``. ``auth`` says whether the vault asks for a token at all: ``off`` when it answered a
+Stats call that carried none (anyone who reaches it is an admin of its default tenant), ``on`` when it
+refused that call, empty when it could not be asked.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class NodeStatus:
     access: str = ""
     leases: dict[str, int] = dataclasses.field(default_factory=dict)
     """Lookup leases: granted, honoured, expired, refused since start; held and leased bytes now."""
+    auth: str = ""
+    """``on``, ``off`` (the vault answers callers without a token) or empty (not known)."""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -73,6 +77,7 @@ def probe(role: Role, address: str, config: Config, timeout: float, token: str |
             state = AUTH_REFUSED if isinstance(exc, AuthError) else UNREACHABLE
             return NodeStatus(role=str(role), address=address, reachable=False, state=state, error=str(exc))
         rtt = (time.perf_counter() - start) * 1000
+        auth = _auth_state(address, config, timeout) if token else "off"
     return NodeStatus(
         role=str(role),
         address=address,
@@ -101,7 +106,21 @@ def probe(role: Role, address: str, config: Config, timeout: float, token: str |
         access=s.access,
         classes=tuple({**dataclasses.asdict(c), "hit_rate_5m": c.hit_rate_5m} for c in s.classes),
         leases=dataclasses.asdict(s.leases),
+        auth=auth,
     )
+
+
+def _auth_state(address: str, config: Config, timeout: float) -> str:
+    """Whether a vault that took our token would also answer without one: what "auth off" means."""
+    tls = config.tls if config.tls.enabled else None
+    with VaultClient(address, timeout=timeout, tls=tls) as anonymous:
+        try:
+            anonymous.stats()
+        except AuthError:
+            return "on"
+        except VaultError:
+            return ""
+    return "off"
 
 
 def cluster_status(config: Config, timeout: float | None = None) -> list[NodeStatus]:
@@ -113,30 +132,40 @@ def cluster_status(config: Config, timeout: float | None = None) -> list[NodeSta
         return list(pool.map(lambda n: probe(n[0], n[1], config, t, token), nodes))
 
 
-def status_table(nodes: list[NodeStatus], title: str) -> Table:
+NARROW = 110
+"""Below this many columns the table keeps what an operator reads first: the wider columns go to --json."""
+
+
+def status_table(nodes: list[NodeStatus], title: str, width: int | None = None) -> Table:
+    """One row per vault (and per source class under it). At ``width`` below :data:`NARROW` columns the
+    round trip, version, evictions and corrupt columns are left out (``--json`` has them) so the role and
+    address are never cut."""
+    narrow = width is not None and width < NARROW
     table = Table(title=title)
     for col in ("role", "vault", "state"):
-        table.add_column(col)
-    for col in ("rtt ms", "version", "keys", "used / capacity", "hit rate", "evictions", "corrupt"):
+        table.add_column(col, no_wrap=True)
+    extra = () if narrow else ("rtt ms", "version")
+    tail = () if narrow else ("evictions", "corrupt")
+    for col in (*extra, "keys", "used / capacity", "hit rate", *tail):
         table.add_column(col, justify="right")
     for n in nodes:
         if not n.reachable:
-            table.add_row(n.role, n.address, f"[red]{n.state}[/red]", *[""] * 7)
+            table.add_row(n.role, n.address, f"[red]{n.state}[/red]", *[""] * (len(table.columns) - 3))
             continue
         state = "[green]ok[/green]" if n.state == "ok" else f"[yellow]{n.state}[/yellow]"
+        if n.auth == "off":
+            state += ", [red]auth OFF[/red]"
         rate = "—" if n.hit_rate is None else f"{n.hit_rate:.1%}"
-        table.add_row(
-            n.role,
-            n.address,
-            state,
-            f"{n.rtt_ms:.2f}",
-            n.version,
-            f"{n.keys:,}",
-            f"{human_bytes(n.used_bytes)} / {human_bytes(n.max_bytes)}",
-            rate,
-            f"{n.evictions:,}",
-            f"[red]{n.corrupt}[/red]" if n.corrupt else "0",
-        )
+        cells = {
+            "rtt ms": f"{n.rtt_ms:.2f}",
+            "version": n.version,
+            "keys": f"{n.keys:,}",
+            "used / capacity": f"{human_bytes(n.used_bytes)} / {human_bytes(n.max_bytes)}",
+            "hit rate": rate,
+            "evictions": f"{n.evictions:,}",
+            "corrupt": f"[red]{n.corrupt}[/red]" if n.corrupt else "0",
+        }
+        table.add_row(n.role, n.address, state, *(cells[str(c.header)] for c in table.columns[3:]))
         _class_rows(table, n)
     return table
 
@@ -152,18 +181,14 @@ def _class_rows(table: Table, n: NodeStatus) -> None:
             f" [cyan]{human_bytes(c['protected_bytes'])} protected[/cyan]" if c["protected_bytes"] else ""
         )
         name = c["source"] or "(untagged)"
-        table.add_row(
-            "",
-            f"  {c['tenant']}/{name}",
-            "",
-            "",
-            "",
-            f"{c['keys']:,}",
-            human_bytes(c["bytes"]) + pinned,
-            rate,
-            f"{c['expired']:,} expired" if c["expired"] else "",
-            "",
-        )
+        cells = {
+            "keys": f"{c['keys']:,}",
+            "used / capacity": human_bytes(c["bytes"]) + pinned,
+            "hit rate": rate,
+            "evictions": f"{c['expired']:,} expired" if c["expired"] else "",
+        }
+        rest = (cells.get(str(col.header), "") for col in table.columns[3:])
+        table.add_row("", f"  {c['tenant']}/{name}", "", *rest)
 
 
 def human_bytes(n: float) -> str:

@@ -33,6 +33,11 @@ NOTE = "note: modes as flags are deprecated"
         ),
         (["--engine-api=http://e", "--json", "-"], ["engine", "http://e", "--json", "-"], []),
         (
+            ["--exo-api", "http://exo:52415", "--tokens", "1k"],
+            ["engine", "http://exo:52415", "--tokens", "1k"],
+            [],
+        ),
+        (
             ["--codec", "raw", "--hf", "--batch-mib", "4", "--prefill-tps=900", "--tokens", "64"],
             ["hf", "--codec", "raw", "--tokens", "64"],
             ["--batch-mib", "4", "--prefill-tps=900"],
@@ -58,6 +63,7 @@ def test_old_flags_map_onto_the_subcommands(old: list[str], new: list[str], drop
     [
         (["--hf", "--engine-api", "http://e"], "separate modes"),
         (["--tokens", "64", "--engine-api"], "needs a URL"),
+        (["--exo-api"], "--exo-api needs a URL"),
     ],
 )
 def test_contradictory_old_flags_are_refused(old: list[str], error: str) -> None:

@@ -286,7 +286,11 @@ def test_command_generates_saves_replays_and_charts(tmp_path: Path) -> None:
     else:
         assert doc["chart"] == str(out.with_suffix(".png"))
         assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "PASS" in first.stdout and "hit rates per policy and capacity" in first.stdout
+    assert (
+        "met" in first.stdout
+        and "design targets" in first.stdout
+        and "hit rates per policy and capacity" in first.stdout
+    )
     assert saved.read_text().splitlines()[0].startswith('{"format": "tierkv-trace"')
 
     again = tmp_path / "again.json"
@@ -347,9 +351,9 @@ def test_targets_judge_against_lru_at_equal_capacity() -> None:
     good = _run("context", 48, Tally(100, 60, 90), Tally(10, 10, 10))
     bad = _run("context", 47, Tally(100, 59, 90), Tally(10, 9, 10))
     status = {t.name: t.status for t in targets([lru, good], work, 0.5)}
-    assert status == {"protected": "PASS", "important": "PASS", "overall": "PASS"}
+    assert status == {"protected": "met", "important": "met", "overall": "met"}
     status = {t.name: t.status for t in targets([lru, bad], work, 0.5)}
-    assert status == {"protected": "MISS", "important": "MISS", "overall": "MISS"}
+    assert status == {"protected": "short", "important": "short", "overall": "short"}
     status = {t.name: t.status for t in targets([lru, good], work, 0.3)}  # 400 bytes > 0.3 × 1000
     assert status["protected"] == "n/a"
     near_ceiling = _run("lru", 50, Tally(100, 80, 90), Tally(10, 10, 10))  # 1.5 × 80% > the 90% ceiling
@@ -387,3 +391,18 @@ def test_puts_no_vault_acknowledged_are_counted() -> None:
         replayer = Replayer(dead, "lru", Blobs(4096), per_batch=8)
         assert replayer.request(work.requests[0]) == 0
     assert replayer.unacked == 2
+
+
+def test_warnings_keep_their_brackets() -> None:
+    """rich would read ``[bench]`` in ``pip install 'tierkv[bench]'`` as markup and drop it."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from tierkv.bench.render import render_footer
+
+    console = Console(file=io.StringIO(), width=200)
+    hint = "chart skipped: matplotlib is not installed (pip install 'tierkv[bench]')"
+    render_footer(SimpleNamespace(warnings=[hint], errors=["[x] broke"], ok=True, verdict="ok"), console)  # type: ignore[arg-type]
+    text = console.file.getvalue()
+    assert hint in text and "[x] broke" in text

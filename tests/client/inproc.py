@@ -71,7 +71,7 @@ class InProcessVault:
         if self.down:
             raise error_for("UNAVAILABLE", "connection refused", self.address)
         try:
-            with self.service.calls.scope(name, None) as who:
+            with self.service.calls.scope(name, None, self.address) as who:
                 return self._dispatch(name, who, request)
         except Abort as exc:
             raise error_for(exc.status.name, exc.details, self.address) from None

@@ -39,3 +39,15 @@ def test_async_client_errors_are_mapped(vault_factory: VaultFactory) -> None:
                 await c.get(b"ns", [b"k"])
 
     asyncio.run(run())
+
+
+def test_async_client_says_which_blobs_a_vault_refused(vault_factory: VaultFactory) -> None:
+    v = vault_factory(max_bytes="1MiB")
+
+    async def run() -> None:
+        async with AsyncVaultClient(v.address) as c:
+            ack = await c.put_acks(b"ns", [(b"big", os.urandom(2 << 20)), (b"small", b"x")])
+            assert (ack.stored, ack.rejected) == ((1,), (0,))
+            assert await c.put(b"ns", {b"big": os.urandom(2 << 20)}) == 0
+
+    asyncio.run(run())

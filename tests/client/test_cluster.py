@@ -48,7 +48,7 @@ def test_sharded_roundtrip_with_one_batch_call_per_vault(vault_factory: VaultFac
     ks = keys(300)
     blobs = {k: os.urandom(1000) for k in ks}
     with Cluster({"kv_cold": [v.address for v in vaults]}) as cluster:
-        assert cluster.put(b"ns", blobs) == 300
+        assert cluster.put(b"ns", blobs).stored == 300
         assert cluster.get(b"ns", ks) == list(blobs.values())
         assert cluster.prefix_lookup(b"ns", ks) == 300
         for v in vaults:
@@ -80,7 +80,7 @@ def test_replication_two_survives_a_killed_vault(vault_factory: VaultFactory) ->
     ks = keys(200)
     blobs = {k: os.urandom(500) for k in ks}
     with Cluster({"kv_cold": [v.address for v in vaults]}, replication=2, timeout=1.0) as cluster:
-        assert cluster.put(b"ns", blobs) == 200
+        assert cluster.put(b"ns", blobs).stored == 200
         vaults[1].kill()
         assert cluster.get(b"ns", ks) == list(blobs.values())
         assert cluster.prefix_lookup(b"ns", ks) == 200
@@ -175,7 +175,7 @@ def test_cluster_from_config_uses_roles_and_token(
     monkeypatch.setenv("TIERKV_TOKEN", "tok")
     cfg = config_from_dict({"cluster": {"kv_cold": {"host": "127.0.0.1", "port": v.port}, "timeout": 1.0}})
     with Cluster.from_config(cfg) as cluster:
-        assert cluster.put(b"ns", {b"k": b"v"}) == 1
+        assert cluster.put(b"ns", {b"k": b"v"}).stored == 1
         assert cluster.get(b"ns", [b"k"]) == [b"v"]
         [(role, address, stats)] = cluster.stats()
         assert role == "kv_cold" and address == v.address and not isinstance(stats, Exception)

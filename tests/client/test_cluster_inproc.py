@@ -37,7 +37,7 @@ def holder(made: list[InProcessVault], key: bytes) -> list[int]:
 
 def test_keys_spread_over_the_vaults_and_a_down_vault_is_its_keys_missing(tmp_path: Path) -> None:
     with vaults(tmp_path, 3) as made, cluster(made, timeout=2.0) as c:
-        assert c.put(NS, BLOBS) == len(KEYS)
+        assert c.put(NS, BLOBS).stored == len(KEYS)
         owners = {k: holder(made, k) for k in KEYS}
         assert all(len(o) == 1 for o in owners.values()) and {o[0] for o in owners.values()} == {0, 1, 2}
         assert [made[i].calls.count("Put") for i in range(3)] == [1, 1, 1], "one Put per vault"
@@ -50,7 +50,7 @@ def test_keys_spread_over_the_vaults_and_a_down_vault_is_its_keys_missing(tmp_pa
 
 def test_a_replicated_read_hedges_past_a_slow_owner(tmp_path: Path) -> None:
     with vaults(tmp_path, 2) as made, cluster(made, timeout=1.0, replication=2, hedge_after_s=0.02) as c:
-        assert c.put(NS, BLOBS) == len(KEYS)
+        assert c.put(NS, BLOBS).stored == len(KEYS)
         assert all(holder(made, k) == [0, 1] for k in KEYS)
         slow = made[0]
         slow.delay_s = 1.0  # as long as the deadline: without a hedge its keys would all be misses

@@ -106,7 +106,7 @@ def assert_cluster_treats_it_as_misses(address: str) -> None:
         assert cluster.get(b"ns", [b"a", b"b"]) == [None, None]
         assert cluster.get_buffers(b"ns", [b"a"]) == [None]
         assert cluster.prefix_lookup(b"ns", [b"a"]) in (0, 1)
-        cluster.put(b"ns", {b"a": b"x"})
+        assert cluster.put(b"ns", {b"a": b"x"}).stored == 0, "garbage never acknowledges a put"
         cluster.delete(b"ns", [b"a"])
         cluster.stats()
 

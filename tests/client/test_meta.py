@@ -26,7 +26,7 @@ def test_cluster_put_tags_every_replica(vault_factory: VaultFactory) -> None:
     keys = [b"key%d" % i for i in range(30)]
     meta = {k: BlockMeta("rules", 0.9, protected=True) for k in keys[:20]}
     with Cluster({"kv_cold": [v.address for v in vaults]}, replication=2, timeout=5) as cluster:
-        assert cluster.put(b"ns", {k: b"v" * 100 for k in keys}, meta=meta) == 30
+        assert cluster.put(b"ns", {k: b"v" * 100 for k in keys}, meta=meta).stored == 30
         assert cluster.get(b"ns", keys) == [b"v" * 100] * 30
     per_class: dict[str, int] = {}
     for v in vaults:

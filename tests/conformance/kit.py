@@ -142,7 +142,7 @@ class VaultBackend(Backend):
     def corrupt(self, namespace: bytes, key: bytes) -> None:
         (blob,) = self.cluster.get_buffers(namespace, [key])
         assert blob is not None
-        assert self.cluster.put(namespace, {key: bytes(len(blob))}) == 1
+        assert self.cluster.put(namespace, {key: bytes(len(blob))}).stored == 1
 
     def take_down(self) -> None:
         self.vault.stop(timeout=10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.conftest import VaultFactory
 from tierkv.routing.pages import Page, Residency, label, parse_replica, replica_pages, table
 
 
@@ -113,3 +115,24 @@ def test_a_malformed_replica_is_a_clear_error(tmp_path: Path) -> None:
     done = tierkv("pages", "--replica", "r0=http://127.0.0.1:1", "--vault", "127.0.0.1:1", cwd=tmp_path)
     assert done.returncode == 2
     assert "expected NAME=tcp://HOST:PORT" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_vault_rows_count_tokens_by_the_block_headers_and_the_table_names_its_columns(
+    vault_factory: VaultFactory,
+) -> None:
+    """Blocks of 16 tokens (as the blob headers say) are counted as 16 tokens, not the 32 assumed before."""
+    import numpy as np
+
+    from tierkv import VaultClient
+    from tierkv.codec import encode
+    from tierkv.routing.pages import vault_pages
+
+    vault = vault_factory()
+    with VaultClient(vault.address) as client:
+        blob = encode(np.zeros((2, 16, 4), dtype=np.float32), tokens=16)
+        assert client.put(b"ns16", {b"a": blob, b"b": blob, b"c": blob}) == 3
+        (total, *_) = vault_pages(client, block_tokens=32)
+    assert total.blocks == 3 and total.tokens == 48
+    lines = table([dataclasses.replace(total, holder=vault.address)])
+    assert lines[0].split()[:5] == ["where", "held", "by", "blocks", "tokens"]
+    assert lines[2].split()[:4] == ["vault", vault.address, "3", "48"]

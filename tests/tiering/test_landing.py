@@ -73,7 +73,7 @@ def test_a_landed_blob_that_does_not_verify_is_rejected_and_deleted(vault_factor
     blobs = [bytearray(encode_tensor(torch.randn(SHAPE), codec="raw", tokens=TOKENS)) for _ in range(3)]
     blobs[1][-5] ^= 0x40  # a payload bit: only the checksum over the rows can tell
     with Cluster({"kv_cold": [v.address]}, timeout=5.0) as cluster:
-        assert cluster.put(NS, dict(zip(keys(3), map(bytes, blobs), strict=True))) == 3
+        assert cluster.put(NS, dict(zip(keys(3), map(bytes, blobs), strict=True))).stored == 3
         tier = ColdTier(cluster, TorchArrays())
         cache = Cache(3)
         got = restore(tier, keys(3), cache, [0, 1, 2])

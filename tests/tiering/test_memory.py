@@ -53,14 +53,14 @@ def chain(storage: MemoryStorage, names: list[str], parent: str = "", tokens: in
         k: BlockMeta(parent=p, tokens=tuple(range(i * tokens, (i + 1) * tokens)))
         for i, (k, p) in enumerate(zip(ks, parents, strict=True))
     }
-    assert storage.put(NS, {k: k * 2 for k in ks}, meta=meta) == len(ks)
+    assert storage.put(NS, {k: k * 2 for k in ks}, meta=meta).stored == len(ks)
     return ks
 
 
 def test_down_stores_nothing_and_every_read_misses(storage: MemoryStorage) -> None:
     ks = chain(storage, ["a", "b"])
     storage.faults.down = True
-    assert storage.put(NS, {key("c"): b"c"}) == 0
+    assert storage.put(NS, {key("c"): b"c"}).stored == 0
     assert storage.get_buffers(NS, ks) == [None, None]
     assert storage.prefix_lookup(NS, ks) == 0
     assert storage.successors(NS, ks[:1]) == [] and storage.hottest(NS) == []

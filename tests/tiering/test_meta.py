@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from tierkv.codec import LayerGroup
+from tierkv.records import PutResult
 from tierkv.retention import BlockMeta, Retention, block_meta
 from tierkv.roles import Role
 from tierkv.tiering import ColdTier, LazyStorage, MemoryStorage, NumpyArrays, StreamSpec
@@ -40,7 +41,7 @@ class Recording(MemoryStorage):
 
     def put(
         self, namespace: bytes, items: Mapping[bytes, bytes], role: str = Role.KV_COLD, **kw: object
-    ) -> int:
+    ) -> PutResult:
         self.puts.append((list(items), dict(kw)))
         return super().put(namespace, items, role, **kw)  # type: ignore[arg-type]
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tierkv.codec import LayerGroup, read_header
+from tierkv.records import PutResult
 from tierkv.roles import Role
 from tierkv.tiering import ColdTier, Expect, MemoryStorage, NumpyArrays, StreamSpec, codec_for
 from tierkv.tiering.tensors import TorchArrays
@@ -75,9 +76,10 @@ def test_store_puts_byte_bounded_batches_lazily() -> None:
 class Refusing(MemoryStorage):
     """A storage whose vaults acknowledge only the first key of each put (a vault that is full or down)."""
 
-    def put(self, namespace: bytes, items: Mapping[bytes, bytes], role: str = Role.KV_COLD) -> int:
+    def put(self, namespace: bytes, items: Mapping[bytes, bytes], role: str = Role.KV_COLD) -> PutResult:
         first = dict(list(items.items())[:1])
-        return super().put(namespace, first, role) if items else 0
+        super().put(namespace, first, role)
+        return PutResult(sent=len(items), stored=len(first), unstored=tuple(list(items)[1:]))
 
 
 def test_store_counts_what_was_not_acknowledged() -> None:

@@ -19,8 +19,8 @@ KEYS = [hashlib.sha256(b"block-%d" % i).digest() for i in range(3)]
 
 def test_memory_storage_keeps_roles_and_namespaces_apart() -> None:
     s = MemoryStorage()
-    assert s.put(NAMESPACE, {KEYS[0]: b"a", KEYS[1]: b"b"}, role=Role.KV_COLD) == 2
-    assert s.put(NAMESPACE, {KEYS[0]: b"state"}, role="ssm_cold") == 1
+    assert s.put(NAMESPACE, {KEYS[0]: b"a", KEYS[1]: b"b"}, role=Role.KV_COLD).stored == 2
+    assert s.put(NAMESPACE, {KEYS[0]: b"state"}, role="ssm_cold").stored == 1
     assert s.get_buffers(NAMESPACE, KEYS, role="kv_cold") == [b"a", b"b", None]
     assert s.get_buffers(NAMESPACE, KEYS[:1], role=Role.SSM_COLD) == [b"state"]
     assert s.get_buffers(b"other", KEYS[:1]) == [None]
@@ -39,7 +39,7 @@ def test_open_cluster_reads_the_config_and_is_a_storage(vault: VaultProcess, tmp
     storage: Storage = open_cluster(load_config(path), timeout=1.5)
     try:
         assert getattr(storage, "timeout", None) == 1.5, "overrides replace the file's options"
-        assert storage.put(NAMESPACE, {KEYS[0]: b"x"}, role=Role.KV_COLD) == 1
+        assert storage.put(NAMESPACE, {KEYS[0]: b"x"}, role=Role.KV_COLD).stored == 1
         assert storage.prefix_lookup(NAMESPACE, KEYS, role=Role.KV_COLD) == 1
         assert storage.delete(NAMESPACE, KEYS[:1], role=Role.KV_COLD) == 1
     finally:
@@ -66,7 +66,7 @@ def test_concurrent_first_uses_share_one_storage_and_close_reopens(vault: VaultP
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(first_use, range(8)))
     assert len(made) == 1 and all(c is made[0] for c in got)
-    assert lazy.put(NAMESPACE, {KEYS[0]: b"payload"}) == 1
+    assert lazy.put(NAMESPACE, {KEYS[0]: b"payload"}).stored == 1
 
     lazy.close()
     lazy.close()  # a second close is a no-op

@@ -4,6 +4,7 @@ and is confined to the caller's tenant."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import grpc
@@ -130,3 +131,37 @@ def test_garbage_hottest_requests_are_invalid_argument_and_the_vault_keeps_servi
         assert pb.HottestReply.FromString(unary(ch, "Hottest", huge)).chains == []
     with VaultClient(vault.address) as c:
         assert c.health()
+
+
+def test_a_chain_longer_than_one_blocks_token_limit_is_answered_whole(vault: VaultProcess) -> None:
+    """Warm start of a long prompt: 5 blocks of 4,096 ids (20,480 in the chain, past the 16,384 one block
+    may carry) come back as one chain with every id."""
+    per_block = MAX_BLOCK_TOKEN_BYTES // 4 // 4
+    keys = [b"long%d" % i for i in range(5)]
+    metas = [BlockMeta(tokens=tuple(range(i * per_block, (i + 1) * per_block))) for i in range(5)]
+    with VaultClient(vault.address) as c:
+        assert c.put(b"ns", {k: b"kv" for k in keys}, meta=keyed(metas, keys)) == 5
+        (hot,) = c.hottest(b"ns")
+        assert hot.keys == tuple(keys) and hot.tokens == tuple(range(5 * per_block))
+
+
+def test_hottest_on_a_deep_chain_is_bounded_and_says_it_was_truncated(vault: VaultProcess) -> None:
+    """A trunk of 3,000 blocks with 1,024 leaves: 1,024 chains of 3,001 keys of 60 bytes would be a
+    190 MB reply (past any message limit). The vault answers the hottest that fit its bounds and says the
+    reply was truncated."""
+    trunk = [b"t%059d" % i for i in range(3000)]
+    leaves = [b"l%059d" % i for i in range(1024)]
+    metas = {trunk[0]: BlockMeta()}
+    metas.update({k: BlockMeta(parent=p) for p, k in itertools.pairwise(trunk)})
+    metas.update({k: BlockMeta(parent=trunk[-1]) for k in leaves})
+    with VaultClient(vault.address, timeout=60) as c:
+        assert c.put(b"deep", {k: b"v" for k in metas}, meta=metas) == len(metas)
+    request = pb.HottestRequest(namespace=b"deep", limit=1024).SerializeToString()
+    with grpc.insecure_channel(vault.address, options=[("grpc.max_receive_message_length", 64 << 20)]) as ch:
+        reply = pb.HottestReply.FromString(unary(ch, "Hottest", request))
+    assert reply.truncated and 0 < len(reply.chains) < 1024
+    assert reply.ByteSize() <= 16 << 20
+    for chain in reply.chains:
+        assert list(chain.keys[:-1]) == trunk and chain.keys[-1] in leaves
+    with VaultClient(vault.address, timeout=60) as c:  # the client takes the truncated reply as it is
+        assert len(c.hottest(b"deep", limit=1024)) == len(reply.chains)

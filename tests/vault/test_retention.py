@@ -43,7 +43,7 @@ def test_protected_blocks_survive_tenfold_overfill(
     v = configured(vault_factory, tmp_path, f'[vault]\npolicy = "{policy}"\n', max_bytes="4MiB")
     system = {b"sys%d" % i: os.urandom(32 * 1024) for i in range(32)}  # 1 MiB of a 4 MiB vault
     with Cluster({"kv_cold": v.address}, timeout=10) as cluster:
-        assert cluster.put(b"ns", system, meta=dict.fromkeys(system, AXIOMS)) == 32
+        assert cluster.put(b"ns", system, meta=dict.fromkeys(system, AXIOMS)).stored == 32
         for i in range(0, 40 * 1024 // 64, 16):  # 40 MiB of generation, 64 KiB blobs
             batch = {b"gen%d" % j: os.urandom(64 * 1024) for j in range(i, i + 16)}
             cluster.put(b"ns", batch, meta=dict.fromkeys(batch, GENERATION))

@@ -5,6 +5,7 @@ learner itself (the same object the daemon runs), driven with a fake clock so th
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import grpc
@@ -16,7 +17,13 @@ from tests.conftest import VaultFactory
 from tests.vault.rawcalls import code_of, unary
 from tierkv.client import VaultClient
 from tierkv.retention import BlockMeta
-from tierkv.vault.successors import NODE_BYTES, SuccessorLearner
+from tierkv.vault.successors import (
+    DEFAULT_MAX_ENTRIES,
+    MAX_CHILDREN,
+    NODE_BYTES,
+    SuccessorLearner,
+    TenantLearners,
+)
 from tierkv.wire import pb
 
 NS = b"ns-successors"
@@ -205,3 +212,73 @@ def test_the_co_access_window_is_the_vaults_setting(vault_factory: VaultFactory,
             c.get(NS, [k("w1")])
             c.get(NS, [k("w2")])
         assert c.successors(NS, [k("w1")]) == []  # nothing is fetched within 0 s of anything else
+
+
+# -- per tenant, bounded per call ----------------------------------------------------------------------
+
+
+def test_one_tenants_learner_never_holds_up_anothers() -> None:
+    """Each tenant learns under a lock of its own: while alpha's learner is busy (its lock held here, as a
+    long answer would hold it), beta's stores and answers go on."""
+    learners = TenantLearners(["alpha", "beta"])
+    done = threading.Event()
+
+    def beta() -> None:
+        learners.stored("beta", NS, [(k("b0"), 10, None), (k("b1"), 10, BlockMeta(parent=k("b0")))])
+        learners.fetched("beta", NS, [k("b0"), k("b1")])
+        assert keys_of(learners.successors("beta", NS, [k("b0")])) == ["b1"]
+        done.set()
+
+    with learners.of("alpha")._lock:
+        t = threading.Thread(target=beta)
+        t.start()
+        t.join(10)
+        assert done.is_set(), "beta waited for alpha's learner"
+    assert learners.of("alpha").entries == 0 and learners.of("beta").entries == 2
+
+
+def test_a_block_with_50000_children_keeps_its_calls_bounded() -> None:
+    """A parent stored with 50,000 children is linked to at most MAX_CHILDREN of them, so a Successors
+    call looks at a bounded number of children; the hottest tracked child is still suggested."""
+    learners = TenantLearners(["alpha"])
+    kids = [(b"c%06d" % i, 10, BlockMeta(parent=k("p"))) for i in range(50_000)]
+    learners.stored("alpha", NS, [(k("p"), 10, None), *kids])
+    parent = learners.of("alpha")._nodes[("alpha", NS, k("p"))]
+    assert len(parent.children) == MAX_CHILDREN
+    learners.fetched("alpha", NS, [k("p"), b"c000007"])
+    (best,) = learners.successors("alpha", NS, [k("p")], max_keys=1)
+    assert best.key == b"c000007"
+    assert learners.entries <= DEFAULT_MAX_ENTRIES
+
+
+def test_learners_share_the_bounds_between_tenants() -> None:
+    learners = TenantLearners(["a", "b", "c", "d"], max_entries=400, max_bytes=1 << 20)
+    for t in ("a", "b", "c", "d"):
+        learners.stored(t, NS, [(b"%s%d" % (t.encode(), i), 1, None) for i in range(1000)])
+    assert learners.entries == 400 and all(learners.of(t).entries == 100 for t in "abcd")
+    learners.forget_tenant("a")
+    assert learners.of("a").entries == 0 and learners.entries == 300
+    learners.forget([("b", NS, b"b999"), ("nobody", NS, b"x")])
+    assert learners.of("b").entries == 99
+
+
+def test_a_tenants_50000_children_parent_leaves_another_tenants_puts_working(
+    vault_factory: VaultFactory, tmp_path: Path
+) -> None:
+    """On a real vault: alpha stores a parent with 50,000 children and asks for its successors; beta's
+    Puts and Successors answer as usual, and alpha's answer is bounded."""
+    (tmp_path / "tokens").write_text("tok-admin ops admin\ntok-a alpha user\ntok-b beta user\n")
+    cfg = tmp_path / "vault.toml"
+    cfg.write_text(f'[auth]\ntoken_file = "{tmp_path / "tokens"}"\n')
+    v = vault_factory(extra_args=["--config", str(cfg)])
+    kids = {b"c%06d" % i: b"x" for i in range(50_000)}
+    with VaultClient(v.address, token="tok-a", timeout=120) as alpha:
+        store_chain(alpha, ["p"])
+        assert alpha.put(NS, kids, meta={key: BlockMeta(parent=k("p")) for key in kids}) == 50_000
+        assert alpha.get(NS, [k("p"), b"c000042"]) == [BLOB, b"x"]
+        assert len(alpha.successors(NS, [k("p")], max_keys=4096)) >= 1
+    with VaultClient(v.address, token="tok-b") as beta:
+        for i in range(5):
+            store_chain(beta, [f"b{i}a", f"b{i}b"])
+            assert beta.get(NS, [k(f"b{i}a")]) == [BLOB]
+        assert keys_of(beta.successors(NS, [k("b0a")]))[0] == "b0b"  # then the chains fetched after it

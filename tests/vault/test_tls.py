@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,55 @@ def test_mutual_tls(vault_factory: VaultFactory, pki: Path, tmp_path: Path) -> N
         c.stats()
     with VaultClient(v.address, timeout=1.0) as plaintext, pytest.raises(VaultUnavailable):
         plaintext.stats()
+
+
+def expired_certificate(d: Path) -> Path:
+    """A self-signed certificate valid only on 1 January 2020 (``openssl ca`` sets both dates)."""
+    d.mkdir(exist_ok=True)
+    (d / "ca.cnf").write_text(
+        "[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nserial = serial\nnew_certs_dir = .\n"
+        "default_md = sha256\npolicy = p\n[p]\ncommonName = supplied\n"
+    )
+    (d / "index.txt").write_text("")
+    (d / "serial").write_text("01\n")
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "old.key",
+        "-out",
+        "old.csr",
+        "-subj",
+        "/CN=old",
+        cwd=d,
+    )
+    openssl(
+        "ca", "-config", "ca.cnf", "-selfsign", "-keyfile", "old.key", "-in", "old.csr", "-batch",
+        "-startdate", "20200101000000Z", "-enddate", "20200102000000Z", "-out", "old.crt", cwd=d,
+    )  # fmt: skip
+    return d / "old.crt"
+
+
+def test_certificate_dates_are_read_against_an_injected_clock(pki: Path) -> None:
+    from tierkv.certs import certificate_problem
+
+    assert certificate_problem(pki / "server.crt") is None
+    assert "expired on" in (certificate_problem(pki / "server.crt", now=time.time() + 10 * 86400) or "")
+    assert "not valid before" in (certificate_problem(pki / "server.crt", now=0.0) or "")
+    assert "not a readable PEM certificate" in (certificate_problem(pki / "server.key") or "")
+
+
+def test_an_expired_certificate_is_refused_by_config_check_and_at_start(tmp_path: Path) -> None:
+    from tests.test_cli import assert_clean_error, tierkv
+
+    cert = expired_certificate(tmp_path / "old")
+    cfg = tmp_path / "vault.toml"
+    cfg.write_text(f'[tls]\ncert_file = "{cert}"\nkey_file = "{cert.with_suffix(".key")}"\n')
+    assert_clean_error(tierkv("config", "check", "-c", str(cfg)), "tls.cert_file", "expired on")
+    assert_clean_error(
+        tierkv("vault", "-c", str(cfg), "--port", "0", "--path", str(tmp_path / "v")),
+        "tls.cert_file",
+        "expired",
+    )

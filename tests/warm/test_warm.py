@@ -220,3 +220,9 @@ def test_any_entry_either_loads_or_is_a_snapshot_error(
         assert str(path) in str(exc)
     else:
         assert p.tokens and all(isinstance(t, int) and t >= 0 for t in p.tokens)
+
+
+def test_an_empty_snapshot_says_why(vault: VaultProcess, tmp_path: Path) -> None:
+    result = tierkv("snapshot", "--vault", vault.address, "--output", str(tmp_path / "s.json"))
+    assert result.returncode == 0, result.stderr
+    assert "0 prefixes" in result.stdout and "[retention] warm_tokens = true" in result.stdout

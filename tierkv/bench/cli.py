@@ -68,20 +68,24 @@ def legacy_args(args: Sequence[str], commands: Mapping[str, Any]) -> tuple[list[
     return [mode, *head, *kept], dropped
 
 
+ENGINE_FLAGS = ("--engine-api", "--exo-api")
+"""The flag spellings of ``engine`` mode (0.1 named EXO's API; EXO serves the same OpenAI API)."""
+
+
 def _legacy_mode(args: Sequence[str]) -> tuple[str, list[str], list[str]]:
     """The mode the deprecated flags picked, its positional arguments, and the remaining words."""
     rest = [a for a in args if a != "--hf"]
     hf = len(rest) < len(args)
     for i, arg in enumerate(rest):
         name, eq, value = arg.partition("=")
-        if name != "--engine-api":
+        if name not in ENGINE_FLAGS:
             continue
         if not eq and i + 1 == len(rest):
-            raise ValueError("--engine-api needs a URL")
+            raise ValueError(f"{name} needs a URL")
         url = value if eq else rest[i + 1]
         del rest[i : i + (1 if eq else 2)]
         if hf:
-            raise ValueError("--hf and --engine-api are separate modes: pick one")
+            raise ValueError(f"--hf and {name} are separate modes: pick one")
         return "engine", [url], rest
     return ("hf" if hf else "synthetic"), [], rest
 

@@ -55,7 +55,7 @@ from tierkv.bench.vaults import VaultSettings, watched_vaults
 from tierkv.client.cluster import KV_COLD, Cluster
 from tierkv.codec import Buffer
 from tierkv.config import Config
-from tierkv.records import HotChain, Successor
+from tierkv.records import HotChain, PutResult, Successor
 from tierkv.retention import BlockMeta
 from tierkv.tiering.storage import BlobSink
 
@@ -247,7 +247,7 @@ class RecordingCluster:
         role: str = KV_COLD,
         *,
         meta: Mapping[bytes, BlockMeta] | None = None,
-    ) -> int:
+    ) -> PutResult:
         self.stored[namespace, role].update(items)
         return self.cluster.put(namespace, items, role=role, meta=meta)
 
@@ -406,7 +406,7 @@ def run_hf(config: Config, settings: HFSettings, vault_settings: VaultSettings, 
             if settings.codec != "raw" and result.rows and not result.out_of_time(deadline):
                 _agreement(model, cluster, settings, lengths[0], f"{model_id}/agreement", result, console)
         finally:
-            session.close(timeout=60)
+            session.close(persist=False, timeout=60)
             cluster.delete_stored()
     _conclude(result)
     result.finish(deadline)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from tierkv.connectors.hf import ClusterLike, TieredSession
+from tierkv.connectors.hf.layout import cache_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -89,13 +90,13 @@ def restore_agreement(
         part = (
             model(
                 input_ids=ref[:, p:-1],
-                past_key_values=cache,
+                **cache_kwargs(model, cache),
                 position_ids=torch.arange(p, ref.shape[1] - 1, device=device).unsqueeze(0),
             )
             .logits[0, prompt_len - 1 - p :]
             .float()
         )
-    reader.close()
+    reader.close(persist=False)
     err = (full - part).abs()
     tf_agree = (full.argmax(-1) == part.argmax(-1)).float().mean().item()
     return RestoreAgreement(

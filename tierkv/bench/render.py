@@ -8,6 +8,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tierkv.bench.breakeven import BreakEven
@@ -201,9 +202,9 @@ def render_meta(meta: RunMeta, console: Console) -> None:
 
 def render_footer(result: BenchRun, console: Console) -> None:
     for w in result.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     for e in result.errors:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(e)}")
     color = "green" if result.ok else "red"
     console.print(f"[bold {color}]{result.verdict}[/bold {color}]")
 

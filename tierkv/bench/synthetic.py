@@ -375,7 +375,7 @@ def _one_repeat(
             t0 = time.perf_counter()
             blobs = {keys[i]: work.encode_block(i, codec) for i in batch}
             t1 = time.perf_counter()
-            acked = cluster.put(ns.digest, blobs, role=KV_COLD)
+            acked = cluster.put(ns.digest, blobs, role=KV_COLD).stored
             t2 = time.perf_counter()
             encode_s += t1 - t0
             store_s += t2 - t0
@@ -389,7 +389,7 @@ def _one_repeat(
             t0 = time.perf_counter()
             blob = work.encode_snapshot(b * s.block_tokens)
             t1 = time.perf_counter()
-            if cluster.put(ns.digest, {ssm_keys[b - 1]: blob}, role=SSM_COLD) < 1:
+            if cluster.put(ns.digest, {ssm_keys[b - 1]: blob}, role=SSM_COLD).stored < 1:
                 cell.errors.append(f"store: state snapshot at block {b} not acknowledged")
             ssm_store_s += time.perf_counter() - t0
             encode_s += t1 - t0

@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from tierkv.client.plain import plain_details
 from tierkv.client.types import ClassStats, EntryInfo, EntryStatus, NamespaceInfo, TenantStats, VaultStats
 from tierkv.codec.landing import Landing, LandingSink
 from tierkv.config import TLSConfig
@@ -24,7 +25,13 @@ from tierkv.errors import (
     VaultError,
     VaultUnavailable,
 )
-from tierkv.limits import CLIENT_BATCH_BYTES, FRAME_BYTES, MAX_MESSAGE_BYTES
+from tierkv.limits import (
+    CLIENT_BATCH_BYTES,
+    FRAME_BYTES,
+    MAX_AUTH_TOKEN_BYTES,
+    MAX_HOTTEST_REPLY_BYTES,
+    MAX_MESSAGE_BYTES,
+)
 from tierkv.records import HotChain
 from tierkv.retention.classes import BlockMeta, unpack_tokens
 from tierkv.vault.leases import LeaseCounts
@@ -63,6 +70,12 @@ class ClientOptions:
     max_batch_bytes: int = CLIENT_BATCH_BYTES
     min_bytes_per_s: float = 100e6
     bulk: bool = True
+
+    def __post_init__(self) -> None:
+        if self.token and len(self.token.encode()) > MAX_AUTH_TOKEN_BYTES:
+            raise ValueError(
+                f"a token of {len(self.token.encode())} bytes: vaults take at most {MAX_AUTH_TOKEN_BYTES}"
+            )
 
     @property
     def tls_enabled(self) -> bool:
@@ -116,7 +129,7 @@ def error_for(name: str, details: str, address: str) -> VaultError:
     """The tierkv exception for a status named ``name`` (gRPC's, or a bulk-channel ERROR record's)."""
     code = getattr(grpc.StatusCode, name, None)
     if code in _UNAVAILABLE:
-        return VaultUnavailable(f"{name}: {details}", address=address, code=name)
+        return VaultUnavailable(f"{name}: {plain_details(details)}", address=address, code=name)
     cls = _MAPPED.get(code, VaultError) if isinstance(code, grpc.StatusCode) else VaultError
     return cls(f"{name}: {details}", address=address, code=name)
 
@@ -124,7 +137,8 @@ def error_for(name: str, details: str, address: str) -> VaultError:
 def put_batches(
     items: Items, options: ClientOptions, priority: int, meta: Metas | None = None
 ) -> Iterator[list[Blob]]:
-    """Split a put into RPC-sized batches (each one write transaction on the vault)."""
+    """Split a put into RPC-sized batches (each written by the vault in write transactions of at most a
+    sixteenth of its budget: one for most batches, several for a large one)."""
     pairs = items.items() if isinstance(items, Mapping) else items
     batch: list[Blob] = []
     size = 0
@@ -187,6 +201,24 @@ def parse_reply(message: type[M], raw: Buffer, address: str) -> M:
         return message.FromString(bytes(raw))
     except DecodeError as exc:
         raise VaultError(f"malformed {message.DESCRIPTOR.name}: {exc}", address=address) from None
+
+
+def refused(reply: pb.PutReply, batch: int, address: str) -> set[int]:
+    """The positions a Put reply refused among the ``batch`` blobs sent; a VaultError when the reply does
+    not account for every blob exactly once (garbage that happens to parse stores nothing)."""
+    positions = set(reply.rejected_index)
+    if (
+        reply.rejected != len(reply.rejected_index)
+        or len(positions) != reply.rejected
+        or any(i >= batch for i in positions)
+        or reply.stored + reply.rejected != batch
+    ):
+        raise VaultError(
+            f"malformed PutReply: {reply.stored} stored and {reply.rejected} rejected "
+            f"({len(reply.rejected_index)} positions) of {batch} blobs sent",
+            address=address,
+        )
+    return positions
 
 
 BlobSink = Callable[[int, Buffer], None]
@@ -363,8 +395,10 @@ def entry_from_reply(r: pb.InspectReply, address: str) -> EntryInfo:
 
 
 def chain_from_reply(c: pb.HotChain, address: str) -> HotChain:
+    """One chain of a Hottest reply; its token ids span many blocks (a reply holds at most
+    :data:`~tierkv.limits.MAX_HOTTEST_REPLY_BYTES`)."""
     try:
-        tokens = unpack_tokens(c.tokens)
+        tokens = unpack_tokens(c.tokens, MAX_HOTTEST_REPLY_BYTES)
     except ValueError as exc:
         raise VaultError(f"Hottest reply: {exc}", address=address) from None
     return HotChain(keys=tuple(c.keys), hits=c.hits, source=c.source, tokens=tokens)

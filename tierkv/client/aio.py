@@ -12,7 +12,7 @@ from tierkv.client._rpc import Items, Metas, as_bytes
 from tierkv.client.base import ClientBase, open_async_transport
 from tierkv.client.calls import Exchange, Op
 from tierkv.client.transport import Request
-from tierkv.client.types import EntryInfo, NamespaceInfo, VaultStats
+from tierkv.client.types import EntryInfo, NamespaceInfo, PutAck, VaultStats
 from tierkv.errors import VaultError
 from tierkv.records import HotChain, Successor
 from tierkv.wire.framing import Buffer
@@ -32,6 +32,11 @@ class AsyncVaultClient(ClientBase):
         self, namespace: bytes, items: Items, *, priority: int = 0, meta: Metas | None = None
     ) -> int:
         return await self._run(self.calls.put(namespace, items, priority, meta))
+
+    async def put_acks(
+        self, namespace: bytes, items: Items, *, priority: int = 0, meta: Metas | None = None
+    ) -> PutAck:
+        return await self._run(self.calls.put_acks(namespace, items, priority, meta))
 
     async def get_buffers(
         self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None

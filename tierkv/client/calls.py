@@ -34,6 +34,7 @@ from tierkv.client._rpc import (
     parse_reply,
     put_batches,
     put_frames,
+    refused,
     stats_from_reply,
 )
 from tierkv.client.transport import (
@@ -50,9 +51,9 @@ from tierkv.client.transport import (
     SUCCESSORS,
     Request,
 )
-from tierkv.client.types import EntryInfo, NamespaceInfo, VaultStats
+from tierkv.client.types import EntryInfo, NamespaceInfo, PutAck, VaultStats
 from tierkv.errors import VaultError
-from tierkv.records import HotChain, Successor
+from tierkv.records import REFUSED, HotChain, Successor
 from tierkv.wire import pb
 from tierkv.wire.framing import Buffer
 
@@ -71,16 +72,28 @@ class Calls:
         self.options = options
 
     def put(self, namespace: bytes, items: Items, priority: int, meta: Metas | None = None) -> Op[int]:
-        """Store blobs in batches (one write transaction each); returns how many were acknowledged."""
-        stored = 0
+        """Store blobs (see :meth:`put_acks`); returns how many the vault said it stored."""
+        ack = yield from self.put_acks(namespace, items, priority, meta)
+        if ack.rejected:
+            log.warning("vault %s refused %d blobs (%s)", self.address, len(ack.rejected), REFUSED)
+        return len(ack.stored)
+
+    def put_acks(
+        self, namespace: bytes, items: Items, priority: int, meta: Metas | None = None
+    ) -> Op[PutAck]:
+        """Store blobs in batches of at most ``max_batch_bytes``; which ones the vault stored and which it
+        refused, by position. The vault writes a batch in one or more write transactions (more when it
+        is larger than a sixteenth of the vault's budget), so a put cut short may leave part of a batch
+        stored; only what a reply acknowledged counts."""
+        stored: list[int] = []
+        rejected: list[int] = []
         for batch in put_batches(items, self.options, priority, meta):
             deadline = self.options.put_deadline(batch_bytes(batch))
             raw = yield Request(PUT, put_frames(namespace, batch, self.options), deadline)
-            reply = parse_reply(pb.PutReply, raw, self.address)
-            stored += reply.stored
-            if reply.rejected:
-                log.warning("vault %s rejected %d blobs larger than its budget", self.address, reply.rejected)
-        return stored
+            refusals = refused(parse_reply(pb.PutReply, raw, self.address), len(batch), self.address)
+            for j, blob in enumerate(batch):
+                (rejected if j in refusals else stored).append(blob.index)
+        return PutAck(tuple(stored), tuple(rejected))
 
     def get_buffers(
         self, namespace: bytes, keys: Sequence[bytes], timeout: float | None
@@ -156,6 +169,10 @@ class Calls:
         request = pb.HottestRequest(namespace=namespace, limit=limit, tenant=tenant).SerializeToString()
         raw = yield Request(HOTTEST, request, self.options.deadline(timeout))
         reply = parse_reply(pb.HottestReply, raw, self.address)
+        if reply.truncated:
+            log.info(
+                "Hottest on %s: %d chains, truncated at the vault's bounds", self.address, len(reply.chains)
+            )
         return [chain_from_reply(c, self.address) for c in reply.chains]
 
     def successors(

@@ -32,13 +32,15 @@ from typing import Any, Generic, TypeVar
 from tierkv.client._rpc import BlobSink, Items, Metas, as_bytes
 from tierkv.client.breaker import CircuitBreaker
 from tierkv.client.metrics import ClusterMetrics
+from tierkv.client.puts import PutTally
 from tierkv.client.sharding import Rendezvous
-from tierkv.client.types import VaultStats
+from tierkv.client.types import PutAck, VaultStats
 from tierkv.client.vault import VaultClient
 from tierkv.codec.landing import Landing, LandingSink
 from tierkv.config import Config, TLSConfig
 from tierkv.errors import VaultError
-from tierkv.records import HotChain, Successor
+from tierkv.logs import Throttle
+from tierkv.records import HotChain, PutResult, Successor
 from tierkv.roles import COLD_ROLE_NAMES, Role, role_for
 from tierkv.wire.framing import Buffer
 
@@ -49,6 +51,8 @@ R = TypeVar("R")
 KV_COLD = Role.KV_COLD
 """Kept importable from here for older callers; the role lives in :mod:`tierkv.roles`."""
 SSM_COLD = Role.SSM_COLD
+PUT_LOG_INTERVAL_S = 10.0
+"""Refused, failed and lagging puts are logged at most once per this many seconds (and counted always)."""
 DEFAULT_HOTTEST = 32
 """Chains :meth:`Cluster.hottest` returns when not told (the vault's own default)."""
 Work = Callable[[VaultClient, float | None], T]
@@ -117,6 +121,7 @@ class Cluster:
             max_workers=max(4, 2 * size * self.replication), thread_name_prefix="tierkv-cluster"
         )
         self._fallback_logged = threading.Event()
+        self._put_log = Throttle(PUT_LOG_INTERVAL_S)
 
     @classmethod
     def from_config(
@@ -216,35 +221,87 @@ class Cluster:
         *,
         priority: int = 0,
         meta: Metas | None = None,
-    ) -> int:
-        """Store blobs on each key's owners; returns how many keys at least one vault acknowledged.
+    ) -> PutResult:
+        """Store blobs on each key's owners; a :class:`~tierkv.records.PutResult` of what the vaults' replies
+        said (a key counts as stored once one owner's reply says so; a vault that failed or answered
+        what does not add up stored nothing).
 
         ``meta`` maps keys to their :class:`~tierkv.retention.BlockMeta` (source class, importance, time to
         live, protected, parent key); keys it does not name are stored untagged, as before. A put's
-        deadline grows with its size (see ``min_bytes_per_s`` of the clients)."""
+        deadline grows with its size (see ``min_bytes_per_s`` of the clients). With replication the put
+        waits for a slow replica no longer than ``hedge_after_s`` once every key is stored on an owner or
+        refused by all of them, as reads do: copies still out then count as ``lagging``, and their calls
+        go on within their own deadline, reading ``items`` until they end (pass bytes, or leave the
+        buffers untouched). Refusals and failures are counted in the metrics and logged at most once
+        per ten seconds."""
         resolved = self._resolve(role)
         pairs = list(items.items() if isinstance(items, Mapping) else items)
-        per_vault: dict[int, list[tuple[bytes, Buffer]]] = defaultdict(list)
-        for key, data in pairs:
-            for v in self._owners(resolved, key):
-                per_vault[v].append((key, data))
-        results = self._fan_out(
-            resolved,
-            "put",
-            {
-                v: partial(_put, namespace=namespace, items=b, priority=priority, meta=meta)
-                for v, b in per_vault.items()
-            },
-            None,
+        tally = PutTally([k for k, _ in pairs], [self._owners(resolved, k) for k, _ in pairs])
+        work = {
+            v: partial(
+                _put_acks,
+                namespace=namespace,
+                items=[pairs[i] for i in positions],
+                priority=priority,
+                meta=meta,
+            )
+            for v, positions in tally.per_vault.items()
+        }
+        if self.replication == 1:
+            for v, ack in self._fan_out(resolved, "put", work, None).items():
+                tally.take(v, None if ack is FAILED else ack)
+        else:
+            self._put_replicated(resolved, tally, work)
+        for v, nbytes in tally.bytes_out(pairs).items():
+            self.metrics.bytes.labels(self._members[resolved][v].address, "out").inc(nbytes)
+        result = tally.result([m.address for m in self._members[resolved]])
+        self._note_put(resolved, result)
+        return result
+
+    def _put_replicated(self, role: Role, tally: PutTally, work: Mapping[int, Work[PutAck]]) -> None:
+        """Every owner's share in parallel, taken as it answers, until all answered or ``hedge_after_s``
+        after every key settled (the shares still out are left to finish on their own)."""
+        pending = {self._submit(role, "put", v, fn, None): v for v, fn in work.items()}
+        grace_ends: float | None = None
+        while pending:
+            timeout = None if grace_ends is None else max(0.0, grace_ends - time.monotonic())
+            done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+            if not done:
+                return
+            for f in done:
+                ack = f.result()
+                tally.take(pending.pop(f), None if ack is FAILED else ack)
+            if grace_ends is None and tally.settled():
+                grace_ends = time.monotonic() + self.hedge_after_s
+
+    def _note_put(self, role: Role, result: PutResult) -> None:
+        """The put's outcome in the metrics, and in a log line at most once per interval when a vault
+        refused, failed or lagged."""
+        outcomes = {
+            "stored": result.stored,
+            "rejected": result.rejected,
+            "failed": result.failed,
+            "lagging": result.lagging,
+        }
+        for outcome, n in outcomes.items():
+            if n:
+                self.metrics.put_keys.labels(role, outcome).inc(n)
+        del outcomes["stored"]
+        due = self._put_log.add(outcomes)
+        if due is None:
+            return
+        counts, span = due
+        first = f" ({result.rejections[0].vault}: {result.rejections[0].reason})" if result.rejections else ""
+        log.warning(
+            "%s puts in the last %.0f s: %d blobs refused%s, %d unacknowledged (no usable answer), %d stored "
+            "with fewer copies than owners",
+            role,
+            span,
+            counts["rejected"],
+            first,
+            counts["failed"],
+            counts["lagging"],
         )
-        acked: set[bytes] = set()
-        for v, outcome in results.items():
-            if outcome is not FAILED:
-                acked.update(k for k, _ in per_vault[v])
-                self.metrics.bytes.labels(self._members[resolved][v].address, "out").inc(
-                    sum(len(d) for _, d in per_vault[v])
-                )
-        return len(acked)
 
     def get_buffers(
         self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD, *, timeout: float | None = None
@@ -636,7 +693,7 @@ def _stats_or_error(client: VaultClient) -> VaultStats | VaultError:
         return exc
 
 
-def _put(
+def _put_acks(
     client: VaultClient,
     timeout: float | None,
     *,
@@ -644,8 +701,8 @@ def _put(
     items: Items,
     priority: int,
     meta: Metas | None,
-) -> int:
-    return client.put(namespace, items, priority=priority, meta=meta)
+) -> PutAck:
+    return client.put_acks(namespace, items, priority=priority, meta=meta)
 
 
 def _get_buffers(

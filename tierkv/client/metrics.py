@@ -44,3 +44,10 @@ class ClusterMetrics:
         self.keys = Counter(
             "tierkv_client_keys", "Keys looked up, by outcome", ["role", "outcome"], registry=self.registry
         )
+        self.put_keys = Counter(
+            "tierkv_client_put_keys",
+            "Keys put, by what the vaults' replies said: stored, rejected (refused, stored nowhere), failed "
+            "(no usable answer in time), lagging (stored, with fewer copies than owners)",
+            ["role", "outcome"],
+            registry=self.registry,
+        )

@@ -13,6 +13,15 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass(frozen=True)
+class PutAck:
+    """One vault's checked answer to a put: the positions (in the items as given) it stored and those it
+    refused. A reply that does not add up is an error, never an answer (``_rpc.refused``)."""
+
+    stored: tuple[int, ...]
+    rejected: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class ClassStats:
     """One source class of one tenant on one vault (``source`` "" = untagged blocks and misses of unknown
     class). Counters run since the vault started; ``*_5m`` cover the last five minutes."""

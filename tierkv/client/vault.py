@@ -19,7 +19,7 @@ from tierkv.client.base import ClientBase, open_transport
 from tierkv.client.bulk import BulkFirst
 from tierkv.client.calls import Exchange, Op
 from tierkv.client.transport import Request, Transport
-from tierkv.client.types import EntryInfo, NamespaceInfo, VaultStats
+from tierkv.client.types import EntryInfo, NamespaceInfo, PutAck, VaultStats
 from tierkv.errors import VaultError
 from tierkv.records import HotChain, Successor
 from tierkv.wire.framing import Buffer
@@ -41,9 +41,19 @@ class VaultClient(ClientBase):
     # -- data --------------------------------------------------------------------------------------
 
     def put(self, namespace: bytes, items: Items, *, priority: int = 0, meta: Metas | None = None) -> int:
-        """Store blobs; returns how many the vault acknowledged (one write transaction per batch).
-        ``meta`` gives keys their retention metadata (README, "Retention"); keys it lacks are untagged."""
+        """Store blobs; returns how many the vault's replies said it stored (refusals are logged).
+        ``meta`` gives keys their retention metadata (README, "Retention"); keys it lacks are untagged.
+
+        Not atomic: the client sends batches of at most ``max_batch_bytes`` and the vault writes each in
+        write transactions of at most a sixteenth of its budget, so a put cut short (a killed client or
+        vault) may leave some of its blobs stored; each transaction commits whole."""
         return self._run(self.calls.put(namespace, items, priority, meta))
+
+    def put_acks(
+        self, namespace: bytes, items: Items, *, priority: int = 0, meta: Metas | None = None
+    ) -> PutAck:
+        """:meth:`put`, answered by position: which of ``items`` the vault stored and which it refused."""
+        return self._run(self.calls.put_acks(namespace, items, priority, meta))
 
     def get_buffers(
         self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None

@@ -148,10 +148,11 @@ def pack_tokens(tokens: Sequence[int]) -> bytes:
         raise ValueError(f"token ids must be 32-bit integers: {exc}") from None
 
 
-def unpack_tokens(raw: bytes | memoryview) -> tuple[int, ...]:
-    """The ids :func:`pack_tokens` packed; ValueError when ``raw`` is not whole int32s or too long."""
-    if len(raw) % 4 or len(raw) > MAX_BLOCK_TOKEN_BYTES:
-        raise ValueError(f"token ids must be whole int32s, at most {MAX_BLOCK_TOKEN_BYTES} bytes")
+def unpack_tokens(raw: bytes | memoryview, limit: int = MAX_BLOCK_TOKEN_BYTES) -> tuple[int, ...]:
+    """The ids :func:`pack_tokens` packed; ValueError when ``raw`` is not whole int32s or longer than
+    ``limit`` bytes (one block's by default; a whole chain's may be longer)."""
+    if len(raw) % 4 or len(raw) > limit:
+        raise ValueError(f"token ids must be whole int32s, at most {limit} bytes")
     return struct.unpack(f"<{len(raw) // 4}i", raw)
 
 

@@ -181,6 +181,7 @@ def vault_pages(client: Any, block_tokens: int, limit: int = 32) -> list[Page]:
     namespaces, _ = client.list_namespaces()
     pages = []
     for ns in namespaces:
+        block_tokens = _tokens_per_block(ns.head) or block_tokens
         # The namespace's total first (every block, chains or not), then its hottest chains.
         total = Page("vault", "", ns.keys, ns.keys * block_tokens, (), ns.tenant, "", ns.namespace.hex())
         pages.append(total)
@@ -201,6 +202,17 @@ def vault_pages(client: Any, block_tokens: int, limit: int = 32) -> list[Page]:
     return pages
 
 
+def _tokens_per_block(head: bytes) -> int:
+    """The token count a namespace's sample blob header carries (0 when it says none or is unreadable)."""
+    from tierkv.codec.header import read_header
+    from tierkv.errors import CorruptBlobError
+
+    try:
+        return read_header(head, partial=True).tokens if head else 0
+    except CorruptBlobError:
+        return 0
+
+
 def label(pages: Sequence[Page]) -> list[Page]:
     """Give GPU and announced-vault rows the tenant and class of the vault chain whose tokens they start."""
     known = [p for p in pages if p.tenant or p.source]
@@ -217,7 +229,7 @@ def label(pages: Sequence[Page]) -> list[Page]:
 
 def table(pages: Sequence[Page]) -> list[str]:
     """Rows grouped by tenant and class, longest prefix first."""
-    lines = []
+    lines = [f"  {'where':<5} {'held by':<26} {'blocks':>6} {'tokens':>7}  prefix (first token ids)"]
     ordered = sorted(pages, key=lambda p: (p.tenant, p.source, p.preview, p.where, -p.tokens, p.holder))
     group: tuple[str, str] | None = None
     for page in ordered:
@@ -226,8 +238,7 @@ def table(pages: Sequence[Page]) -> list[str]:
             lines.append(f"tenant {page.tenant or '-'}  class {page.source or '-'}")
         preview = " ".join(str(t) for t in page.preview) or f"namespace {page.namespace[:16]}, all blocks"
         lines.append(
-            f"  {page.where:<5} {page.holder:<26} {page.blocks:>5} blocks {page.tokens:>7} tokens"
-            f"  [{preview} ...]"
+            f"  {page.where:<5} {page.holder:<26} {page.blocks:>6} {page.tokens:>7}  [{preview} ...]"
         )
     return lines
 

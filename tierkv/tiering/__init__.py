@@ -4,6 +4,9 @@ Modelled on vLLM's ``kv_offload`` split: the *storage* (``Storage``) moves bytes
 (``ColdTier``) turns arrays into verified blobs and back, and the *hook* (``tierkv.connectors.<engine>``)
 knows its engine's cache layout and when to store or restore — nothing else.
 
+What a storage answers a put: a :class:`PutResult` (what the vaults' replies said they stored, refused
+and hold fewer copies of), never what was merely sent.
+
 What a hook provides
     - a :class:`Storage`: ``open_cluster(config)`` for the vaults of tierkv.toml, wrapped in
       :class:`LazyStorage` when connections must wait for the engine to fork; :class:`MemoryStorage` in
@@ -46,6 +49,7 @@ What a new engine hook writes (``tierkv/connectors/<engine>/``)
     hook needs more, the pipeline is missing something: add it here, once.
 """
 
+from tierkv.records import PutResult, Rejection
 from tierkv.tiering.arrays import Arrays, NumpyArrays, RowArrays, ViewingArrays
 from tierkv.tiering.background import BoundedWorker
 from tierkv.tiering.batches import byte_batches
@@ -70,6 +74,8 @@ __all__ = [
     "MemoryStorage",
     "NumpyArrays",
     "Place",
+    "PutResult",
+    "Rejection",
     "Restored",
     "RowArrays",
     "Storage",

@@ -22,7 +22,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
 from tierkv.codec import Buffer
-from tierkv.records import HotChain, Successor
+from tierkv.records import HotChain, PutResult, Successor
 from tierkv.retention import BlockMeta
 from tierkv.roles import Role
 from tierkv.tiering.storage import BlobSink
@@ -102,9 +102,11 @@ class MemoryStorage:
         role: str = Role.KV_COLD,
         *,
         meta: Mapping[bytes, BlockMeta] | None = None,
-    ) -> int:
+    ) -> PutResult:
+        """What the dict holds after the put (a down or too slow storage stored nothing; capacity may push
+        a blob of this very put out again)."""
         if not self._answers("put"):
-            return 0
+            return PutResult(sent=len(items), unstored=tuple(items))
         space = self._space(namespace, role)
         with self._lock:
             blobs, tags = self.blobs[space], self.meta[space]
@@ -118,7 +120,8 @@ class MemoryStorage:
                 else:
                     tags[k] = m
             self._evict_over_capacity()
-            return sum(k in blobs for k in items)
+            unstored = tuple(k for k in items if k not in blobs)
+            return PutResult(sent=len(items), stored=len(items) - len(unstored), unstored=unstored)
 
     def _evict_over_capacity(self) -> None:
         capacity = self.faults.capacity

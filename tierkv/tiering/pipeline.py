@@ -20,6 +20,7 @@ from tierkv.codec import Buffer
 from tierkv.codec.landing import Renumbered
 from tierkv.errors import TierKVError
 from tierkv.limits import HOOK_PUT_BYTES
+from tierkv.records import PutResult
 from tierkv.retention import BlockMeta
 from tierkv.tiering.arrays import A, Arrays, RowArrays
 from tierkv.tiering.batches import byte_batches
@@ -39,27 +40,45 @@ Block = tuple[bytes, A, int]
 
 @dataclass
 class StoreTally:
-    """What one store did: blobs offered, blobs acknowledged, bytes of the acknowledged ones.
+    """What one store did, as the vaults' replies said: blobs offered, blobs stored, bytes of the stored
+    ones (:class:`~tierkv.records.PutResult` per put).
 
-    ``acked`` lists the keys of the batches every blob of which was acknowledged (a partly acknowledged
-    batch does not say which blobs made it, so none of its keys is listed).
+    ``rejected`` blobs a vault refused and none stored (too large for its budget or the tenant's quota,
+    or no room it could make); ``lagging`` stored blobs have fewer copies than replication asks.
+    ``acked`` lists the keys stored.
     """
 
     sent: int = 0
     stored: int = 0
     stored_bytes: int = 0
+    rejected: int = 0
+    lagging: int = 0
     acked: list[bytes] = field(default_factory=list)
 
     @property
     def failed(self) -> int:
-        """Blobs no vault acknowledged."""
+        """Blobs no vault acknowledged (refused ones included)."""
         return self.sent - self.stored
 
     def add(self, other: StoreTally) -> None:
         self.sent += other.sent
         self.stored += other.stored
         self.stored_bytes += other.stored_bytes
+        self.rejected += other.rejected
+        self.lagging += other.lagging
         self.acked.extend(other.acked)
+
+    def count(self, batch: Mapping[bytes, bytes], result: PutResult) -> None:
+        """One put of ``batch`` and what the vaults said of it."""
+        unstored = set(result.unstored)
+        self.sent += len(batch)
+        self.stored += result.stored
+        self.rejected += result.rejected
+        self.lagging += result.lagging
+        for key, blob in batch.items():
+            if key not in unstored:
+                self.stored_bytes += len(blob)
+                self.acked.append(key)
 
 
 @dataclass
@@ -155,16 +174,17 @@ class ColdTier(Generic[A]):
         """
         tally = StoreTally()
         for batch in byte_batches(self._encoded(spec, blocks), self.max_put_bytes):
-            size = sum(map(len, batch.values()))
             tags = {k: meta[k] for k in batch if k in meta} if meta else None
-            acked = put_tagged(self.storage, spec.namespace, batch, spec.role, tags)
-            tally.sent += len(batch)
-            tally.stored += acked
-            tally.stored_bytes += size * acked // len(batch)
-            if acked == len(batch):
-                tally.acked.extend(batch)
-            if acked < len(batch):
-                logger.info("%s: %d of %d blobs acknowledged", spec.role, acked, len(batch))
+            result = put_tagged(self.storage, spec.namespace, batch, spec.role, tags)
+            tally.count(batch, result)
+            if result.stored < len(batch):
+                logger.info(
+                    "%s: %d of %d blobs stored (%d refused)",
+                    spec.role,
+                    result.stored,
+                    len(batch),
+                    result.rejected,
+                )
         return tally
 
     def _encoded(self, spec: StreamSpec, blocks: Iterable[Block[A]]) -> Iterator[tuple[bytes, bytes]]:

@@ -12,6 +12,9 @@ a warm start). Nothing reaches past it by probing for methods. Three things sati
 - :class:`LazyStorage`, which opens another storage on first use (a hook that must not open sockets
   before its engine forks, or whose threads may all ask for it at once).
 
+A put answers a :class:`~tierkv.records.PutResult`: how many blobs the vaults' replies said they stored, which
+they refused and why, and which have fewer copies than asked; never what was merely sent.
+
 ``meta`` on a put is each block's retention metadata (:class:`~tierkv.retention.BlockMeta`), keyed like
 ``items``; a key without an entry (or ``meta=None``) is stored untagged, exactly as a store without a
 layout always was. It travels with the blobs so every hook tags its blocks through this one path.
@@ -28,7 +31,7 @@ from typing import Any, Protocol
 
 from tierkv.codec import Buffer
 from tierkv.config import Config
-from tierkv.records import HotChain, Successor
+from tierkv.records import HotChain, PutResult, Successor
 from tierkv.retention import BlockMeta
 from tierkv.roles import Role
 
@@ -47,8 +50,8 @@ class Blocks(Protocol):
         role: str = ...,
         *,
         meta: Mapping[bytes, BlockMeta] | None = None,
-    ) -> int:
-        """Store blobs (with the metadata ``meta`` gives for some of them); how many were acknowledged."""
+    ) -> PutResult:
+        """Store blobs (with the metadata ``meta`` gives for some of them); what the vaults stored."""
         ...
 
     def get_buffers(
@@ -116,7 +119,7 @@ def put_tagged(
     items: Mapping[bytes, bytes],
     role: str,
     meta: Mapping[bytes, BlockMeta] | None,
-) -> int:
+) -> PutResult:
     """``storage.put`` with ``meta`` passed only when some block carries metadata: an untagged store is
     exactly the call it always was (and reaches a storage that does not know the keyword)."""
     if meta:
@@ -165,7 +168,7 @@ class LazyStorage:
         role: str = Role.KV_COLD,
         *,
         meta: Mapping[bytes, BlockMeta] | None = None,
-    ) -> int:
+    ) -> PutResult:
         return put_tagged(self.get(), namespace, items, role, meta)
 
     def get_buffers(

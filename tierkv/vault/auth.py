@@ -1,17 +1,26 @@
 """Who is calling: tokens map to a tenant and an access role, checked in constant time on every call.
 
-The vault reads ``auth.token_file`` (or ``$TIERKV_TOKEN``). A file of one bare token keeps its old
-meaning: that token is an admin of the ``default`` tenant. Otherwise each line is::
+The vault reads ``auth.token_file`` (or ``$TIERKV_TOKEN``). The file takes one of two forms, never both:
 
-    <token> <tenant> <admin|user> [quota]
+- exactly one bare token, alone in the file: an admin of the ``default`` tenant;
+- lines ``<token> <tenant> <admin|user> [quota]``, e.g. ``s3cr3t-a acme user 2GiB``. ``quota`` caps the
+  tenant's stored bytes (the same on every line of a tenant, or given once).
 
-e.g. ``s3cr3t-a acme user 2GiB``. ``quota`` caps the tenant's stored bytes (the same on every line of a
-tenant, or given once). Blank lines and lines starting with ``#`` are skipped. With no token at all the
-vault is open and every caller is an admin of the default tenant. Health checks never need a token.
+Blank lines and lines starting with ``#`` are skipped. The file is read by one parser
+(:func:`read_token_file`), at start and by ``tierkv config check --vault``, and it fails closed: a
+configured file that names no token, a bare token among tenant lines (a wrapped line), or any other line
+it cannot read exactly is refused as ``file:line: problem``, and the vault does not start. Without a
+token file and without ``$TIERKV_TOKEN`` the vault is open: every caller is an admin of the default
+tenant, and the vault says so at start. Health checks never need a token.
+
+On gRPC a token travels as ``authorization: Bearer <token>`` and a header without the ``Bearer`` scheme is
+no token; on the bulk port it travels bare in the request head. Both carry at most
+:data:`~tierkv.limits.MAX_AUTH_TOKEN_BYTES` of printable ASCII, and a token file naming a longer one is
+refused when it is read, so a token never works on one transport and fails on the other.
 
 A ``user`` works only in its own tenant's namespaces; an ``admin`` may also flush everything, act in
 another tenant's namespaces (Delete / Flush naming a tenant) and sees the store path and every tenant's
-figures in Stats.
+figures in Stats. docs/operations/auth.md is the operator's page.
 """
 
 from __future__ import annotations
@@ -20,12 +29,16 @@ import dataclasses
 import enum
 import hmac
 import os
+import stat
 from pathlib import Path
 
-from tierkv.config import AuthConfig, parse_size
-from tierkv.errors import ConfigError
+from tierkv.config import AuthConfig, format_size, parse_size
+from tierkv.errors import ConfigError, TokenFileError
+from tierkv.limits import MAX_AUTH_TOKEN_BYTES
 from tierkv.vault.status import Abort, Status
-from tierkv.vault.store import DEFAULT_TENANT, check_tenant
+from tierkv.vault.store import DEFAULT_TENANT, MAX_TENANTS, check_tenant
+
+LINE_FORM = "'<token> <tenant> <admin|user> [quota]'"
 
 
 class Access(str, enum.Enum):
@@ -64,6 +77,16 @@ class TokenTable:
         names = {p.tenant: 0 for _, p in self._entries}
         return {**names, **self.quotas}
 
+    def describe(self) -> str:
+        """What ``[auth]`` amounts to, in words an operator reads at start and in ``config check``."""
+        if not self._entries:
+            return (
+                f"auth is OFF: no token file and no token in the environment, so every caller is an "
+                f"admin of tenant {DEFAULT_TENANT!r} (set [auth] token_file to turn it on)"
+            )
+        tenants = len(self.tenants)
+        return f"auth is on: {len(self._entries)} token(s), {tenants} tenant(s)"
+
     def principal(self, token: bytes | None) -> Principal:
         """Who sent ``token``; Abort(UNAUTHENTICATED) when the table is on and the token is not in it.
 
@@ -82,57 +105,198 @@ class TokenTable:
 
 
 def load_tokens(auth: AuthConfig, source: str = "auth") -> TokenTable:
-    """The vault's token table from ``auth.token_file`` or ``$token_env``; ConfigError names the line."""
+    """The vault's token table from ``auth.token_file`` or ``$token_env``; a ConfigError otherwise."""
     if auth.token_file:
-        token = auth.load_token(source)  # reads and checks the file (missing, unreadable, empty)
-        path = Path(auth.token_file).expanduser()
-        return parse_token_lines(token or "", f"{source}: auth.token_file {path}")
+        return read_token_file(Path(auth.token_file).expanduser(), source)
     value = os.environ.get(auth.token_env, "").strip() if auth.token_env else ""
-    return TokenTable({value.encode(): OPEN} if value else {})
-
-
-def parse_token_lines(text: str, where: str) -> TokenTable:
-    entries: dict[bytes, Principal] = {}
-    quotas: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        fields = line.split()
-        if not fields or fields[0].startswith("#"):
-            continue
-        token, who, quota = _parse_line(fields, f"{where}, line {number}")
-        if token in entries:
-            raise ConfigError(where, f"line {number}", "this token is listed twice")
-        entries[token] = who
-        if quota is not None:
-            if quotas.get(who.tenant, quota) != quota:
-                raise ConfigError(where, f"line {number}", f"tenant {who.tenant!r} has two different quotas")
-            quotas[who.tenant] = quota
-    return TokenTable(entries, quotas)
-
-
-def _parse_line(fields: list[str], where: str) -> tuple[bytes, Principal, int | None]:
-    if len(fields) == 1:
-        return fields[0].encode(), OPEN, None
-    if len(fields) not in (3, 4):
-        raise ConfigError(
-            where, "format", "expected '<token> <tenant> <admin|user> [quota]' or one bare token"
-        )
-    token, tenant, access = fields[:3]
-    if access not in ("admin", "user"):
-        raise ConfigError(where, "role", f"expected admin or user, got {access!r}")
+    if not value:
+        return TokenTable({})
     try:
-        who = Principal(check_tenant(tenant), Access(access))
-        quota = parse_size(fields[3]) if len(fields) == 4 else None
+        return TokenTable({check_token(value): OPEN})
     except ValueError as exc:
-        raise ConfigError(where, "format", str(exc)) from exc
-    return token.encode(), who, quota
+        raise ConfigError(source, f"${auth.token_env}", str(exc)) from None
+
+
+def read_token_file(path: Path, source: str = "auth") -> TokenTable:
+    """The token table a file names (:func:`parse_token_file`); an unreadable file names ``source``."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        problem = f"cannot read the token file {path}: {exc.strerror or exc}"
+        raise ConfigError(source, "auth.token_file", problem) from None
+    return parse_token_file(raw, str(path))
+
+
+def parse_token_file(raw: bytes, path: str) -> TokenTable:
+    """The one parser of token files; every problem is a :class:`TokenFileError` naming its line."""
+    lines = [(n, fields) for n, fields in _lines(_decode(raw, path)) if not fields[0].startswith("#")]
+    if not lines:
+        raise TokenFileError(
+            path,
+            0,
+            "names no token (only blank lines and comments): a configured token file must hold at least "
+            "one, or the vault would run open; remove [auth] token_file to run without auth",
+        )
+    if all(len(fields) == 1 for _, fields in lines):
+        return _bare(lines, path)
+    builder = _Builder(path)
+    for number, fields in lines:
+        builder.add(number, fields)
+    return builder.table()
+
+
+def _decode(raw: bytes, path: str) -> str:
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise TokenFileError(path, line, f"not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
+
+
+def _lines(text: str) -> list[tuple[int, list[str]]]:
+    return [(n, line.split()) for n, line in enumerate(text.splitlines(), start=1) if line.split()]
+
+
+def _bare(lines: list[tuple[int, list[str]]], path: str) -> TokenTable:
+    """The one-token form: the whole file is one bare token, an admin of the default tenant."""
+    if len(lines) > 1:
+        raise TokenFileError(
+            path,
+            lines[1][0],
+            f"a second bare token: the one-token form is one token alone; for several tokens write "
+            f"{LINE_FORM} lines",
+        )
+    number, (token,) = lines[0]
+    return TokenTable({_checked(token, path, number): OPEN})
+
+
+def check_token(token: str) -> bytes:
+    """``token`` as sent on the wire; ValueError when no transport can carry it."""
+    encoded = token.encode()
+    if len(encoded) > MAX_AUTH_TOKEN_BYTES:
+        raise ValueError(
+            f"a token of {len(encoded)} bytes: the limit is {MAX_AUTH_TOKEN_BYTES} bytes (gRPC and the "
+            f"bulk port alike)"
+        )
+    if not all(0x21 <= b <= 0x7E for b in encoded):
+        raise ValueError("a token must be printable ASCII without spaces (gRPC metadata carries no other)")
+    return encoded
+
+
+def _checked(token: str, path: str, number: int) -> bytes:
+    try:
+        return check_token(token)
+    except ValueError as exc:
+        raise TokenFileError(path, number, str(exc)) from None
+
+
+class _Builder:
+    """The tenant-line form, line by line: every line checked against the ones before it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.entries: dict[bytes, Principal] = {}
+        self.token_lines: dict[bytes, int] = {}
+        self.quotas: dict[str, tuple[int, int]] = {}
+        self.tenants = {DEFAULT_TENANT}
+
+    def fail(self, number: int, problem: str) -> TokenFileError:
+        return TokenFileError(self.path, number, problem)
+
+    def add(self, number: int, fields: list[str]) -> None:
+        if len(fields) == 1:
+            raise self.fail(
+                number,
+                f"one word where the other lines are {LINE_FORM}: a bare token is valid only as the "
+                f"whole file (a wrapped line?)",
+            )
+        if len(fields) not in (3, 4):
+            raise self.fail(number, f"expected {LINE_FORM}, got {len(fields)} fields")
+        token = _checked(fields[0], self.path, number)
+        if token in self.token_lines:
+            raise self.fail(number, f"this token is also on line {self.token_lines[token]}")
+        who = Principal(self._tenant(number, fields[1]), self._access(number, fields[2]))
+        if len(fields) == 4:
+            self._quota(number, who.tenant, fields[3])
+        self.entries[token] = who
+        self.token_lines[token] = number
+
+    def _tenant(self, number: int, name: str) -> str:
+        try:
+            check_tenant(name)
+        except ValueError as exc:
+            raise self.fail(number, str(exc)) from None
+        if name not in self.tenants and len(self.tenants) >= MAX_TENANTS:
+            raise self.fail(
+                number,
+                f"tenant {name!r} is one too many: a vault holds at most {MAX_TENANTS} tenants, "
+                f"{DEFAULT_TENANT!r} included",
+            )
+        self.tenants.add(name)
+        return name
+
+    def _access(self, number: int, role: str) -> Access:
+        try:
+            return Access(role)
+        except ValueError:
+            raise self.fail(number, f"the role must be admin or user, not {role!r}") from None
+
+    def _quota(self, number: int, tenant: str, text: str) -> None:
+        try:
+            quota = parse_size(text)
+        except ValueError as exc:
+            raise self.fail(number, f"quota: {exc}") from None
+        if quota <= 0:
+            raise self.fail(number, f"quota {text!r}: a quota must be positive (leave it out for none)")
+        seen = self.quotas.setdefault(tenant, (quota, number))
+        if seen[0] != quota:
+            raise self.fail(
+                number,
+                f"tenant {tenant!r} has quota {format_size(quota)} here and {format_size(seen[0])} on line "
+                f"{seen[1]}",
+            )
+
+    def table(self) -> TokenTable:
+        return TokenTable(self.entries, {t: q for t, (q, _) in self.quotas.items()})
+
+
+def exposure_warning(auth: AuthConfig) -> str | None:
+    """A warning when the token file may be read or written by its group or others, else None."""
+    if not auth.token_file:
+        return None
+    path = Path(auth.token_file).expanduser()
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return None
+    if not mode & 0o066:
+        return None
+    who = " and ".join(n for n, bits in (("its group", 0o060), ("others", 0o006)) if mode & bits)
+    return (
+        f"the token file {path} is open to {who} (mode {mode:04o}): whoever reads it holds its tokens; "
+        f"chmod 600 {path}"
+    )
 
 
 def bearer_token(header: str | bytes | None) -> bytes | None:
-    """The token of an ``authorization: Bearer <token>`` header value."""
+    """The token of an ``authorization: Bearer <token>`` header value; None for any other value (the
+    scheme is matched without regard to case, as HTTP does)."""
     if header is None:
         return None
     raw = header.encode() if isinstance(header, str) else bytes(header)
-    return raw[7:] if raw.startswith(b"Bearer ") else raw
+    scheme, space, token = raw.partition(b" ")
+    return token if space and scheme.lower() == b"bearer" else None
 
 
-__all__ = ["OPEN", "Access", "Principal", "TokenTable", "bearer_token", "load_tokens", "parse_token_lines"]
+__all__ = [
+    "OPEN",
+    "Access",
+    "Principal",
+    "TokenTable",
+    "bearer_token",
+    "check_token",
+    "exposure_warning",
+    "load_tokens",
+    "parse_token_file",
+    "read_token_file",
+]

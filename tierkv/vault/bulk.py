@@ -2,12 +2,13 @@
 plain TCP socket.
 
 Each connection gets a thread that reads a request head and token, authenticates in the same call scope
-as gRPC (so validation, auth, metrics and rejection logging are shared), and only then reads the body:
-an unauthenticated peer never gets a body buffered. Request bodies count against a vault-wide budget of
-in-flight bytes. Reply frames go out with ``sendmsg`` straight from LMDB's map while the socket takes them
-without blocking; once the peer is slow the rest of the frame is copied and the read transaction ends
-(:mod:`tierkv.vault.reply`), so a slow reader never holds LMDB back. A bad request gets an ERROR record
-and the connection is closed; the vault keeps serving.
+as gRPC (so validation, auth, metrics and rejection logging are shared), and only then reads the body: an
+unauthenticated peer never gets a body buffered. The call is admitted (:mod:`.admission`) once its body
+is in, so a peer that stalls mid-request holds no slot another call could run in. Request bodies count
+against a vault-wide budget of in-flight bytes. Reply frames go out with ``sendmsg`` straight from LMDB's
+map while the socket takes them without blocking; once the peer is slow the rest of the frame is copied
+and the read transaction ends (:mod:`tierkv.vault.reply`), so a slow reader never holds LMDB back. A bad
+request gets an ERROR record and the connection is closed; the vault keeps serving.
 
 Connections are capped below the process's file limit. At the cap the longest-idle connection is closed
 to make room (clients retry a dropped pooled connection); when every connection is busy the newcomer gets
@@ -31,7 +32,8 @@ import numpy as np
 
 from tierkv.endpoints import bare_host, join_host_port
 from tierkv.limits import MAX_BULK_REQUEST_BYTES, MiB
-from tierkv.vault.service import LARGE_CALL_BYTES, M, VaultService, parse_message
+from tierkv.vault.memory import InflightBudget
+from tierkv.vault.service import M, VaultService, parse_message
 from tierkv.vault.status import Abort, Status, invalid
 from tierkv.wire import bulk, gather, pb
 from tierkv.wire.framing import Buffer
@@ -98,32 +100,6 @@ class _Conn:
         self.idle_since: float | None = time.monotonic()
 
 
-class _Budget:
-    """Bytes of request bodies held at once, over every connection."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-        self.peak = 0
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> None:
-        with self._lock:
-            if self.held + n > self.limit:
-                raise Abort(Status.RESOURCE_EXHAUSTED, "too many request bytes in flight on the bulk port")
-            self.held += n
-            self.peak = max(self.peak, self.held)
-
-    def give(self, n: int) -> int:
-        """Return ``n`` bytes; the peak since the budget was last idle once it is idle again, else 0."""
-        with self._lock:
-            self.held -= n
-            if self.held:
-                return 0
-            peak, self.peak = self.peak, 0
-            return peak
-
-
 class BulkServer:
     def __init__(
         self, service: VaultService, listener: socket.socket, *, limits: BulkLimits | None = None
@@ -137,7 +113,12 @@ class BulkServer:
         self._connections: dict[socket.socket, _Conn] = {}
         self._busy = 0
         self._stopping = False
-        self._budget = _Budget(self.limits.max_inflight_bytes)
+        self._budget = InflightBudget(
+            self.limits.max_inflight_bytes,
+            what="the bulk port",
+            tenants=len(service.store.tenant_names),
+            on_large=service.calls.memory.large_call_ended,
+        )
         self._acceptor = threading.Thread(target=self._accept, name="tierkv-bulk-accept", daemon=True)
 
     @property
@@ -251,38 +232,43 @@ class BulkServer:
             return False
 
     def _answer_get(self, sock: socket.socket, token: bytes) -> None:
-        with self.service.calls.scope("BatchGet", token) as who:
-            request = self._read_body(sock, pb.BatchGetRequest)
-            reply = self.service.batch_get(who, request)
-            try:
-                for parts in reply.frames():
-                    frame = [bulk.record(bulk.FRAME, sum(len(p) for p in parts)), *parts]
-                    rest = _send_nowait(sock, frame)
-                    if rest:
-                        copy = b"".join(rest)
-                        reply.release()  # the peer is slow: never wait on it inside a read transaction
-                        gather.send_all(sock, [copy])
-            finally:
-                self.service.finish_batch_get(reply)
+        calls, conn = self.service.calls, _connection(sock)
+        with calls.scope("BatchGet", token, conn, admit=False) as who:
+            request = self._read_body(sock, pb.BatchGetRequest, who.tenant)
+            with calls.admission.admit(who.tenant, conn):
+                reply = self.service.batch_get(who, request)
+                try:
+                    for parts in reply.frames():
+                        frame = [bulk.record(bulk.FRAME, sum(len(p) for p in parts)), *parts]
+                        rest = _send_nowait(sock, frame)
+                        if rest:
+                            copy = b"".join(rest)
+                            reply.release()  # the peer is slow: never wait on it inside a read transaction
+                            gather.send_all(sock, [copy])
+                finally:
+                    self.service.finish_batch_get(reply)
 
     def _answer_put(self, sock: socket.socket, token: bytes) -> None:
         """A Put: its frames are read whole (against the in-flight budget) before the store is touched, so a
         slow sender never holds the write lock; the reply is one FRAME with the ``PutReply``."""
-        with self.service.calls.scope("Put", token) as who:
-            body = _PutBody(sock, self._budget, self.service.limits.max_message_bytes)
+        calls, conn = self.service.calls, _connection(sock)
+        with calls.scope("Put", token, conn, admit=False) as who:
+            body = _PutBody(sock, self._budget, who.tenant, self.service.limits.max_message_bytes)
             try:
-                reply = self.service.put(who, body.frames()).SerializeToString()
+                batch = self.service.read_put(body.frames())
+                with calls.admission.admit(who.tenant, conn):
+                    reply = self.service.store_put(who, batch).SerializeToString()
             finally:
-                peak = self._budget.give(body.held)
-                if peak >= LARGE_CALL_BYTES:
-                    self.service.calls.memory.trim_soon()
+                self._budget.give(body.held, who.tenant)
         sock.sendall(bulk.record(bulk.FRAME, len(reply)) + reply)
 
     def _answer_lookup(self, sock: socket.socket, token: bytes) -> None:
         """A PrefixLookup, answered as gRPC answers it; the reply is one FRAME with the reply message."""
-        with self.service.calls.scope("PrefixLookup", token) as who:
-            request = self._read_body(sock, pb.PrefixLookupRequest)
-            reply = self.service.prefix_lookup(who, request).SerializeToString()
+        calls, conn = self.service.calls, _connection(sock)
+        with calls.scope("PrefixLookup", token, conn, admit=False) as who:
+            request = self._read_body(sock, pb.PrefixLookupRequest, who.tenant)
+            with calls.admission.admit(who.tenant, conn):
+                reply = self.service.prefix_lookup(who, request).SerializeToString()
         sock.sendall(bulk.record(bulk.FRAME, len(reply)) + reply)
 
     @staticmethod
@@ -296,7 +282,7 @@ class BulkServer:
             raise invalid("truncated request")
         return op, token
 
-    def _read_body(self, sock: socket.socket, message: type[M]) -> M:
+    def _read_body(self, sock: socket.socket, message: type[M], tenant: str) -> M:
         """The request body, read in chunks against the in-flight budget (after the token was checked)."""
         size_raw = _recv_exact(sock, bulk.LENGTH.size)
         if size_raw is None:
@@ -309,7 +295,7 @@ class BulkServer:
         try:
             while held < size:
                 n = min(_RECV_CHUNK, size - held)
-                self._budget.take(n)
+                self._budget.take(n, tenant)
                 held += n
                 chunk = _recv_exact(sock, n)
                 if chunk is None:
@@ -319,18 +305,19 @@ class BulkServer:
             chunks.clear()
             return parse_message(message, body)
         finally:
-            peak = self._budget.give(held)
-            if peak >= LARGE_CALL_BYTES:
-                self.service.calls.memory.trim_soon()
+            self._budget.give(held, tenant)
 
 
 class _PutBody:
     """The frames of one Put request as they are read; ``held`` bytes of them count against the budget
     until the caller gives them back (after the store has written them)."""
 
-    def __init__(self, sock: socket.socket, budget: _Budget, max_frame_bytes: int) -> None:
+    def __init__(
+        self, sock: socket.socket, budget: InflightBudget, tenant: str, max_frame_bytes: int
+    ) -> None:
         self.sock = sock
         self.budget = budget
+        self.tenant = tenant
         self.max_frame_bytes = max_frame_bytes
         self.held = 0
 
@@ -356,15 +343,20 @@ class _PutBody:
         got = 0
         while got < length:
             n = min(_RECV_CHUNK, length - got)
-            self.budget.take(n)
+            self.budget.take(n, self.tenant)
             self.held += n
             k = self.sock.recv_into(view[got : got + n])
             if k == 0:
                 raise invalid("truncated request")
-            self.budget.give(n - k)
+            self.budget.give(n - k, self.tenant)
             self.held -= n - k
             got += k
         return view
+
+
+def _connection(sock: socket.socket) -> str:
+    """The name admission counts this connection's calls by (unique among open connections)."""
+    return f"bulk {sock.fileno()}"
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:

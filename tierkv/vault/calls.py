@@ -17,8 +17,9 @@ import threading
 import time
 from collections.abc import Iterator
 
-from tierkv._malloc import trim_heap
+from tierkv.vault.admission import Admission, AdmissionLimits
 from tierkv.vault.auth import Principal, TokenTable
+from tierkv.vault.memory import MemoryTrimmer
 from tierkv.vault.metrics import VaultMetrics
 from tierkv.vault.status import Abort, Status
 from tierkv.wire.framing import FrameError, FrameLimitError
@@ -72,52 +73,32 @@ class RejectLog:
         log.info("rejected %d calls in the last %.0f s: %s%s", total, span, detail, more)
 
 
-class MemoryTrimmer:
-    """Gives freed heap back to the kernel shortly after a burst of large requests.
-
-    The malloc tuning keeps freed memory for reuse (fast steady state); without a trim a burst would leave
-    the process at its peak size for good.
-    """
-
-    def __init__(self, delay_s: float = 2.0) -> None:
-        self.delay_s = delay_s
-        self.trims = 0
-        self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
-
-    def trim_soon(self) -> None:
-        with self._lock:
-            if self._timer is None:
-                self._timer = threading.Timer(self.delay_s, self._trim)
-                self._timer.daemon = True
-                self._timer.start()
-
-    def _trim(self) -> None:
-        with self._lock:
-            self._timer = None
-        if trim_heap():
-            self.trims += 1
-
-
 class Calls:
     """Serving state, auth, metrics and rejection log shared by every method on every transport."""
 
-    def __init__(self, metrics: VaultMetrics, tokens: TokenTable) -> None:
+    def __init__(self, metrics: VaultMetrics, tokens: TokenTable, admission: Admission | None = None) -> None:
         self.metrics = metrics
         self.tokens = tokens
+        self.admission = admission or Admission(AdmissionLimits())
         self.draining = threading.Event()
         self.rejects = RejectLog()
         self.memory = MemoryTrimmer()
 
     @contextlib.contextmanager
-    def scope(self, method: str, token: bytes | None) -> Iterator[Principal]:
-        """Run one call; yields the caller. Whatever ends it is counted; only :class:`Abort` escapes."""
+    def scope(
+        self, method: str, token: bytes | None, connection: str, *, admit: bool = True
+    ) -> Iterator[Principal]:
+        """Run one call from ``connection`` (a name for the peer's connection); yields the caller once
+        admitted (:mod:`.admission`; ``admit=False``: the caller admits itself once it has read the
+        request, see :mod:`.bulk`). Whatever ends it is counted; only :class:`Abort` escapes."""
         start = time.perf_counter()
         status = Status.OK
         try:
             if self.draining.is_set():
                 raise Abort(Status.UNAVAILABLE, "vault is shutting down")
-            yield self.tokens.principal(token)
+            who = self.tokens.principal(token)
+            with self.admission.admit(who.tenant, connection) if admit else contextlib.nullcontext():
+                yield who
         except Abort as exc:
             status = exc.status
             self._reject(method, exc)

@@ -14,6 +14,7 @@ import grpc
 from google.protobuf.message import Message
 
 from tierkv.vault.auth import Principal, bearer_token
+from tierkv.vault.memory import InflightBudget
 from tierkv.vault.service import VaultService, parse_canonical, parse_message
 from tierkv.vault.status import Abort, Status
 from tierkv.wire import SERVICE, pb
@@ -22,7 +23,8 @@ M = TypeVar("M", bound=Message)
 GRPC_CODES = {status: getattr(grpc.StatusCode, status.name) for status in Status}
 
 
-def handler(service: VaultService) -> grpc.GenericRpcHandler[Any, Any]:
+def handler(service: VaultService, budget: InflightBudget) -> grpc.GenericRpcHandler[Any, Any]:
+    """The Vault methods; Put frames count against ``budget`` until the store has written them."""
     ident: Callable[[Any], Any] = _identity
     unary = {
         "PrefixLookup": _unary(service, "PrefixLookup", pb.PrefixLookupRequest, service.prefix_lookup),
@@ -37,7 +39,7 @@ def handler(service: VaultService) -> grpc.GenericRpcHandler[Any, Any]:
         "Hottest": _unary(service, "Hottest", pb.HottestRequest, service.hottest),
     }
     methods: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-        "Put": grpc.stream_unary_rpc_method_handler(_put(service), ident, ident),
+        "Put": grpc.stream_unary_rpc_method_handler(_put(service, budget), ident, ident),
         "BatchGet": grpc.unary_stream_rpc_method_handler(_batch_get(service), ident, ident),
         **{name: grpc.unary_unary_rpc_method_handler(fn, ident, ident) for name, fn in unary.items()},
     }
@@ -61,7 +63,7 @@ def _unary(
 ) -> Callable[[bytes, grpc.ServicerContext], bytes]:
     def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
-            with service.calls.scope(name, _token(context)) as who:
+            with service.calls.scope(name, _token(context), context.peer()) as who:
                 return fn(who, parse(request_type, request)).SerializeToString()
         except Abort as exc:
             _abort(context, exc)
@@ -69,21 +71,49 @@ def _unary(
     return handle
 
 
-def _put(service: VaultService) -> Callable[[Iterator[bytes], grpc.ServicerContext], bytes]:
+def _put(
+    service: VaultService, budget: InflightBudget
+) -> Callable[[Iterator[bytes], grpc.ServicerContext], bytes]:
     def handle(frames: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         try:
-            with service.calls.scope("Put", _token(context)) as who:
-                return service.put(who, frames).SerializeToString()
+            with service.calls.scope("Put", _token(context), context.peer()) as who:
+                held = _Held(budget, who.tenant)
+                try:
+                    return service.put(who, held.frames(frames)).SerializeToString()
+                finally:
+                    held.release()
         except Abort as exc:
             _abort(context, exc)
 
     return handle
 
 
+class _Held:
+    """The bytes of one Put's frames, held against the budget as gRPC hands them over (it has received each
+    whole by then: the budget stops a stalled or endless sender at one frame past it)."""
+
+    def __init__(self, budget: InflightBudget, tenant: str) -> None:
+        self.budget = budget
+        self.tenant = tenant
+        self.held = 0
+
+    def frames(self, frames: Iterator[bytes]) -> Iterator[bytes]:
+        for frame in frames:
+            self.budget.take(len(frame), self.tenant)
+            self.held += len(frame)
+            yield frame
+
+    def release(self) -> None:
+        """Give every byte back."""
+        held, self.held = self.held, 0
+        if held:
+            self.budget.give(held, self.tenant)
+
+
 def _batch_get(service: VaultService) -> Callable[[bytes, grpc.ServicerContext], Iterator[bytes]]:
     def handle(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         try:
-            with service.calls.scope("BatchGet", _token(context)) as who:
+            with service.calls.scope("BatchGet", _token(context), context.peer()) as who:
                 reply = service.batch_get(who, parse_message(pb.BatchGetRequest, request))
                 try:
                     for parts in reply.frames():

@@ -14,8 +14,10 @@ walks only what it holds).
 
 The work is bounded: at most :data:`MAX_SCAN` index records read (in short read transactions, see
 :meth:`Store.chain_entries <tierkv.vault.store.Store.chain_entries>`), at most :data:`MAX_LIMIT` chains of
-at most :data:`MAX_DEPTH` blocks, and at most :data:`MAX_REPLY_TOKEN_BYTES` of token ids per reply (chains
-past it are left out, hottest kept).
+at most :data:`MAX_DEPTH` blocks, at most :data:`MAX_WALK` blocks walked per call over all chains, and at
+most :data:`~tierkv.limits.MAX_HOTTEST_REPLY_BYTES` of keys and token ids per reply. Chains past a bound
+are left out (the hottest are kept) and the reply says it was truncated; a chain of any length that fits
+is answered whole, token ids and all (a long prompt's warm start).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
+from tierkv.limits import MAX_HOTTEST_REPLY_BYTES
 from tierkv.vault.store import DEFAULT_TENANT, ChainEntry, Store
 
 DEFAULT_LIMIT = 32
@@ -30,8 +33,10 @@ MAX_LIMIT = 1024
 MAX_SCAN = 200_000
 """Index records read per call: a namespace larger than this is judged by its first ``MAX_SCAN`` keys."""
 MAX_DEPTH = 16_384
-MAX_REPLY_TOKEN_BYTES = 16 * 1024 * 1024
-"""Token ids in one reply (a quarter of the gRPC message limit)."""
+MAX_WALK = 1 << 20
+"""Blocks walked per call, over all chains (a deep chain reported 1,024 times is walked once per chain)."""
+KEY_OVERHEAD = 4
+"""Bytes a key costs in a reply on top of its own (protobuf tag and length)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +60,14 @@ def chain_ends(entries: Iterable[ChainEntry]) -> list[ChainEntry]:
     return ends
 
 
-def walk(end: ChainEntry, by_key: dict[bytes, ChainEntry]) -> tuple[list[ChainEntry], bool]:
-    """The chain from its root to ``end``, and whether it reached a root (a block without a parent)."""
+def walk(
+    end: ChainEntry, by_key: dict[bytes, ChainEntry], max_blocks: int = MAX_DEPTH
+) -> tuple[list[ChainEntry], bool]:
+    """The chain from its root to ``end`` (at most ``max_blocks`` of it), and whether it reached a root (a
+    block without a parent)."""
     chain = [end]
     seen = {end.key}
-    while chain[-1].parent and len(chain) < MAX_DEPTH:
+    while chain[-1].parent and len(chain) < min(max_blocks, MAX_DEPTH):
         parent = by_key.get(chain[-1].parent)
         if parent is None or parent.key in seen:
             break
@@ -69,27 +77,48 @@ def walk(end: ChainEntry, by_key: dict[bytes, ChainEntry]) -> tuple[list[ChainEn
     return chain, not chain[0].parent
 
 
+@dataclasses.dataclass
+class Hottest:
+    """The chains of one reply, and whether bounds left some out."""
+
+    chains: list[HotChain] = dataclasses.field(default_factory=list)
+    truncated: bool = False
+
+
 def hottest(
     store: Store, namespace: bytes, *, tenant: str = DEFAULT_TENANT, limit: int = DEFAULT_LIMIT
-) -> list[HotChain]:
+) -> Hottest:
     """The ``limit`` hottest chains of ``namespace`` (0: :data:`DEFAULT_LIMIT`; capped at
-    :data:`MAX_LIMIT`), hottest first."""
+    :data:`MAX_LIMIT`), hottest first, within the bounds of the module docstring."""
     limit = min(limit or DEFAULT_LIMIT, MAX_LIMIT)
     entries = store.chain_entries(namespace, tenant=tenant, limit=MAX_SCAN)
     by_key = {e.key: e for e in entries}
-    out: list[HotChain] = []
-    budget = MAX_REPLY_TOKEN_BYTES
+    out = Hottest()
+    reply_bytes, walk_left = MAX_HOTTEST_REPLY_BYTES, MAX_WALK
     read: dict[bytes, bytes] = {}
     for end in chain_ends(entries):
-        if len(out) >= limit:
+        if len(out.chains) >= limit:
             break
-        chain, rooted = walk(end, by_key)
+        if walk_left <= 0:
+            out.truncated = True
+            break
+        chain, rooted = walk(end, by_key, walk_left)
+        walk_left -= len(chain)
+        if walk_left <= 0 and not rooted:
+            out.truncated = True  # the walk ran out before this chain's root
+            break
         keys = [e.key for e in chain]
-        tokens = _tokens(store, namespace, keys, tenant, read) if rooted else b""
-        if len(tokens) > budget:
+        size = sum(len(k) + KEY_OVERHEAD for k in keys)
+        if size > reply_bytes:
+            out.truncated = True
             break
-        budget -= len(tokens)
-        out.append(HotChain(tuple(keys), end.hits, chain[0].source, tokens))
+        tokens = _tokens(store, namespace, keys, tenant, read) if rooted else b""
+        size += len(tokens)
+        if size > reply_bytes:
+            out.truncated = True
+            break
+        reply_bytes -= size
+        out.chains.append(HotChain(tuple(keys), end.hits, chain[0].source, tokens))
     return out
 
 
@@ -107,4 +136,14 @@ def _tokens(
     return b"".join(parts) if all(parts) else b""
 
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "MAX_SCAN", "HotChain", "chain_ends", "hottest", "walk"]
+__all__ = [
+    "DEFAULT_LIMIT",
+    "MAX_LIMIT",
+    "MAX_SCAN",
+    "MAX_WALK",
+    "HotChain",
+    "Hottest",
+    "chain_ends",
+    "hottest",
+    "walk",
+]

@@ -32,17 +32,20 @@ from tierkv._malloc import tune_malloc
 from tierkv.config import Config
 from tierkv.endpoints import join_host_port
 from tierkv.errors import ConfigError
+from tierkv.logs import console_shows
 from tierkv.roles import Role
 from tierkv.vault import grpc_edge
-from tierkv.vault.auth import load_tokens
+from tierkv.vault.admission import Admission, AdmissionLimits, grpc_threads
+from tierkv.vault.auth import exposure_warning, load_tokens
 from tierkv.vault.bulk import BulkLimits, BulkServer, bind_listener
 from tierkv.vault.calls import Calls
+from tierkv.vault.memory import InflightBudget
 from tierkv.vault.metrics import VaultMetrics
 from tierkv.vault.notify import sd_notify
 from tierkv.vault.policy import make_policy
 from tierkv.vault.service import Limits, VaultService
 from tierkv.vault.store import Store
-from tierkv.vault.successors import SuccessorLearner
+from tierkv.vault.successors import TenantLearners
 from tierkv.wire import SERVICE
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,9 @@ class VaultServer:
         vc = config.vault
         tune_malloc()
         self.tokens = load_tokens(config.auth, config.source)
+        exposed = exposure_warning(config.auth)
+        if exposed:
+            log.warning("%s", exposed)
         self.store = Store(
             vc.resolved_path(),
             vc.max_bytes,
@@ -86,7 +92,10 @@ class VaultServer:
             tenants=self.store.tenant_usage,
             classes=self.store.class_usage,
         )
-        self.calls = Calls(self.metrics, self.tokens)
+        self.admission = AdmissionLimits.for_workers(vc.workers)
+        self.calls = Calls(
+            self.metrics, self.tokens, Admission(self.admission, tenants=len(self.store.tenant_names))
+        )
         try:
             self._bulk_listener = self._bind_bulk()
             self.service = VaultService(
@@ -100,22 +109,32 @@ class VaultServer:
                     max_batch_bytes=vc.max_batch_bytes,
                     max_message_bytes=vc.max_message_bytes,
                 ),
-                successors=SuccessorLearner(window_s=vc.coaccess_window_s),
+                successors=TenantLearners(self.store.tenant_names, window_s=vc.coaccess_window_s),
             )
         except BaseException:
             self.store.close()
             raise
         self.health = health.HealthServicer()
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=vc.workers, thread_name_prefix="tierkv-rpc"),
+            # no maximum_concurrent_rpcs: gRPC would refuse health checks at it too; admission bounds the
+            # vault's calls instead and the pool keeps threads for health (see tierkv.vault.admission)
+            futures.ThreadPoolExecutor(
+                max_workers=grpc_threads(self.admission), thread_name_prefix="tierkv-rpc"
+            ),
             options=[
                 ("grpc.so_reuseport", 0),
+                ("grpc.http2.bdp_probe", int(vc.grpc_bdp_probe)),
                 ("grpc.max_receive_message_length", vc.max_message_bytes),
                 ("grpc.max_send_message_length", vc.max_message_bytes),
             ],
-            maximum_concurrent_rpcs=vc.workers * 4,
         )
-        self._server.add_generic_rpc_handlers((grpc_edge.handler(self.service),))
+        grpc_budget = InflightBudget(
+            vc.grpc_max_inflight_bytes,
+            what="gRPC",
+            tenants=len(self.store.tenant_names),
+            on_large=self.calls.memory.large_call_ended,
+        )
+        self._server.add_generic_rpc_handlers((grpc_edge.handler(self.service, grpc_budget),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.port = 0
         self.bulk: BulkServer | None = None
@@ -166,10 +185,13 @@ class VaultServer:
             )
             self.bulk.start()
         self._server.start()
+        self.calls.memory.start()
         for name in ("", SERVICE):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if vc.metrics_port:
             self.metrics.serve_http(vc.metrics_host or vc.host, vc.metrics_port)
+        if not self.authenticated:
+            log.warning("%s", self.tokens.describe())
         log.info("%s", self.startup_line())
         return port
 
@@ -221,6 +243,7 @@ class VaultServer:
         elif self._bulk_listener is not None:
             self._bulk_listener.close()
         self.calls.rejects.flush()
+        self.calls.memory.stop()
         self.store.close()
         log.info("vault stopped")
 
@@ -240,7 +263,10 @@ class VaultServer:
                 tmp.write_text(f"{port}\n")
                 tmp.replace(ready_file)
             sd_notify("READY=1")
-            print(self.startup_line(), flush=True)
+            # start() logged the line; a terminal that shows INFO logs needs no second copy (JSON logs
+            # keep the bare JSON object on stdout, for whatever parses it)
+            if self.config.log.json or not console_shows(logging.INFO):
+                print(self.startup_line(), flush=True)
             wait_for_signal(done)
         finally:
             self.stop()

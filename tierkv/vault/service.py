@@ -24,7 +24,6 @@ from tierkv.limits import (
     MAX_ITEM_BYTES,
     MAX_KEYS_PER_CALL,
     MAX_MESSAGE_BYTES,
-    MiB,
     check_key,
     check_namespace,
 )
@@ -32,6 +31,7 @@ from tierkv.retention.classes import BlockMeta
 from tierkv.vault.auth import Principal
 from tierkv.vault.calls import Calls
 from tierkv.vault.hottest import hottest
+from tierkv.vault.memory import LARGE_CALL_BYTES
 from tierkv.vault.reply import BatchGetReply
 from tierkv.vault.status import Abort, Status, invalid
 from tierkv.vault.store import Lookup, Store, StoreFullError, split_full_key
@@ -39,14 +39,12 @@ from tierkv.vault.successors import (
     DEFAULT_SUGGEST_BYTES,
     DEFAULT_SUGGEST_KEYS,
     MAX_SUGGEST_KEYS,
-    SuccessorLearner,
+    TenantLearners,
 )
 from tierkv.wire import FrameDecoder, FrameError, pb
 from tierkv.wire.framing import Buffer
 
 M = TypeVar("M", bound=Message)
-LARGE_CALL_BYTES = 16 * MiB
-"""A call this large is followed by a heap trim once the burst is over."""
 MAX_LISTED_NAMESPACES = 10_000
 """The most namespaces one ListNamespaces reply names (about 4 MB of reply)."""
 _ITEM_STATUS = {Lookup.FOUND: pb.FOUND, Lookup.MISSING: pb.MISSING, Lookup.CORRUPT: pb.CORRUPT}
@@ -61,6 +59,16 @@ class Limits:
     """The largest frame a Put may send (gRPC enforces it on its own messages, the bulk port here)."""
 
 
+@dataclasses.dataclass
+class PutBatch:
+    """A Put's decoded blobs: (key, blob, priority) and metadata, by position."""
+
+    namespace: bytes = b""
+    items: list[tuple[bytes, bytes | bytearray | memoryview, int]] = dataclasses.field(default_factory=list)
+    metas: list[BlockMeta | None] = dataclasses.field(default_factory=list)
+    nbytes: int = 0
+
+
 class VaultService:
     """The methods of one vault over one store. ``bulk_port`` is what Stats advertises (0: none)."""
 
@@ -72,10 +80,10 @@ class VaultService:
         limits: Limits,
         calls: Calls,
         bulk_port: int = 0,
-        successors: SuccessorLearner | None = None,
+        successors: TenantLearners | None = None,
     ) -> None:
         self.store = store
-        self.learner = successors or SuccessorLearner()
+        self.learner = successors or TenantLearners(store.tenant_names)
         store.on_drop = self._forget
         self.role = role
         self.limits = limits
@@ -90,18 +98,21 @@ class VaultService:
     # -- methods -----------------------------------------------------------------------------------
 
     def put(self, who: Principal, frames: Iterable[Buffer]) -> pb.PutReply:
+        return self.store_put(who, self.read_put(frames))
+
+    def read_put(self, frames: Iterable[Buffer]) -> PutBatch:
+        """A Put's blobs, decoded and validated as its frames arrive; nothing is stored yet."""
         decoder = FrameDecoder(
             max_item_bytes=self.limits.max_item_bytes, max_total_bytes=self.limits.max_batch_bytes
         )
-        items: list[tuple[bytes, bytes | bytearray | memoryview, int]] = []
-        metas: list[BlockMeta | None] = []
+        batch = PutBatch()
         try:
             for frame in frames:
                 for blob in decoder.feed(frame):
                     if blob.data is None:
                         raise FrameError("a Put segment must carry a blob")
-                    items.append((blob.key, blob.data, blob.priority))
-                    metas.append(blob.meta)
+                    batch.items.append((blob.key, blob.data, blob.priority))
+                    batch.metas.append(blob.meta)
             decoder.close()
         except (
             IndexError,
@@ -109,24 +120,31 @@ class VaultService:
             OverflowError,
         ) as exc:  # a parser slip on hostile input: still its fault
             raise invalid(f"malformed frame: {type(exc).__name__}") from exc
+        batch.namespace = decoder.namespace or b""
+        batch.nbytes = decoder.total_bytes
+        return batch
+
+    def store_put(self, who: Principal, batch: PutBatch) -> pb.PutReply:
+        """Write what :meth:`read_put` decoded, in the caller's tenant."""
+        items, metas = batch.items, batch.metas
         if not items:
             return pb.PutReply()
         try:
             tagged = any(m is not None for m in metas)
             outcome = self.store.put_many(
-                decoder.namespace or b"", items, tenant=who.tenant, metas=metas if tagged else None
+                batch.namespace, items, tenant=who.tenant, metas=metas if tagged else None
             )
         except StoreFullError as exc:
             raise Abort(Status.RESOURCE_EXHAUSTED, str(exc)) from exc
         skip = set(outcome.rejected)
         self.learner.stored(
             who.tenant,
-            decoder.namespace or b"",
+            batch.namespace,
             ((key, len(data), metas[i]) for i, (key, data, _) in enumerate(items) if i not in skip),
         )
-        nbytes = decoder.total_bytes
+        nbytes = batch.nbytes
         if nbytes >= LARGE_CALL_BYTES:
-            self.calls.memory.trim_soon()
+            self.calls.memory.large_call_ended()
         self._count_io(bytes_in=nbytes)
         self.metrics.batch_bytes.labels("Put").observe(nbytes)
         return pb.PutReply(
@@ -260,8 +278,9 @@ class VaultService:
         """A namespace's most-hit chains with their token ids (:mod:`tierkv.vault.hottest`); not a read."""
         _check_keys(request.namespace, [])
         tenant = self._tenant(who, request.tenant)
-        reply = pb.HottestReply()
-        for c in hottest(self.store, request.namespace, tenant=tenant, limit=request.limit):
+        found = hottest(self.store, request.namespace, tenant=tenant, limit=request.limit)
+        reply = pb.HottestReply(truncated=found.truncated)
+        for c in found.chains:
             reply.chains.add(keys=c.keys, hits=c.hits, source=c.source, tokens=c.tokens)
         return reply
 

@@ -8,8 +8,10 @@ Two sources of evidence, both per tenant and namespace:
 - co-access: chains one tenant fetches within ``window_s`` of each other are linked, weighted by how often
   (an agent that reads its rules, then its tool results, then its memories does so every turn).
 
-Everything lives in one bounded table (entries and approximate bytes, least recently touched dropped
-first), under one lock, with O(keys) work per call and no disk read, so recording never slows a read and
+Each tenant's evidence lives in a bounded table of its own (:class:`TenantLearners`: entries and
+approximate bytes, least recently touched dropped first, a share of the vault's bounds each), under a lock
+of its own, with O(keys) work per call (at most :data:`MAX_CHILDREN` children per block and
+:data:`MAX_SUGGEST_WORK` children looked at per answer) and no disk read, so recording never slows a read and
 answering never opens a transaction. Only keys the vault still stores are suggested: the store reports
 every entry it drops (:meth:`SuccessorLearner.forget`), and expired ones are skipped. A fetch of exactly
 what was just suggested is taken for a prefetch and teaches nothing (else every suggestion would confirm
@@ -42,6 +44,11 @@ MAX_EDGES: Final = 16
 """Co-access links kept per chain (the weakest go first)."""
 MAX_RECENT: Final = 8
 """Chains per tenant that a new fetch is linked with (those fetched within the window)."""
+MAX_CHILDREN: Final = 1024
+"""Children remembered per block. A block continued more ways than this is a shared prefix whose
+continuations are one-offs: the ones past it are not linked, so no call walks 50,000 siblings."""
+MAX_SUGGEST_WORK: Final = 65_536
+"""Children one Successors call looks at, at most (it answers with what it found by then)."""
 NODE_BYTES: Final = 200
 """Approximate fixed cost of one entry in the table, in bytes, on top of its keys."""
 Clock = Callable[[], float]
@@ -160,9 +167,10 @@ class SuccessorLearner:
             self._bytes += node.cost(key) - before
         if parent:
             up = self._touch((tenant, namespace, parent))
-            cost = up.cost(parent)
-            up.children.add(key)
-            self._bytes += up.cost(parent) - cost
+            if len(up.children) < MAX_CHILDREN:
+                cost = up.cost(parent)
+                up.children.add(key)
+                self._bytes += up.cost(parent) - cost
 
     def fetched(self, tenant: str, namespace: bytes, keys: Sequence[bytes]) -> None:
         """A BatchGet of ``keys`` (a chain, in order): count hits, link it with the tenant's recent chains."""
@@ -286,11 +294,12 @@ class SuccessorLearner:
         """Down the most-hit path from ``last``: every step scored by its share of its siblings' hits (times
         the step before), so deeper blocks rank lower and a sure path ranks near 1."""
         out: list[Suggestion] = []
-        key, p, seen = last, 1.0, {last}
-        while True:
+        key, p, seen, work = last, 1.0, {last}, 0
+        while work < MAX_SUGGEST_WORK:
             node = self._nodes.get((tenant, namespace, key))
             if node is None or not node.children:
                 return out
+            work += len(node.children)
             kids = [
                 (c, n)
                 for c in node.children
@@ -307,6 +316,7 @@ class SuccessorLearner:
             seen.add(key)
             if len(out) >= MAX_SUGGEST_KEYS:
                 return out
+        return out
 
     def _coaccessed(
         self, tenant: str, namespace: bytes, keys: Sequence[bytes], wall: float
@@ -367,4 +377,76 @@ class SuccessorLearner:
             self.dropped_entries += 1
 
 
-__all__ = ["DEFAULT_WINDOW_S", "SuccessorLearner", "Suggestion"]
+class TenantLearners:
+    """A :class:`SuccessorLearner` per tenant, each with its own lock and an equal share of the bounds, so
+    one tenant's shape (a block with thousands of children) or call rate never holds up another's Puts
+    and reads, and the whole stays within ``max_entries`` and ``max_bytes``."""
+
+    def __init__(
+        self,
+        tenants: Sequence[str],
+        *,
+        window_s: float = DEFAULT_WINDOW_S,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        clock: Clock = time.monotonic,
+        wall: Clock = time.time,
+    ) -> None:
+        share = max(1, len(tenants))
+        self._learners = {
+            t: SuccessorLearner(
+                window_s=window_s,
+                max_entries=max(1, max_entries // share),
+                max_bytes=max(NODE_BYTES, max_bytes // share),
+                clock=clock,
+                wall=wall,
+            )
+            for t in tenants
+        }
+
+    def of(self, tenant: str) -> SuccessorLearner:
+        """The tenant's learner (tenants come from the token table, fixed while the vault runs)."""
+        return self._learners[tenant]
+
+    @property
+    def entries(self) -> int:
+        return sum(learner.entries for learner in self._learners.values())
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(learner.used_bytes for learner in self._learners.values())
+
+    def stored(
+        self, tenant: str, namespace: bytes, items: Iterable[tuple[bytes, int, BlockMeta | None]]
+    ) -> None:
+        self.of(tenant).stored(tenant, namespace, items)
+
+    def fetched(self, tenant: str, namespace: bytes, keys: Sequence[bytes]) -> None:
+        self.of(tenant).fetched(tenant, namespace, keys)
+
+    def forget(self, dropped: Iterable[tuple[str, bytes, bytes]]) -> None:
+        by_tenant: dict[str, list[NodeId]] = collections.defaultdict(list)
+        for nid in dropped:
+            by_tenant[nid[0]].append(nid)
+        for tenant, nids in by_tenant.items():
+            if tenant in self._learners:
+                self._learners[tenant].forget(nids)
+
+    def forget_tenant(self, tenant: str | None, namespace: bytes | None = None) -> None:
+        for name, learner in self._learners.items():
+            if tenant is None or name == tenant:
+                learner.forget_tenant(name, namespace)
+
+    def successors(
+        self,
+        tenant: str,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        *,
+        max_bytes: int = DEFAULT_SUGGEST_BYTES,
+        max_keys: int = DEFAULT_SUGGEST_KEYS,
+    ) -> list[Suggestion]:
+        return self.of(tenant).successors(tenant, namespace, keys, max_bytes=max_bytes, max_keys=max_keys)
+
+
+__all__ = ["DEFAULT_WINDOW_S", "SuccessorLearner", "Suggestion", "TenantLearners"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import struct
 
-from tierkv.limits import MAX_BULK_REQUEST_BYTES, MAX_MESSAGE_BYTES
+from tierkv.limits import MAX_AUTH_TOKEN_BYTES, MAX_BULK_REQUEST_BYTES, MAX_MESSAGE_BYTES
 from tierkv.wire.framing import Buffer, FrameError
 
 MAGIC = b"TKVB"
@@ -43,7 +43,7 @@ FRAME, END, ERROR = 1, 2, 3
 REQUEST_HEAD = struct.Struct("<4sBBI")
 LENGTH = struct.Struct("<I")
 RECORD = struct.Struct("<BI")
-MAX_TOKEN_BYTES = 4096
+MAX_TOKEN_BYTES = MAX_AUTH_TOKEN_BYTES
 MAX_REQUEST_BYTES = MAX_BULK_REQUEST_BYTES
 MAX_ERROR_BYTES = 64 * 1024
 _RECORD_LIMITS = {FRAME: MAX_MESSAGE_BYTES, END: 0, ERROR: MAX_ERROR_BYTES}

@@ -96,3 +96,69 @@ def test_env_switch_turns_the_hook_off(site: Path, monkeypatch: pytest.MonkeyPat
     assert _cli("install", "--site-dir", str(site))[0] == 0
     monkeypatch.setenv("TIERKV_EXO", "off")
     assert _import_exo(site).stdout.split() == ["KVPrefixCache", "False"]
+
+
+# -- hostile and careless targets: one line, exit 2, nothing written through a link ---------------------
+
+
+def _fake_python(tmp_path: Path, answer: str) -> Path:
+    """An "interpreter" that answers the probe with ``answer`` whatever it is asked."""
+    exe = tmp_path / "fake-python"
+    exe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{answer}\nEOF\n")
+    exe.chmod(0o755)
+    return exe
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        ('{"python": "x", "tierkv": ""}', "no site-packages directory (purelib: None)"),
+        ('{"purelib": 5, "tierkv": ""}', "no site-packages directory (purelib: 5)"),
+        ('{"purelib": "", "tierkv": ""}', "no site-packages directory (purelib: '')"),
+        ('{"purelib": "/no/such/site-packages", "tierkv": ""}', "is not an existing directory"),
+        ('["purelib", "/tmp"]', "answered the probe with list"),
+        ("not json at all", "did not answer the probe"),
+    ],
+    ids=["no purelib", "wrong type", "empty", "missing directory", "a list", "no json"],
+)
+def test_a_bad_site_answer_is_one_line_and_exit_2(tmp_path: Path, answer: str, words: str) -> None:
+    exe = _fake_python(tmp_path, answer)
+    for action in ("install", "status", "uninstall"):
+        code, out = _cli(action, "--python", str(exe))
+        assert code == 2 and words in out and "Traceback" not in out, (action, out)
+        assert len(out.strip().splitlines()) == 1, out
+
+
+def test_an_empty_python_is_an_error(site: Path) -> None:
+    for action in ("install", "status", "uninstall"):
+        code, out = _cli(action, "--python", "", "--site-dir", str(site))
+        assert code == 2 and "--python is empty" in out, out
+    assert not (site / PTH_NAME).exists()
+
+
+@pytest.mark.parametrize("dangling", [True, False], ids=["dangling", "to a file"])
+def test_a_link_in_the_way_is_never_written_through(site: Path, tmp_path: Path, dangling: bool) -> None:
+    target = tmp_path / "elsewhere" / "victim"
+    target.parent.mkdir()
+    if not dangling:
+        target.write_text("precious\n")
+    (site / PTH_NAME).symlink_to(target)
+    code, out = _cli("install", "--site-dir", str(site))
+    assert code == 2 and "symbolic link" in out, out
+    assert (site / PTH_NAME).is_symlink()
+    assert (not target.exists()) if dangling else target.read_text() == "precious\n"
+    code, out = _cli("uninstall", "--site-dir", str(site))
+    assert code == 2 and "symbolic link" in out and (site / PTH_NAME).is_symlink(), out
+    assert "hook: not installed" in _cli("status", "--site-dir", str(site))[1]
+
+
+def test_install_leaves_no_temporary_file_and_a_readable_pth(site: Path) -> None:
+    assert _cli("install", "--site-dir", str(site))[0] == 0
+    assert _cli("install", "--site-dir", str(site))[0] == 0, "installing twice rewrites our own file"
+    assert [p.name for p in site.iterdir() if p.name.startswith(".tierkv")] == []
+    assert (site / PTH_NAME).stat().st_mode & 0o777 == 0o644
+
+
+def test_a_missing_site_dir_is_one_line(tmp_path: Path) -> None:
+    code, out = _cli("install", "--site-dir", str(tmp_path / "absent"))
+    assert code == 2 and "is not an existing directory" in out and "Traceback" not in out, out

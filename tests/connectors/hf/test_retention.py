@@ -17,6 +17,7 @@ from tierkv.client.vault import VaultClient
 from tierkv.connectors.hf import TieredSession
 from tierkv.connectors.hf.hot import as_tokens
 from tierkv.connectors.hf.payload import merge_meta
+from tierkv.records import PutResult
 from tierkv.retention import GENERATION, UNTAGGED, BlockMeta, Chunk, LayoutError, Retention, RetentionClass
 from tierkv.roles import Role
 from tierkv.tiering import MemoryStorage
@@ -36,7 +37,9 @@ class Recording(MemoryStorage):
         super().__init__()
         self.put_kwargs: list[dict[str, object]] = []
 
-    def put(self, namespace: bytes, items: Mapping[bytes, bytes], role: str = Role.KV_COLD, **kw: Any) -> int:
+    def put(
+        self, namespace: bytes, items: Mapping[bytes, bytes], role: str = Role.KV_COLD, **kw: Any
+    ) -> PutResult:
         self.put_kwargs.append(dict(kw))
         return super().put(namespace, items, role, **kw)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -121,3 +123,14 @@ def test_namespace_separates_weights_and_codecs() -> None:
     d = TieredSession(tiny_model("llama", seed=0), None)
     assert len({a.namespace, b.namespace, c.namespace}) == 3
     assert a.namespace == d.namespace
+
+
+def test_generation_passes_the_cache_by_the_name_transformers_takes() -> None:
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns, then goes in 5.40)."""
+    model = tiny_model("llama")
+    session = TieredSession(model, None, block_size=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        session.generate(prompt(45), max_new_tokens=2)
+        session.generate(prompt(45), max_new_tokens=2)
+    assert session.last_stats.source == "hot"

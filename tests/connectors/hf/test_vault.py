@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -25,6 +29,7 @@ from tierkv.connectors.hf.hot import TokenArray, as_tokens
 from tierkv.vault.launcher import VaultProcess
 
 NEW = 16
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -73,7 +78,7 @@ def _flip_bits(
     blob = bytearray(cluster.get(namespace, [key], role=role)[0] or b"")
     assert blob, "the blob to corrupt is not stored"
     blob[len(blob) // 2 if at is None else at] ^= mask
-    assert cluster.put(namespace, {key: bytes(blob)}, role=role) == 1
+    assert cluster.put(namespace, {key: bytes(blob)}, role=role).stored == 1
 
 
 def _check_cold_restore(family: str, cluster: Cluster) -> None:
@@ -251,3 +256,47 @@ def test_hybrid_hit_needs_both_kv_and_state(
     reader = _session(model, cluster)
     assert torch.equal(reader.generate(ids, max_new_tokens=NEW), ref)
     assert reader.last_stats.source == "none" and reader.last_stats.computed_tokens == 50
+
+
+FIRST_PROCESS = """
+import sys
+from tests.connectors.hf.models import prompt, tiny_model
+from tierkv.config import Config
+from tierkv.connectors.hf import TieredSession
+from tierkv.tiering import open_cluster
+
+vaults = open_cluster(Config(), roles={"kv_cold": [sys.argv[1]]})
+with TieredSession(tiny_model("llama"), vaults, block_size=16) as session:
+    out = session.generate(prompt(45), max_new_tokens=16)
+print(out[0].tolist())
+"""
+
+
+def test_a_closed_session_is_restored_by_the_next_process(vault_factory: VaultFactory) -> None:
+    """Leaving ``with TieredSession(...)`` persists the hot tier: a fresh process restores from the vault."""
+    vault = vault_factory("kv", role="kv_cold")
+    first = subprocess.run(
+        [sys.executable, "-c", FIRST_PROCESS, vault.address],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    written = json.loads(first.stdout.strip().splitlines()[-1])
+    c = Cluster({"kv_cold": [vault.address]}, timeout=2.0)
+    try:
+        with TieredSession(tiny_model("llama"), c, block_size=16) as again:
+            out = again.generate(prompt(45), max_new_tokens=16)
+            stats = again.last_stats
+    finally:
+        c.close()
+    assert stats.source == "cold" and stats.restored_tokens == 32 and stats.cold_hits == 32
+    assert out[0].tolist() == written
+
+
+def test_close_without_persist_leaves_the_vaults_alone(cluster: Cluster) -> None:
+    s = _session(tiny_model("llama"), cluster)
+    s.generate(prompt(45), max_new_tokens=4)
+    s.close(persist=False)
+    assert s.stored_blobs == 0 and len(s.hot) == 1

@@ -113,7 +113,7 @@ def test_corrupt_blob_in_a_vault_is_recomputed_and_deleted(
     blob = bytearray(cluster.get(ns, [key], role=role)[0] or b"")
     assert blob, "the blob to corrupt is not stored"
     blob[len(blob) // 2] ^= 0x10
-    assert cluster.put(ns, {key: bytes(blob)}, role=role) == 1
+    assert cluster.put(ns, {key: bytes(blob)}, role=role).stored == 1
     restored, rejected, out = _restore(model, cluster, ids)
     assert rejected == 1 and restored < 64
     assert out.same_as(ref)

@@ -28,7 +28,7 @@ def test_blocks_a_lookup_found_outlive_a_flood_only_under_a_lease(
 ) -> None:
     vault = vault_factory(max_bytes="1MiB", sync="fast")
     with Cluster({"kv_cold": vault.address}, timeout=30) as cluster:
-        assert cluster.put(NAMESPACE, {k: BLOB for k in KEYS[:4]}) == 4
+        assert cluster.put(NAMESPACE, {k: BLOB for k in KEYS[:4]}).stored == 4
         scheduler = make_scheduler(vault.address, lookup_lease_ms=lease_ms)
         try:
             assert matched(scheduler, FakeRequest("r", num_tokens=4 * BS + 1))[0] == 4 * BS

@@ -54,7 +54,7 @@ def matched(scheduler: SchedulerSide, request: FakeRequest, local: int = 0) -> t
 
 def test_broken_sync_load_does_not_block_the_later_store(vault: VaultProcess) -> None:
     with Cluster({"kv_cold": vault.address}) as cluster:
-        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:4]}) == 4
+        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:4]}).stored == 4
     scheduler = make_scheduler(vault.address, sync_loads=True)
     try:
         request = FakeRequest("r", num_tokens=4 * BS + 3)
@@ -74,7 +74,7 @@ def test_broken_sync_load_does_not_block_the_later_store(vault: VaultProcess) ->
 
 def test_request_finished_while_loading_asynchronously_is_not_stored(vault: VaultProcess) -> None:
     with Cluster({"kv_cold": vault.address}) as cluster:
-        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:2]}) == 2
+        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:2]}).stored == 2
     scheduler = make_scheduler(vault.address)
     try:
         request = FakeRequest("r", num_tokens=3 * BS)
@@ -102,7 +102,7 @@ class GoneRecorder:
 
 def test_a_lookup_that_stops_short_reports_the_first_missing_block_gone(vault: VaultProcess) -> None:
     with Cluster({"kv_cold": vault.address}) as cluster:
-        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:5] if k != KEYS[3]}) == 4
+        assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:5] if k != KEYS[3]}).stored == 4
     events = GoneRecorder()
     scheduler = make_scheduler(vault.address, events=events)
     try:
@@ -114,7 +114,7 @@ def test_a_lookup_that_stops_short_reports_the_first_missing_block_gone(vault: V
 
 def put_blocks(address: str, keys: list[bytes]) -> None:
     with Cluster({"kv_cold": address}) as cluster:
-        assert cluster.put(NAMESPACE, dict.fromkeys(keys, b"blob")) == len(keys)
+        assert cluster.put(NAMESPACE, dict.fromkeys(keys, b"blob")).stored == len(keys)
 
 
 def arrived(scheduler: SchedulerSide, num_tokens: int) -> FakeRequest:

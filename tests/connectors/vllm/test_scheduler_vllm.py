@@ -162,7 +162,7 @@ def stage(s: Scheduler, request: Request, blocks: list[int], *, states: list[int
             }
             if items:
                 ns = conn.identity.stream_namespace(stream)
-                assert cluster.put(ns, items, role=stream.role) == len(items)
+                assert cluster.put(ns, items, role=stream.role).stored == len(items)
 
 
 def step(

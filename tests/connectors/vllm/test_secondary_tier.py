@@ -221,7 +221,7 @@ def test_corrupt_chunk_fails_the_load_and_is_deleted(vault: VaultProcess, engine
         ns, vkeys = engine.tier.stream.namespace, engine.tier.vault_keys(keys)
         blob = bytearray(cluster.get_buffers(ns, vkeys[1:2])[0])
         blob[-1] ^= 0x01  # one bit of the payload
-        assert cluster.put(ns, {vkeys[1]: bytes(blob)}) == 1
+        assert cluster.put(ns, {vkeys[1]: bytes(blob)}).stored == 1
     engine.evict_primary()
     engine.rows()[:] = 0
 

@@ -132,8 +132,17 @@ def serve(model: Path, toml: Path, log: Path) -> Iterator[str]:
             proc.wait()
 
 
-def test_server_with_connector_passes_the_smoke_test_and_restores(server: tuple[str, Path]) -> None:
+def test_server_with_connector_passes_the_smoke_test_and_restores(
+    server: tuple[str, Path], tmp_path: Path
+) -> None:
     base, toml = server
+    log = (tmp_path / "server.log").read_text()
+    for shown in (
+        r"INFO .*tierkv connector: 1 group\(s\), block size \d+, .* restores on, namespace [0-9a-f]{16} \{",
+        r"INFO .*kv_load_failure_policy 'fail' -> 'recompute'",
+        r"INFO .*tierkv worker \(tp 0, pp 0\): 1 stream\(s\) registered",
+    ):
+        assert re.search(shown, log), f"{shown!r} not in vLLM's log:\n{log[-3000:]}"
     lines: list[str] = []
     assert smoke_test(base, MODEL, str(toml), timeout=5.0, out=lines.append) == 0, "\n".join(lines)
     assert all(line.startswith("PASS") for line in lines)

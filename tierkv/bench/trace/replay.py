@@ -347,7 +347,9 @@ class Replayer:
         for batch in _batches(keys, self.per_batch):
             items = {k: self.blobs(k) for k in batch}
             metas = None if meta is None else {k: meta[k] for k in batch}
-            self.unacked += len(items) - self.cluster.put(r.namespace, items, priority=priority, meta=metas)
+            self.unacked += (
+                len(items) - self.cluster.put(r.namespace, items, priority=priority, meta=metas).stored
+            )
 
 
 def _vault_stats(cluster: Cluster) -> VaultStats:

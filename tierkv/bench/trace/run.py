@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from tierkv.bench.common import BenchRun, Deadline, progress_bar
 from tierkv.bench.record import RunMeta
@@ -90,9 +91,9 @@ class TraceResult(BenchRun):
         if self.chart:
             console.print(f"chart: {self.chart}")
         for w in self.warnings:
-            console.print(f"[yellow]warning:[/yellow] {w}")
+            console.print(f"[yellow]warning:[/yellow] {escape(w)}")
         for e in self.errors:
-            console.print(f"[red]error:[/red] {e}")
+            console.print(f"[red]error:[/red] {escape(e)}")
         console.print(self.verdict)
 
 
@@ -110,12 +111,15 @@ def _verdict(result: TraceResult) -> str:
         return f"prefetch: {share:.1%} of restored blocks from the buffer; median restore saving {saved} ms"
     if not result.runs:
         return result.failure("nothing replayed")
-    passed = sum(t.status == "PASS" for t in result.targets)
-    missed = sum(t.status == "MISS" for t in result.targets)
+    met = sum(t.status == report.MET for t in result.targets)
+    short = sum(t.status == report.SHORT for t in result.targets)
     if not result.targets:
         missing = "no lru run to judge against" if all(r.policy != "lru" for r in result.runs) else "only lru"
         return f"replayed {len(result.runs)} runs; targets not judged ({missing})"
-    return f"targets: {passed} PASS, {missed} MISS (of {len(result.targets)}, against lru at equal capacity)"
+    return (
+        f"design targets of the policies against lru at equal capacity: {met} met, {short} short "
+        f"(of {len(result.targets)}; a comparison of policies on this trace, not a failed run)"
+    )
 
 
 def _replay_all(work: Workload, settings: TraceSettings, result: TraceResult, console: Console) -> None:

@@ -3,14 +3,22 @@
 The file holds one line that imports :mod:`tierkv.connectors.exo.autohook` (when tierkv is importable
 there) and calls its ``install``. Uninstall removes the file only when it still holds exactly that line,
 so it never removes what someone else wrote.
+
+Often run as root against a site directory others can write to, so nothing is taken on trust: the target
+interpreter's answer must name an existing directory, and the file is written without following links (a
+temporary file in that directory, then an atomic rename over the name; a symbolic link in its place,
+dangling or not, is refused). Every refusal is one :class:`InstallError` line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -89,21 +97,66 @@ def probe(python: str, site_dir: str | None = None) -> dict[str, object]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise InstallError(f"cannot run {python}: {exc}") from exc
     try:
-        result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+        result = json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError) as exc:
         raise InstallError(f"{python} did not answer the probe: {done.stderr.strip()[-500:]}") from exc
+    if not isinstance(result, dict):
+        raise InstallError(f"{python} answered the probe with {type(result).__name__}, not an object")
     return result
 
 
 def _ours(pth: Path) -> bool:
-    """Whether ``pth`` is the file :func:`install` writes."""
-    return pth.is_file() and pth.read_text() == PTH_LINE
+    """Whether ``pth`` is the file :func:`install` writes (a link never is)."""
+    if pth.is_symlink() or not pth.is_file():
+        return False
+    try:
+        return pth.read_text() == PTH_LINE
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _interpreter(python: str | None) -> str:
+    if python is None:
+        return sys.executable
+    if not python.strip():
+        raise InstallError("--python is empty: name EXO's interpreter, or leave the option out for this one")
+    return python
+
+
+def _site(exe: str, site_dir: str | None, info: dict[str, object]) -> Path:
+    """The directory to write into: ``site_dir``, else the interpreter's ``purelib``, checked."""
+    where = site_dir if site_dir is not None else info.get("purelib")
+    if not isinstance(where, str) or not where:
+        raise InstallError(f"{exe} answered no site-packages directory (purelib: {where!r})")
+    site = Path(where)
+    if not site.is_dir():
+        raise InstallError(f"the site-packages directory {site} of {exe} is not an existing directory")
+    return site
 
 
 def _target(python: str | None, site_dir: str | None) -> tuple[str, Path, dict[str, object]]:
-    exe = python or sys.executable
+    exe = _interpreter(python)
     info = probe(exe, site_dir)
-    return exe, Path(site_dir or str(info["purelib"])), info
+    return exe, _site(exe, site_dir, info), info
+
+
+def _write(pth: Path) -> None:
+    """``PTH_LINE`` into ``pth`` without following a link: a temporary file beside it, renamed over it."""
+    if pth.is_symlink():
+        raise InstallError(f"{pth} is a symbolic link (to {os.readlink(pth)}); not writing through it")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tierkv-exo-", suffix=".tmp", dir=pth.parent)
+    except OSError as exc:
+        raise InstallError(f"cannot write into {pth.parent}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(PTH_LINE)
+        os.chmod(tmp, 0o644)  # every user of that interpreter reads it
+        os.replace(tmp, pth)  # a rename replaces whatever holds the name; it follows no link
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise InstallError(f"cannot write {pth}: {exc.strerror or exc}") from None
 
 
 def install(python: str | None = None, site_dir: str | None = None) -> Path:
@@ -114,16 +167,19 @@ def install(python: str | None = None, site_dir: str | None = None) -> Path:
             f"tierkv is not importable by {exe} ({info['tierkv']}); pip install tierkv[mlx] there"
         )
     pth = site / PTH_NAME
-    if pth.exists() and not _ours(pth):
+    if pth.exists() and not pth.is_symlink() and not _ours(pth):
         raise InstallError(f"{pth} exists and was not written by tierkv; not overwriting it")
-    pth.write_text(PTH_LINE)
+    _write(pth)
     return pth
 
 
 def uninstall(python: str | None = None, site_dir: str | None = None) -> Path | None:
     """Remove the ``.pth`` file install wrote; None when there was none."""
-    site = Path(site_dir) if site_dir else Path(str(probe(python or sys.executable)["purelib"]))
+    exe = _interpreter(python)
+    site = _site(exe, site_dir, {} if site_dir is not None else probe(exe))
     pth = site / PTH_NAME
+    if pth.is_symlink():
+        raise InstallError(f"{pth} is a symbolic link, not the file tierkv writes; not removing it")
     if not pth.exists():
         return None
     if not _ours(pth):

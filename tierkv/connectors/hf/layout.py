@@ -13,6 +13,8 @@ tiers may later restore to.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import math
 from collections.abc import Sequence
@@ -108,6 +110,18 @@ def model_device(model: Any) -> torch.device:
     return device
 
 
+def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """``cache`` as the keyword ``model`` takes it: ``cache`` from transformers 5.24 on, where
+    ``past_key_values`` warns and goes away in 5.40; ``past_key_values`` before."""
+    forward: Any = type(model).forward
+    return {_cache_keyword(forward): cache}
+
+
+@functools.cache
+def _cache_keyword(forward: Any) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
 def _layers(cache: DynamicCache) -> list[Any]:
     """The cache's layers, untyped: their kinds differ in attributes (KV, conv / recurrent states)."""
     layers: list[Any] = cache.layers
@@ -123,7 +137,7 @@ def probe_layout(model: Any) -> CacheLayout:
     cache = DynamicCache(config=model.config)
     token = torch.zeros((1, 1), dtype=torch.long, device=model_device(model))
     with torch.no_grad():
-        model(input_ids=token, past_key_values=cache, use_cache=True)
+        model(input_ids=token, use_cache=True, **cache_kwargs(model, cache))
     attention: list[int] = []
     kv_shapes: set[tuple[int, int, torch.dtype]] = set()
     conv: list[StateSpec] = []
@@ -194,7 +208,7 @@ class Continuation:
 def _forward(model: Any, ids: torch.Tensor, cache: DynamicCache, start: int) -> torch.Tensor:
     positions = torch.arange(start, start + ids.shape[1], device=ids.device).unsqueeze(0)
     logits: torch.Tensor = model(
-        input_ids=ids, past_key_values=cache, use_cache=True, position_ids=positions
+        input_ids=ids, use_cache=True, position_ids=positions, **cache_kwargs(model, cache)
     ).logits
     return logits[0, -1].float()
 

@@ -41,6 +41,7 @@ from tierkv.connectors.hf.blocks import ModelBlocks
 from tierkv.connectors.hf.hot import HotTier, TokenArray, as_tokens
 from tierkv.connectors.hf.layout import (
     CacheLayout,
+    cache_kwargs,
     check_continuation,
     extract_kv,
     model_device,
@@ -141,8 +142,13 @@ class TieredSession:
 
     @property
     def stored_blobs(self) -> int:
-        """Blobs the vaults acknowledged so far."""
+        """Blobs the vaults' replies said they stored, so far."""
         return self.writer.stored_blobs
+
+    @property
+    def refused_blobs(self) -> int:
+        """Blobs a vault refused and none stored, so far (budget, tenant quota or no room)."""
+        return self.writer.tally.rejected
 
     @property
     def stored_bytes(self) -> int:
@@ -261,8 +267,12 @@ class TieredSession:
             self.hot.evict_all()
         return self.flush(timeout)
 
-    def close(self, persist: bool = False, timeout: float | None = 30.0) -> None:
-        """Stop background work (after shipping the hot tier when ``persist``). The storage is not closed."""
+    def close(self, persist: bool = True, timeout: float | None = 30.0) -> None:
+        """Ship the hot tier to the vaults (unless ``persist=False``), then stop background work.
+
+        Persisting is the default because what a session computed is expected to be there for the next
+        process: the hot tier otherwise reaches the vaults only on eviction. The storage is not closed.
+        """
         if persist:
             self.persist(timeout)
         self.writer.close(timeout)
@@ -271,6 +281,7 @@ class TieredSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Leaving a ``with`` block closes the session, persisting its hot tier."""
         self.close()
 
     # ---------------------------------------------------------------------------------- generation
@@ -312,10 +323,10 @@ class TieredSession:
         with torch.no_grad():
             out = self.model.generate(
                 ids,
-                past_key_values=cache,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_new_tokens,
                 streamer=timer,
+                **cache_kwargs(self.model, cache),
                 **kwargs,
             )
         end = time.perf_counter()

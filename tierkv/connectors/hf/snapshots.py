@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from tierkv.connectors.hf.layout import CacheLayout, StateSnapshot, extract_kv, snapshot_states
+from tierkv.connectors.hf.layout import CacheLayout, StateSnapshot, cache_kwargs, extract_kv, snapshot_states
 from tierkv.tiering import restore_limit, snapshot_boundaries
 
 
@@ -44,8 +44,8 @@ class Snapshotter:
             for boundary in boundaries:
                 self.model(
                     input_ids=ids[:, pos:boundary],
-                    past_key_values=cache,
                     use_cache=True,
+                    **cache_kwargs(self.model, cache),
                     attention_mask=torch.ones((1, boundary), dtype=torch.long, device=self.device),
                     position_ids=torch.arange(pos, boundary, device=self.device).unsqueeze(0),
                     logits_to_keep=1,

@@ -44,7 +44,7 @@ class EvictWriter:
 
     @property
     def stored_blobs(self) -> int:
-        """Blobs the vaults acknowledged so far."""
+        """Blobs the vaults' replies said they stored, so far (``tally.rejected``: refused ones)."""
         return self.tally.stored
 
     @property

@@ -43,7 +43,8 @@ class TieredPromptCache(LRUPromptCache):  # type: ignore[misc]
     """An ``LRUPromptCache`` whose evictions are stored in the vaults and whose misses are restored.
 
     ``tier_for`` maps the server's model key to its :class:`~tierkv.connectors.mlx.hook.MlxTier`.
-    ``shipped`` / ``restored`` count entries stored and lookups answered from the vaults.
+    ``shipped`` / ``restored`` count entries stored and lookups answered from the vaults; ``refused``
+    the blobs a vault refused (budget, tenant quota or no room) and none stored.
     """
 
     def __init__(self, tier_for: TierFor, max_size: int = 10, max_bytes: int = 1 << 63) -> None:
@@ -52,6 +53,7 @@ class TieredPromptCache(LRUPromptCache):  # type: ignore[misc]
         self.tier_for = tier_for
         self.shipped = 0
         self.restored = 0
+        self.refused = 0
 
     def _ship(self, model: Any, tokens: list[int], entry: Any) -> None:
         tier = self.tier_for(model)
@@ -63,7 +65,13 @@ class TieredPromptCache(LRUPromptCache):  # type: ignore[misc]
             log.exception("storing an evicted prompt cache entry failed")
             return
         self.shipped += tally.stored > 0
-        log.info("evicted prompt of %d tokens: %d blobs stored", len(tokens), tally.stored)
+        self.refused += tally.rejected
+        log.info(
+            "evicted prompt of %d tokens: %d blobs stored, %d refused",
+            len(tokens),
+            tally.stored,
+            tally.rejected,
+        )
 
     def fetch_nearest_cache(self, model: Any, tokens: list[int]) -> tuple[Any, list[int]]:
         cache, rest = super().fetch_nearest_cache(model, tokens)

@@ -55,6 +55,7 @@ from tierkv.connectors.vllm.layout import (
     layer_tensor,
     state_tensors,
 )
+from tierkv.connectors.vllm.logs import join_vllm_log
 from tierkv.connectors.vllm.metrics import TierKVPromMetrics, TierKVStats
 from tierkv.connectors.vllm.plan import KV, STATE, GroupPlan, StepJobs, Stream, Topology, make_topology
 from tierkv.connectors.vllm.pool import guard_reset
@@ -181,6 +182,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             raise ConfigError(
                 "vllm", "kv_cache_config", "TierKVConnector needs vLLM >= 0.11 (3-argument API)"
             )
+        join_vllm_log()
         super().__init__(vllm_config, role, kv_cache_config)
         transfer = self._kv_transfer_config
         self.settings = ConnectorSettings.from_extra(transfer.kv_connector_extra_config)
@@ -244,12 +246,15 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             if self._events is not None:
                 self._events.watch(self._scheduler.vault_hits)
             logger.info(
-                "tierkv connector: %d group(s), block size %d, keys %s, vaults %s, restores %s",
+                "tierkv connector: %d group(s), block size %d, keys %s, vaults %s, restores %s, "
+                "namespace %s %s",
                 len(self.topology.groups),
                 self.topology.block_size,
                 scheme.split(":")[0],
                 ",".join(self.settings.kv_cold),
                 "on" if self.topology.restorable else f"off ({self.topology.unsupported})",
+                self.identity.base.hex[:16],
+                self.identity.base.to_dict(),
             )
 
     def _choose_failure_policy(self, transfer: Any) -> None:

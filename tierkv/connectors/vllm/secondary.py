@@ -75,6 +75,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from tierkv.codec import DTYPES, LayerGroup
 from tierkv.config import Addresses, ClusterConfig, Config, load_config, setting, settings_from_dict
+from tierkv.connectors.vllm.logs import join_vllm_log
 from tierkv.errors import ConfigError
 from tierkv.keys import Namespace, canonical_dtype, wrap_engine_hashes
 from tierkv.roles import Role
@@ -208,6 +209,7 @@ class TierKVSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         enable_kv_events: bool = False,
         **settings: Any,
     ) -> None:
+        join_vllm_log()
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality(locality) if locality is not None else Locality.REMOTE
         self.settings = TierSettings.from_tier_config(settings)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from tierkv.codec import CODECS
 from tierkv.config import Addresses, ClusterConfig, Config, load_config, setting, settings_from_dict
+from tierkv.connectors.vllm.legacy import migrate_extra
 from tierkv.errors import ConfigError
 from tierkv.roles import Role
 from tierkv.tiering.storage import Storage, open_cluster
@@ -85,6 +86,7 @@ class ConnectorSettings:
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> ConnectorSettings:
+        extra = migrate_extra(extra, SOURCE)
         given = settings_from_dict(cls, extra, SOURCE)
         config = load_config(given.config_path or None)
         cluster = config.cluster

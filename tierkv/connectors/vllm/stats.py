@@ -23,6 +23,8 @@ COUNTERS: tuple[str, ...] = (
     "stored_bytes",
     "store_skipped_blocks",
     "store_failures",
+    "store_rejected",
+    "store_lagging",
     "stores_dropped",
     "snapshot_blocks",
     "layouts",
@@ -56,8 +58,10 @@ COUNTERS: tuple[str, ...] = (
 ``lookups``/``lookup_hit_tokens``: prefix lookups answered and the tokens they claimed (scheduler);
 ``restore_requests``/``restored_blocks``/``restored_bytes``: loads done; ``load_errors``: blocks whose
 fetch, checksum, header or decode failed and were handed back to vLLM for recomputation;
-``store_requests``/``stored_blocks``/``stored_bytes``: blobs the vaults acknowledged;
-``store_skipped_blocks``: blocks already in the vaults; ``store_failures``: blocks not acknowledged;
+``store_requests``/``stored_blocks``/``stored_bytes``: blobs the vaults' replies said they stored;
+``store_skipped_blocks``: blocks already in the vaults; ``store_failures``: blocks not stored, of which
+``store_rejected`` a vault refused (larger than its budget or the tenant's quota, or no room);
+``store_lagging``: blocks stored with fewer copies than replication asks;
 ``stores_dropped``: store jobs refused because the bounded queue was full (back-pressure);
 ``snapshot_blocks``: recurrent-state snapshots taken mid-request; ``layouts``: requests whose prompt layout
 tags their stored blocks, ``layouts_rejected``: malformed layouts ignored (scheduler); ``kv_events``:

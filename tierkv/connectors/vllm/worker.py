@@ -269,6 +269,8 @@ class WorkerSide:
         self.counters.add("stored_bytes", tally.stored_bytes)
         self.counters.add("store_skipped_blocks", skipped)
         self.counters.add("store_failures", tally.failed)
+        self.counters.add("store_rejected", tally.rejected)
+        self.counters.add("store_lagging", tally.lagging)
         if not (job.snapshot or job.held):
             self.counters.add("store_requests")
 

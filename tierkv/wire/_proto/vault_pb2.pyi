@@ -1009,6 +1009,9 @@ class HottestReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CHAINS_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    """more chains were asked for than the vault's bounds let it walk or"""
     @_builtins.property
     def chains(self) -> _containers.RepeatedCompositeFieldContainer[Global___HotChain]:
         """hottest first"""
@@ -1017,10 +1020,11 @@ class HottestReply(_message.Message):
         self,
         *,
         chains: _abc.Iterable[Global___HotChain] | None = ...,
+        truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chains", b"chains"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chains", b"chains", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

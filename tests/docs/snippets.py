@@ -1,0 +1,185 @@
+"""Run the "getting started" pages: every fenced ``bash`` and ``python`` block, in order, as one shell script.
+
+A page is executed as a user would paste it, in an empty directory that is also ``$HOME``, against real
+vault processes (and engines) on loopback. HTML comments, invisible on the site, steer the run:
+
+- ``<!-- test: after PAGE -->``: run that page of the same folder first (its vault, its config);
+- ``<!-- test: wait-port PORT -->`` / ``wait-vault PORT`` / ``wait-http URL [SECONDS]``: wait until a
+  background process the page started accepts connections (answers a Stats call, answers 200);
+- ``<!-- test: expect REGEX -->``: the next block's output must match (``grep -E``);
+- ``<!-- test: skip install -->``: the next block installs packages; it is not run (the test environment
+  is the installed result), and it may hold nothing but ``python3 -m venv`` and ``pip`` commands;
+- ``<!-- test: skip exo -->``: the next block drives a real EXO installation, which the test machines do
+  not have; it may hold nothing but ``tierkv exo`` commands (tested against a stand-in EXO in
+  ``tests/connectors/exo``).
+
+The documented ports (50051, 50052, 8000, 8080) are replaced by free ones so that runs never meet other
+processes on the machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import socket
+from pathlib import Path
+
+FENCE = re.compile(r"^```(\w+)?[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+DIRECTIVE = re.compile(r"<!--\s*test:\s*(.*?)\s*-->")
+PORTS = (50051, 50052, 8000, 8080)
+SKIPPABLE = {
+    "install": re.compile(r"^(python3? -m venv \S+|(\S*/)?pip (install|uninstall) .+)$"),
+    "exo": re.compile(r"^tierkv exo (install|status|uninstall)\b.*$"),
+}
+
+PRELUDE = r"""
+set -euo pipefail
+cleanup() { for p in $(jobs -p); do kill "$p" 2>/dev/null || true; done; wait || true; }
+trap cleanup EXIT
+wait_port() {
+  python - "$1" "${2:-120}" <<'PYEOF'
+import socket, sys, time
+port, limit = int(sys.argv[1]), float(sys.argv[2])
+deadline = time.monotonic() + limit
+while True:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit(f"nothing listens on port {port} after {limit:.0f} s")
+        time.sleep(0.2)
+PYEOF
+}
+wait_vault() {
+  python - "$1" "${2:-120}" <<'PYEOF'
+import sys, time
+from tierkv import VaultClient
+from tierkv.errors import TierKVError
+port, limit = int(sys.argv[1]), float(sys.argv[2])
+deadline = time.monotonic() + limit
+while True:
+    try:
+        with VaultClient(f"127.0.0.1:{port}", timeout=5.0) as client:
+            client.stats()
+        break
+    except TierKVError:
+        if time.monotonic() > deadline:
+            sys.exit(f"no vault answers on port {port} after {limit:.0f} s")
+        time.sleep(0.2)
+PYEOF
+}
+wait_http() {
+  python - "$1" "${2:-120}" <<'PYEOF'
+import sys, time, urllib.request
+url, limit = sys.argv[1], float(sys.argv[2])
+deadline = time.monotonic() + limit
+while True:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            if reply.status == 200:
+                break
+    except OSError:
+        pass
+    if time.monotonic() > deadline:
+        sys.exit(f"{url} did not answer 200 after {limit:.0f} s")
+    time.sleep(1)
+PYEOF
+}
+expect() {
+  cat "$2"
+  grep -Eq -- "$1" "$2" || { echo "expected output matching: $1" >&2; exit 1; }
+}
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One block of a page and the directives that precede it."""
+
+    language: str
+    code: str
+    directives: tuple[str, ...]
+
+
+def steps(text: str) -> list[Step]:
+    """The page's fenced blocks, each with the directives written since the previous block."""
+    out: list[Step] = []
+    at = 0
+    for match in FENCE.finditer(text):
+        directives = tuple(DIRECTIVE.findall(text[at : match.start()]))
+        out.append(Step(match.group(1) or "", match.group(2), directives))
+        at = match.end()
+    tail = tuple(DIRECTIVE.findall(text[at:]))
+    if tail:
+        out.append(Step("", "", tail))
+    return out
+
+
+def check_skippable(code: str, kind: str = "install") -> None:
+    """A block marked ``skip KIND`` may hold only the commands that kind allows."""
+    allowed = SKIPPABLE[kind]
+    for line in code.splitlines():
+        for command in (c.strip() for c in line.split("  #")[0].split("&&")):
+            if command and not allowed.match(command):
+                raise ValueError(f"a block marked 'skip {kind}' runs more than that: {command!r}")
+
+
+def script(page: Path) -> str:
+    """The page (after the pages it names) as one bash script, without port substitution."""
+    parts: list[str] = []
+    for n, step in enumerate(steps(page.read_text())):
+        expect = None
+        for directive in step.directives:
+            verb, _, arg = directive.partition(" ")
+            if verb == "after":
+                parts.append(script(page.parent / arg))
+            elif verb in ("wait-port", "wait-vault"):
+                parts.append(f"{verb.replace('-', '_')} {arg}")
+            elif verb == "wait-http":
+                parts.append(f"wait_http {arg}")
+            elif verb == "expect":
+                quoted = len(arg) > 1 and arg[0] == arg[-1] == '"'
+                expect = arg[1:-1].replace('\\"', '"') if quoted else arg
+            elif verb == "skip" and arg in SKIPPABLE:
+                check_skippable(step.code, arg)
+            else:
+                raise ValueError(f"{page.name}: unknown test directive {directive!r}")
+        if not step.code or any(d.startswith("skip ") for d in step.directives):
+            continue
+        body = _shell(step, page)
+        if expect is None:
+            parts.append(body)
+        else:
+            out = f".out-{page.stem}-{n}"
+            parts.append(f"{{\n{body}\n}} > {out} 2>&1 || {{ cat {out}; exit 1; }}")
+            parts.append(f"expect {shlex.quote(expect)} {out}")
+    return "\n".join(parts)
+
+
+def _shell(step: Step, page: Path) -> str:
+    if step.language == "bash":
+        return step.code.rstrip("\n")
+    if step.language == "python":
+        return f"python - <<'PYEOF'\n{step.code}PYEOF"
+    raise ValueError(f"{page.name}: a block in {step.language or 'no language'} cannot be run")
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def runnable(page: Path) -> str:
+    """The script with the prelude and the documented ports replaced by free ones."""
+    text = script(page)
+    for documented, free in zip(PORTS, free_ports(len(PORTS)), strict=True):
+        text = re.sub(rf"(?<![\d.]){documented}(?!\d)", str(free), text)
+    return PRELUDE + text + "\n"

@@ -1,0 +1,76 @@
+"""The generated configuration reference and the Grafana dashboard stay true to the code."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import socket
+import sys
+import urllib.request
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import VaultFactory
+from tierkv.connectors.vllm.stats import COUNTERS
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "docs" / "operations" / "grafana-dashboard.json"
+
+
+def reference_module() -> ModuleType:
+    path = ROOT / "scripts" / "config_reference.py"
+    spec = importlib.util.spec_from_file_location("config_reference", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("config_reference", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_reference_documents_every_setting() -> None:
+    page = reference_module().render()
+    for key in ("`on_damage`", "`bulk_max_connections`", "`bulk_idle_timeout_s`", "`lookup_lease_ms`"):
+        assert key in page
+    assert "## `[retention.weights]`" in page and "## `[retention.classes.NAME]`" in page
+    row = next(line for line in page.splitlines() if line.startswith("| `max_bytes`"))
+    assert '`"8GiB"`' in row and "Byte budget" in row
+
+
+def test_a_setting_missing_from_the_example_file_fails_the_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = reference_module()
+    text = module.EXAMPLE.read_text()
+    example = tmp_path / "tierkv.toml.example"
+    example.write_text(re.sub(r"(?m)^on_damage = .*\n", "", text))
+    monkeypatch.setattr(module, "EXAMPLE", example)
+    with pytest.raises(module.Undocumented, match=r"vault\.on_damage"):
+        module.render()
+
+
+def dashboard_metrics() -> set[str]:
+    exprs = [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
+    return set(re.findall(r"\btierkv_[a-z_]+", " ".join(exprs)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_every_metric_the_dashboard_queries_exists(vault_factory: VaultFactory) -> None:
+    port = free_port()
+    vault_factory(extra_args=["--metrics-port", str(port)])
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        exposed = set(re.findall(r"(?m)^# TYPE (\w+) ", reply.read().decode()))
+    suffixes = ("_total", "_bucket", "_count", "_sum")
+    connector = {f"tierkv_connector_{name}_total" for name in COUNTERS}
+    queried = dashboard_metrics()
+    assert any(m.startswith("tierkv_connector_") for m in queried)
+    for metric in queried:
+        base = next((metric.removesuffix(s) for s in suffixes if metric.endswith(s)), metric)
+        assert metric in connector or base in exposed or metric in exposed, metric

@@ -1,0 +1,69 @@
+"""One put over the vaults that own its keys, tallied as their replies come in (:meth:`Cluster.put`).
+
+A key counts as stored once one owner's reply says so; a refusal is kept with its vault; an owner that
+failed, answered what does not add up or had not answered when the put returned adds no copy, so a stored
+key with fewer copies than owners is *lagging*.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from tierkv.client.types import PutAck
+from tierkv.records import PutResult, Rejection
+from tierkv.wire.framing import Buffer
+
+
+class PutTally:
+    """One put in progress: each key's owners, the copies acknowledged and the owners that answered."""
+
+    def __init__(self, keys: list[bytes], owners: list[list[int]]) -> None:
+        self.keys = keys
+        self.owners = owners
+        self.copies = [0] * len(keys)
+        self.answered = [0] * len(keys)
+        self.refusals: list[tuple[int, int]] = []
+        self.per_vault: dict[int, list[int]] = defaultdict(list)
+        for i, mine in enumerate(owners):
+            for v in mine:
+                self.per_vault[v].append(i)
+        self.took: set[int] = set()
+
+    def take(self, vault: int, ack: PutAck | None) -> None:
+        """A vault's answer (None: none) for its share of the keys."""
+        positions = self.per_vault[vault]
+        if ack is None:
+            for i in positions:
+                self.answered[i] += 1
+            return
+        self.took.add(vault)
+        for j in ack.stored:
+            self.copies[positions[j]] += 1
+            self.answered[positions[j]] += 1
+        for j in ack.rejected:
+            self.refusals.append((positions[j], vault))
+            self.answered[positions[j]] += 1
+
+    def settled(self) -> bool:
+        """Every key is stored on an owner, or every owner of it answered."""
+        return all(c or a == len(o) for c, a, o in zip(self.copies, self.answered, self.owners, strict=True))
+
+    def bytes_out(self, pairs: Sequence[tuple[bytes, Buffer]]) -> dict[int, int]:
+        """Blob bytes sent to each vault that answered."""
+        return {v: sum(len(pairs[i][1]) for i in self.per_vault[v]) for v in self.took}
+
+    def result(self, addresses: Sequence[str]) -> PutResult:
+        unstored = {i for i, c in enumerate(self.copies) if not c}
+        refused = {i for i, _ in self.refusals} & unstored
+        return PutResult(
+            sent=len(self.keys),
+            stored=len(self.keys) - len(unstored),
+            rejected=len(refused),
+            lagging=sum(0 < c < len(o) for c, o in zip(self.copies, self.owners, strict=True)),
+            unstored=tuple(self.keys[i] for i in sorted(unstored)),
+            rejections=tuple(Rejection(self.keys[i], addresses[v]) for i, v in self.refusals),
+        )
+
+
+__all__ = ["PutTally"]
