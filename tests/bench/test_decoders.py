@@ -82,3 +82,20 @@ def test_auto_takes_torch_where_it_is_installed_and_numpy_where_it_is_not(
         make_decoder("torch", SHAPE, "float32", TOKENS, 4)
     with pytest.raises(BenchError, match="expected one of auto, numpy, torch"):
         make_decoder("cuda", SHAPE, "float32", TOKENS, 4)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_ring_decode_puts_key_i_in_row_i_mod_rows_even_when_a_run_wraps(dtype: str) -> None:
+    arrays = blocks(7, dtype)
+    blobs = blobs_of(arrays, "int8", dtype)
+    torch_dec = TorchDecoder(SHAPE, dtype, TOKENS, rows=4)
+    numpy_dec = NumpyDecoder(SHAPE, dtype, TOKENS)
+    # keys 2..6 of a restore in one run: rows 2, 3, then 0, 1, 2 again (key 6 overwrites key 2's row)
+    assert torch_dec.decode_ring([(i, blobs[i]) for i in range(2, 6)], "int8") == []
+    for i in range(2, 6):
+        assert np.array_equal(as_bits(torch_dec.rows[i % 4]), as_bits(numpy_dec.one(blobs[i], "int8")))
+    bad = bytearray(blobs[6])
+    bad[-1] ^= 0xFF
+    errors = torch_dec.decode_ring([(6, bad)], "int8")
+    assert len(errors) == 1 and "checksum" in errors[0]
+    assert numpy_dec.decode_ring([(6, bad), (5, blobs[5])], "int8") == errors

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -350,3 +351,57 @@ def test_into_needs_arrays_that_decode_rows_and_takes_every_block() -> None:
         torch_tier.restore(RAW, keys(2), RAW.expect(SHAPE, TOKENS), into=into, leading_only=True)
     with pytest.raises(ValueError, match="one expect"):
         torch_tier.restore(RAW, keys(2), [RAW.expect(SHAPE, TOKENS)] * 2, into=into)
+
+
+class Recording(TorchArrays):
+    """TorchArrays that say when a decode ran (and on which thread)."""
+
+    def __init__(self) -> None:
+        self.decoded = threading.Event()
+        self.threads: set[str] = set()
+
+    def decode_rows(self, blobs, into, expect):  # type: ignore[no-untyped-def]
+        self.threads.add(threading.current_thread().name)
+        verdicts = super().decode_rows(blobs, into, expect)
+        self.decoded.set()
+        return verdicts
+
+
+class Backwards(MemoryStorage):
+    """Hands blobs over last key first (as two vaults' replies interleave), and before the last one waits
+    until something was decoded: proof that decoding runs while the get is still receiving."""
+
+    def __init__(self, arrays: Recording) -> None:
+        super().__init__()
+        self.arrays = arrays
+        self.decoded_before_the_end = False
+
+    def get_each(self, namespace, keys, on_blob, role=Role.KV_COLD):  # type: ignore[no-untyped-def]
+        found = self.get_buffers(namespace, keys, role)
+        order = [i for i in reversed(range(len(keys))) if found[i] is not None]
+        for n, i in enumerate(order):
+            if n == len(order) - 1:
+                self.decoded_before_the_end = self.arrays.decoded.wait(10)
+            on_blob(i, found[i])
+        return [None if b is None else len(b) for b in found]
+
+
+def test_decoding_behind_the_receive_fills_the_same_rows_while_the_get_still_runs() -> None:
+    arrays = Recording()
+    storage = Backwards(arrays)
+    tier = ColdTier(storage, arrays, decode_behind=True)
+    data = [torch.randn(SHAPE, dtype=torch.float16) for _ in range(7)]
+    tier.store(KV, [(k, d, TOKENS) for k, d in zip(keys(7), data, strict=True)])
+    space = storage.blobs[("kv_cold", NS)]
+    del space[keys(7)[1]]
+    bad = space[keys(7)[4]]
+    space[keys(7)[4]] = bad[:-1] + bytes([bad[-1] ^ 0xFF])
+    into = torch.full((7, *SHAPE), float("nan"), dtype=torch.float16)
+    got = tier.restore(KV, keys(7), KV.expect(SHAPE, TOKENS, "float16"), into=into)
+    assert storage.decoded_before_the_end, "nothing was decoded until every blob had arrived"
+    assert "tierkv-decode-behind" in arrays.threads
+    assert got.decoded == [0, 2, 3, 5, 6] and got.failed == [1, 4] and got.rejected == 1
+    assert got.gone == [keys(7)[1], keys(7)[4]] and keys(7)[4] not in space and storage.calls["delete"] == 1
+    assert got.decoded_bytes < got.fetched_bytes and got.verify_s > 0
+    for n, i in enumerate(got.decoded):  # the n-th good block in row n, as without decoding behind
+        torch.testing.assert_close(into[n], data[i], atol=0.05, rtol=0.05)

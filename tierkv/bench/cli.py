@@ -168,6 +168,15 @@ VaultMaxBytes = Annotated[
 VaultSync = Annotated[
     str, typer.Option(help="durable or fast, for vaults started here.", rich_help_panel=VAULTS)
 ]
+LinkOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--link",
+        help="Measure over an emulated link: RATE[,RTT] (5gbit,1ms) or 1gbe, 5gbe, 10gbe, 25gbe; the vaults "
+        "start in a network namespace behind a shaped veth (needs root).",
+        rich_help_panel=VAULTS,
+    ),
+]
 
 
 def _run(
@@ -209,6 +218,16 @@ def synthetic(
             help="Decoder of int8 restores: torch (as the engine hooks), numpy, auto (torch if installed)."
         ),
     ] = "auto",
+    overlap: Annotated[
+        str,
+        typer.Option(
+            help="int8 restores decode after each batch arrived (off, the hooks' default), while the rest "
+            "arrives (on: [cluster] decode_behind), or both."
+        ),
+    ] = "off",
+    decode_threads: Annotated[
+        int, typer.Option(help="Threads per torch int8 decode (0: torch's default), in both restore paths.")
+    ] = 0,
     max_seconds: MaxSeconds = 120.0,
     prefill_tps: Annotated[
         float | None, typer.Option(help="Your prefill rate in tokens/s, for a break-even length.")
@@ -221,6 +240,7 @@ def synthetic(
     state_dir: StateDir = None,
     vault_max_bytes: VaultMaxBytes = "1GiB",
     vault_sync: VaultSync = "durable",
+    link: LinkOpt = None,
     seed: Seed = 0,
     json_out: JsonOut = None,
     verbose: Verbose = 0,
@@ -229,6 +249,8 @@ def synthetic(
     from tierkv.bench import runner
 
     def measure(cfg: Config, console: Console) -> BenchResult:
+        from dataclasses import replace
+
         from tierkv.bench.synthetic import SyntheticSettings, run_synthetic
 
         settings = SyntheticSettings(
@@ -243,9 +265,16 @@ def synthetic(
             prefill=runner.prefill_model(prefill_tps, prefill_at),
             seed=seed,
             decoder=decoder,
+            overlap=overlap,
+            decode_threads=decode_threads,
         )
+        settings.validate()  # before a link is set up for it
         where = runner.vault_settings(vaults, use_config_vaults, state_dir, vault_max_bytes, vault_sync)
-        return run_synthetic(cfg, settings, where, console)
+        return runner.on_link(
+            link,
+            where,
+            lambda shaped, spec: run_synthetic(cfg, replace(settings, link=spec), shaped, console),
+        )
 
     _run(config, verbose, json_out, measure)
 
@@ -266,6 +295,7 @@ def hf(
     state_dir: StateDir = None,
     vault_max_bytes: VaultMaxBytes = "1GiB",
     vault_sync: VaultSync = "durable",
+    link: LinkOpt = None,
     seed: Seed = 0,
     json_out: JsonOut = None,
     verbose: Verbose = 0,
@@ -291,7 +321,9 @@ def hf(
             seed=seed,
         )
         where = runner.vault_settings(vaults, use_config_vaults, state_dir, vault_max_bytes, vault_sync)
-        return run_hf(cfg, settings, where, console)
+        if link and runner.link_has_round_trip(link):
+            raise BenchError("--link: hf takes a rate only (a round trip is waited by bench synthetic)")
+        return runner.on_link(link, where, lambda shaped, _: run_hf(cfg, settings, shaped, console))
 
     _run(config, verbose, json_out, measure)
 

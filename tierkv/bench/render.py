@@ -78,6 +78,11 @@ def render_synthetic(result: SyntheticResult, console: Console) -> None:
     if "int8" in s.codecs:
         head += f"; int8 decoded with {result.decoder}"
     console.print(f"[bold]tierkv bench synthetic[/bold] — {head}; blocks of {s.block_tokens} tokens")
+    if s.link is not None:
+        console.print(
+            f"over an emulated link: {s.link.label()} (veth between network namespaces, shaped with htb"
+            + ("; the round trip waited once per request)" if s.link.rtt_s else ")")
+        )
     console.print(
         _table(
             "codecs (on the workload's values)",
@@ -105,6 +110,7 @@ def render_synthetic(result: SyntheticResult, console: Console) -> None:
         "restore GB/s",
         "restore batch p50/p99 ms",
         "restore tokens/s",
+        "ms / 1k tokens",
         "lookup ms",
         "verified",
     )
@@ -123,7 +129,7 @@ def _cell_row(cell: CellResult) -> tuple[str, ...]:
         verified = "checksums"
     return (
         f"{cell.tokens:,}",
-        cell.codec,
+        cell.contender,
         human_bytes(cell.kv_bytes),
         f"{f['stored_bytes_per_token']:,.0f}",
         _f(f["store_gbps"]),
@@ -131,6 +137,7 @@ def _cell_row(cell: CellResult) -> tuple[str, ...]:
         _f(f["restore_gbps"]),
         _p50_p99(f, "restore"),
         _f(f["restore_tokens_per_s"], ",.0f"),
+        _f(f["restore_ms_per_1k_tokens"], ".1f"),
         _f(f["lookup_ms_median"], ".2f"),
         verified,
     )

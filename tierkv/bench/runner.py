@@ -7,13 +7,16 @@ modes themselves check their settings before anything starts.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from rich.console import Console
 
 from tierkv.bench import BenchError
 from tierkv.bench.breakeven import PrefillModel
+from tierkv.bench.link import LinkSpec, link_emulator, parse_link
 from tierkv.bench.shapes import ModelShape, parse_shape
 from tierkv.bench.vaults import VaultSettings, parse_vaults
 from tierkv.config import parse_size
@@ -79,6 +82,30 @@ def vault_settings(
     return VaultSettings(mode=mode, state_dir=state, max_bytes=budget, sync=sync, addresses=addresses)
 
 
+R = TypeVar("R")
+
+
+def on_link(
+    text: str | None, where: VaultSettings, measure: Callable[[VaultSettings, LinkSpec | None], R]
+) -> R:
+    """Run ``measure`` with its vaults, over the link ``--link`` names (set up here, torn down after,
+    whatever happens; see :mod:`tierkv.bench.link.netns`), or as asked when it names none."""
+    if not text:
+        return measure(where, None)
+    spec = parse_link(text)
+    if where.mode != "local":
+        raise BenchError("--link starts its own vaults on the link's far side: it goes without --vaults")
+    with link_emulator(spec) as link:
+        shaped = dataclasses.replace(where, host=link.vault_host, launch_prefix=link.vault_prefix)
+        with link.engine_side():
+            return measure(shaped, spec)
+
+
+def link_has_round_trip(text: str) -> bool:
+    """Whether ``--link`` asks for a round trip (which only the modes that wait it can honour)."""
+    return parse_link(text).rtt_s > 0
+
+
 def prefill_model(tps: float | None, at: int | None) -> PrefillModel | None:
     """``--prefill-tps`` (and the length ``--prefill-at`` it was measured at), when given."""
     if tps is None:
@@ -109,7 +136,9 @@ def render_result(result: BenchResult, console: Console) -> None:
 
 __all__ = [
     "BenchResult",
+    "link_has_round_trip",
     "model_shape",
+    "on_link",
     "parse_codecs",
     "parse_lengths",
     "prefill_model",

@@ -36,19 +36,22 @@ from tierkv.bench.common import (
     settings_document,
 )
 from tierkv.bench.decoders import NumpyDecoder, make_decoder
+from tierkv.bench.link import LinkSpec
 from tierkv.bench.record import RunMeta, median, percentile
 from tierkv.bench.shapes import ModelShape
 from tierkv.bench.vaults import VaultSet, VaultSettings, watched_vaults
 from tierkv.client.cluster import KV_COLD, SSM_COLD
-from tierkv.codec import Expect, LayerGroup, decode, encode, max_abs_error, snr_db
+from tierkv.codec import Buffer, Expect, LayerGroup, decode, encode, max_abs_error, snr_db
 from tierkv.codec.bits import to_float32
 from tierkv.config import Config
-from tierkv.errors import CodecError
+from tierkv.errors import BenchError, CodecError
 from tierkv.keys import Namespace, block_keys
+from tierkv.tiering.behind import DecodeBehind
 
 logger = logging.getLogger(__name__)
 
 POOL_BLOCKS = 8
+OVERLAP_CHOICES = ("on", "off", "both")
 _SSM_EXTRA = b"tierkv-bench/ssm"
 
 
@@ -65,6 +68,13 @@ class SyntheticSettings:
     prefill: PrefillModel | None = None
     seed: int = 0
     decoder: str = "auto"
+    decode_threads: int = 0
+    """Threads of each torch decode (0: torch's default), the same in both restore paths."""
+    overlap: str = "off"
+    """Whether int8 restores decode while the rest arrives (``on``, contender ``int8+behind``), after
+    each batch arrived (``off``, as the hooks do by default: ``int8``), or both, interleaved."""
+    link: LinkSpec | None = None
+    """The shaped link the run measures over (``--link``); its round trip is waited once per request."""
 
     def validate(self) -> None:
         check_sweep(
@@ -78,10 +88,28 @@ class SyntheticSettings:
             },
         )
         check_codecs(self.codecs)
+        if self.decode_threads < 0:
+            raise BenchError(
+                f"--decode-threads must be 0 (torch's default) or more, got {self.decode_threads}"
+            )
+        if self.overlap not in OVERLAP_CHOICES:
+            raise BenchError(f"--overlap: expected one of {', '.join(OVERLAP_CHOICES)}, got {self.overlap!r}")
+
+    def contenders(self) -> list[tuple[str, bool]]:
+        """``(codec, overlapped)`` measured at each length: raw is verified as it is viewed (nothing to
+        overlap); a lossy codec decodes behind the receive, after it, or both, as ``overlap`` says."""
+        ways = {"on": (True,), "off": (False,), "both": (True, False)}[self.overlap]
+        return [(c, behind) for c in self.codecs for behind in ((False,) if c == "raw" else ways)]
+
+    def round_trip(self) -> None:
+        """The link's round trip, once per request (nothing without ``--link`` or a delay in it)."""
+        if self.link is not None:
+            self.link.round_trip()
 
     def as_dict(self) -> dict[str, Any]:
         prefill = None if self.prefill is None else self.prefill.as_dict()
-        return {**settings_document(self, drop=["prefill"]), "prefill_model": prefill}
+        link = None if self.link is None else self.link.as_dict()
+        return {**settings_document(self, drop=["prefill", "link"]), "prefill_model": prefill, "link": link}
 
     def blocks(self, tokens: int) -> int:
         return tokens // self.block_tokens
@@ -112,6 +140,7 @@ class CellResult:
     tokens: int
     codec: str
     block_tokens: int
+    overlapped: bool
     blocks: int
     kv_bytes: int
     ssm_bytes: int = 0
@@ -136,6 +165,11 @@ class CellResult:
     @property
     def complete(self) -> bool:
         return self.repeats > 0 and all(b == self.blocks for b in self.restored_blocks) and not self.errors
+
+    @property
+    def contender(self) -> str:
+        """The codec, and ``+behind`` where its blobs decode while the rest arrives (``--overlap``)."""
+        return self.codec + ("+behind" if self.overlapped else "")
 
     @property
     def cached_tokens(self) -> int:
@@ -167,6 +201,7 @@ class CellResult:
             "encode_gbps": _gbps(self.store_bytes, self.encode_s),
             "decode_gbps": _gbps(self.kv_bytes, self.decode_s),
             "restore_tokens_per_s": self.cached_tokens / restore_t if restore_t else None,
+            "restore_ms_per_1k_tokens": restore_t / self.cached_tokens * 1024 * 1000 if restore_t else None,
             "store_s_median": median(self.store_s),
             "restore_s_median": restore_t,
             "lookup_ms_median": _ms(median(self.lookup_s)),
@@ -231,8 +266,14 @@ class _Workload:
         self.block_bytes = int(self.pool[0].nbytes)
         self.per_batch = max(1, settings.batch_bytes // self.block_bytes)
         self.decoder = make_decoder(
-            settings.decoder, self.pool[0].shape, shape.dtype, settings.block_tokens, self.per_batch
+            settings.decoder,
+            self.pool[0].shape,
+            shape.dtype,
+            settings.block_tokens,
+            2 * self.per_batch,
+            settings.decode_threads,
         )
+        """Rows for two batches: one batch decodes while the next arrives (a ring, see ``decode_ring``)."""
 
     def encode_block(self, i: int, codec: str) -> bytes:
         return encode(
@@ -316,34 +357,40 @@ def _sweep(
     rng: np.random.Generator,
     console: Console,
 ) -> None:
-    cells = [(n, codec) for n in sorted(set(s.lengths)) for codec in s.codecs]
-    total = sum(2 * s.blocks(n) * s.repeats for n, _ in cells)
+    """Per length, each repeat runs every contender once, so outside load falls on all of them alike."""
+    contenders = s.contenders()
+    lengths = sorted(set(s.lengths))
+    total = sum(2 * s.blocks(n) * s.repeats * len(contenders) for n in lengths)
+    skipped: list[str] = []
     with progress_bar(console, total, percent=True) as bar:
-        for n, codec in cells:
-            cell = CellResult(
-                tokens=n,
-                codec=codec,
-                block_tokens=s.block_tokens,
-                blocks=s.blocks(n),
-                kv_bytes=s.blocks(n) * work.block_bytes,
-                ssm_bytes=s.shape.ssm_bytes_per_snapshot,
-            )
+        for n in lengths:
+            cells = [_cell(work, n, codec, behind) for codec, behind in contenders]
             for rep in range(s.repeats):
                 if result.out_of_time(deadline):
                     break
-                bar.label(f"{s.shape.name} {n:,} tokens {codec} ({rep + 1}/{s.repeats})")
-                _one_repeat(vaults, work, cell, run_id, rep, rng, bar.advance)
-            if cell.repeats:
-                result.cells.append(cell)
-            if result.truncated:
-                break
+                for cell in cells:
+                    bar.label(f"{s.shape.name} {n:,} tokens {cell.contender} ({rep + 1}/{s.repeats})")
+                    _one_repeat(vaults, work, cell, run_id, rep, rng, bar.advance)
+            result.cells += [cell for cell in cells if cell.repeats]
+            skipped += [f"{n:,}/{cell.contender}" for cell in cells if not cell.repeats]
     if result.truncated:
-        done = {(c.tokens, c.codec) for c in result.cells}
-        skipped = [f"{n:,}/{c}" for n, c in cells if (n, c) not in done]
         result.warnings.append(
             f"{deadline.note()}: "
             + (f"skipped {', '.join(skipped)}" if skipped else "fewer repeats than asked")
         )
+
+
+def _cell(work: _Workload, tokens: int, codec: str, overlapped: bool) -> CellResult:
+    s = work.s
+    return CellResult(
+        tokens=tokens,
+        codec=codec,
+        block_tokens=s.block_tokens,
+        overlapped=overlapped,
+        blocks=s.blocks(tokens),
+        kv_bytes=s.blocks(tokens) * work.block_bytes,
+        ssm_bytes=s.shape.ssm_bytes_per_snapshot,
+    )
 
 
 def _one_repeat(
@@ -363,18 +410,20 @@ def _one_repeat(
         dtype=s.shape.dtype,
         codec=codec,
         layout="bench-v1",
-        salt=f"{cell.tokens}/{rep}",
+        salt=f"{cell.tokens}/{rep}/{cell.contender}",
     )
     ids = rng.integers(0, 1 << 31, size=cell.tokens)
     keys = block_keys(ids, s.block_tokens, namespace=ns)
     snap_at = s.snapshot_blocks(cell.tokens)
     ssm_keys = block_keys(ids, s.block_tokens, extra=_SSM_EXTRA, namespace=ns) if snap_at else []
+    settled = False
     try:
         store_s, encode_s, wire = 0.0, 0.0, 0
         for batch in _chunks(len(keys), work.per_batch):
             t0 = time.perf_counter()
             blobs = {keys[i]: work.encode_block(i, codec) for i in batch}
             t1 = time.perf_counter()
+            s.round_trip()
             acked = cluster.put(ns.digest, blobs, role=KV_COLD).stored
             t2 = time.perf_counter()
             encode_s += t1 - t0
@@ -389,6 +438,7 @@ def _one_repeat(
             t0 = time.perf_counter()
             blob = work.encode_snapshot(b * s.block_tokens)
             t1 = time.perf_counter()
+            s.round_trip()
             if cluster.put(ns.digest, {ssm_keys[b - 1]: blob}, role=SSM_COLD).stored < 1:
                 cell.errors.append(f"store: state snapshot at block {b} not acknowledged")
             ssm_store_s += time.perf_counter() - t0
@@ -397,10 +447,17 @@ def _one_repeat(
         restored, restore_s, decode_s, exact, ssm_restore_s, ssm_rwire = _restore(
             vaults, work, cell, ns.digest, keys, ssm_keys, snap_at, advance
         )
+        settled = True
+    except Exception:
+        settled = True  # a failure, not an interrupt: what was stored goes as usual
+        raise
     finally:
-        cluster.delete(ns.digest, keys, role=KV_COLD)
-        if snap_at:
-            cluster.delete(ns.digest, [ssm_keys[b - 1] for b in snap_at], role=SSM_COLD)
+        # Interrupted (Ctrl-C, SIGTERM), vaults started here go with their files: no call that could wait
+        # on a busy vault for the cluster's deadline stands between the user and the exit then.
+        if settled or vaults.source != "local":
+            cluster.delete(ns.digest, keys, role=KV_COLD)
+            if snap_at:
+                cluster.delete(ns.digest, [ssm_keys[b - 1] for b in snap_at], role=SSM_COLD)
     cell.repeats += 1
     cell.kv_wire_bytes = wire
     cell.ssm_store_wire_bytes = ssm_wire
@@ -434,34 +491,19 @@ def _restore(
 ) -> tuple[int, float, float, bool | None, float, int]:
     """Lookup + batched gets + verify/decode; raw blocks are compared bit for bit (outside the timers)."""
     cluster = vaults.cluster
-    codec = cell.codec
     t0 = time.perf_counter()
+    work.s.round_trip()
     present = cluster.prefix_lookup(namespace, keys, role=KV_COLD)
     lookup = time.perf_counter() - t0
     cell.lookup_s.append(lookup)
-    total, decode_s, restored = lookup, 0.0, 0
-    exact: bool | None = True if codec == "raw" else None
-    for batch in _chunks(present, work.per_batch):
-        t0 = time.perf_counter()
-        bufs = cluster.get_buffers(namespace, [keys[i] for i in batch], role=KV_COLD)
-        t1 = time.perf_counter()
-        values, rejected = work.decoder.decode(bufs, codec)
-        t2 = time.perf_counter()
-        cell.errors += [f"restore: a blob failed verification: {why}" for why in rejected]
-        total += t2 - t0
-        decode_s += t2 - t1
-        cell.restore_batch_s.append(t2 - t0)
-        for i, v in zip(batch, values, strict=True):
-            if v is None:
-                break
-            restored += 1
-            if exact:
-                exact = bool(np.array_equal(v, work.pool[i % POOL_BLOCKS]))
-        advance(len(batch))
+    fetch = _fetch_behind if cell.overlapped else _fetch_then_decode
+    restored, total, decode_s, exact = fetch(vaults, work, cell, namespace, keys[:present], advance)
+    total += lookup
     advance(len(keys) - present)
     ssm_s, ssm_wire = 0.0, 0
     if snap_at and restored == len(keys):
         t0 = time.perf_counter()
+        work.s.round_trip()
         (blob,) = cluster.get_buffers(namespace, [ssm_keys[snap_at[-1] - 1]], role=SSM_COLD)
         if blob is None:
             cell.errors.append("restore: the state snapshot at the restore boundary is missing")
@@ -475,6 +517,80 @@ def _restore(
     return restored, total, decode_s, exact, ssm_s, ssm_wire
 
 
+Fetched = tuple[int, float, float, bool | None]
+"""Blocks restored, seconds the restore took, seconds spent decoding, raw blocks bit-exact (None: lossy)."""
+
+
+def _fetch_then_decode(
+    vaults: VaultSet,
+    work: _Workload,
+    cell: CellResult,
+    namespace: bytes,
+    keys: Sequence[bytes],
+    advance: Callable[[int], object],
+) -> Fetched:
+    """Each batch received whole, then verified and decoded (raw: verified and viewed, never copied)."""
+    total, decode_s, restored = 0.0, 0.0, 0
+    exact: bool | None = True if cell.codec == "raw" else None
+    for batch in _chunks(len(keys), work.per_batch):
+        t0 = time.perf_counter()
+        work.s.round_trip()
+        bufs = vaults.cluster.get_buffers(namespace, [keys[i] for i in batch], role=KV_COLD)
+        t1 = time.perf_counter()
+        values, rejected = work.decoder.decode(bufs, cell.codec)
+        t2 = time.perf_counter()
+        cell.errors += [f"restore: a blob failed verification: {why}" for why in rejected]
+        total += t2 - t0
+        decode_s += t2 - t1
+        cell.restore_batch_s.append(t2 - t0)
+        for i, v in zip(batch, values, strict=True):
+            if v is None:
+                break
+            restored += 1
+            if exact:
+                exact = bool(np.array_equal(v, work.pool[i % POOL_BLOCKS]))
+        advance(len(batch))
+    return restored, total, decode_s, exact
+
+
+def _fetch_behind(
+    vaults: VaultSet,
+    work: _Workload,
+    cell: CellResult,
+    namespace: bytes,
+    keys: Sequence[bytes],
+    advance: Callable[[int], object],
+) -> Fetched:
+    """Every batch streamed (``get_each``), its blobs decoded on a worker while the rest arrive, and the
+    next batch asked for while the worker finishes this one (:class:`~tierkv.tiering.behind.DecodeBehind`,
+    at most two batches in flight, decoded into a ring of two batches' rows)."""
+    rejected: list[str] = []
+
+    def run(blobs: Sequence[tuple[int, Buffer]]) -> None:
+        rejected.extend(work.decoder.decode_ring(blobs, cell.codec))
+
+    sizes: list[int | None] = []
+    t0 = time.perf_counter()
+    with DecodeBehind(run, window=2 * work.per_batch) as behind:
+        for batch in _chunks(len(keys), work.per_batch):
+            tb = time.perf_counter()
+            work.s.round_trip()
+            sizes += vaults.cluster.get_each(
+                namespace, [keys[i] for i in batch], _shifted(behind.arrived, batch.start), role=KV_COLD
+            )
+            cell.restore_batch_s.append(time.perf_counter() - tb)
+            advance(len(batch))
+    total = time.perf_counter() - t0
+    cell.errors += [f"restore: a blob failed verification: {why}" for why in rejected]
+    leading = next((n for n, size in enumerate(sizes) if size is None), len(sizes))
+    return (leading if not rejected else 0), total, behind.busy_s, None
+
+
+def _shifted(sink: Callable[[int, Buffer], None], first: int) -> Callable[[int, Buffer], None]:
+    """A batch's ``on_blob``: its j-th key is the restore's ``first + j``-th."""
+    return lambda j, blob: sink(first + j, blob)
+
+
 def _conclude(result: SyntheticResult) -> None:
     """Restore models per codec, break-even against the given prefill model, the verdict."""
     s = result.settings
@@ -482,17 +598,18 @@ def _conclude(result: SyntheticResult) -> None:
         result.errors.extend(f"{cell.tokens:,} tokens {cell.codec}: {e}" for e in dict.fromkeys(cell.errors))
         if cell.codec == "raw" and cell.bit_exact is False:
             result.errors.append(f"{cell.tokens:,} tokens raw: restored blocks differ from the stored ones")
-    for codec in s.codecs:
-        cells = [c for c in result.cells if c.codec == codec and c.complete]
+    for codec, behind in s.contenders():
+        cells = [c for c in result.cells if (c.codec, c.overlapped) == (codec, behind) and c.complete]
         if not cells:
             continue
         points = [(c.cached_tokens, t) for c in cells for t in c.restore_s]
         # per token only the KV grows; a hybrid's one state snapshot per restore lands in the intercept
         bpt = s.shape.kv_bytes_per_token
         model = RestoreModel.fit(points, bytes_per_token=bpt, what="measured restores")
-        result.restore_models[codec] = model
+        name = cells[0].contender
+        result.restore_models[name] = model
         if s.prefill is not None:
-            result.breakeven[codec] = break_even(s.prefill, model)
+            result.breakeven[name] = break_even(s.prefill, model)
     result.verdict = synthetic_verdict(result)
 
 

@@ -50,6 +50,10 @@ class VaultSettings:
     sync: str = "durable"
     timeout_s: float = 30.0
     addresses: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    host: str = "127.0.0.1"
+    """Where vaults started here listen (a link's vault side, under ``--link``)."""
+    launch_prefix: tuple[str, ...] = ()
+    """Put before the command of vaults started here (``ip netns exec NS`` under ``--link``)."""
 
     def __post_init__(self) -> None:
         if self.mode not in (*VAULT_MODES, "given"):
@@ -241,7 +245,14 @@ def _local_vaults(
         procs: dict[str, VaultProcess] = {}
         try:
             for role in roles:
-                proc = VaultProcess(base / role, role=role, max_bytes=settings.max_bytes, sync=settings.sync)
+                proc = VaultProcess(
+                    base / role,
+                    role=role,
+                    host=settings.host,
+                    max_bytes=settings.max_bytes,
+                    sync=settings.sync,
+                    prefix=settings.launch_prefix,
+                )
                 procs[role] = proc
                 try:
                     proc.start(timeout=settings.timeout_s)
@@ -249,8 +260,9 @@ def _local_vaults(
                     raise BenchError(f"could not start a {role} vault: {exc}") from exc
                 logger.info("started %s vault on %s (LMDB in %s)", role, proc.address, proc.path)
             addresses = {role: [procs[role].address] for role in roles}
+            where = "on loopback" if settings.host == "127.0.0.1" else f"on {settings.host}"
             note = (
-                f"started on loopback for this run (sync={settings.sync}, budget "
+                f"started {where} for this run (sync={settings.sync}, budget "
                 f"{human_bytes(settings.max_bytes)} each, LMDB under {base}) and stopped afterwards"
             )
             with Cluster(addresses, timeout=cluster_timeout) as cluster:

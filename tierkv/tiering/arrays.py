@@ -12,7 +12,7 @@ blobs into the rows of one array at once (:class:`RowArrays`) serve hooks that d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
@@ -51,6 +51,21 @@ class RowArrays(Arrays[A_contra], Protocol[A_contra]):
     ) -> list[TierKVError | None]: ...
 
 
+@runtime_checkable
+class RowWindows(RowArrays[A], Protocol[A]):
+    """:class:`RowArrays` that can also address rows from ``first`` on and move one row, which is what
+    decoding a restore while it arrives needs (:meth:`ColdTier.restore` with ``decode_behind``)."""
+
+    def rows_from(self, into: A, first: int) -> A: ...
+
+    def move_row(self, into: A, src: int, dst: int) -> None: ...
+
+    def worker_init(self) -> Callable[[], None]:
+        """Called on the caller's thread: what a decode worker runs first to decode as the caller would
+        (torch keeps its thread count per thread)."""
+        ...
+
+
 class NumpyArrays:
     """:class:`ViewingArrays` for numpy arrays.
 
@@ -83,4 +98,4 @@ class NumpyArrays:
         return values
 
 
-__all__ = ["A", "Arrays", "NumpyArrays", "ViewingArrays"]
+__all__ = ["A", "Arrays", "NumpyArrays", "RowArrays", "RowWindows", "ViewingArrays"]

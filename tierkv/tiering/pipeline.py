@@ -22,8 +22,9 @@ from tierkv.errors import TierKVError
 from tierkv.limits import HOOK_PUT_BYTES
 from tierkv.records import PutResult
 from tierkv.retention import BlockMeta
-from tierkv.tiering.arrays import A, Arrays, RowArrays
+from tierkv.tiering.arrays import A, Arrays, RowArrays, RowWindows
 from tierkv.tiering.batches import byte_batches
+from tierkv.tiering.behind import DecodeBehind, contiguous
 from tierkv.tiering.prefetch import DEFAULT_TIMEOUT_S, Prefetcher
 from tierkv.tiering.spec import Expect, StreamSpec
 from tierkv.tiering.storage import BlobSink, Storage, put_tagged
@@ -137,10 +138,15 @@ class ColdTier(Generic[A]):
         max_put_bytes: int = MAX_PUT_BYTES,
         prefetch_bytes: int = 0,
         prefetch_timeout_s: float = DEFAULT_TIMEOUT_S,
+        decode_behind: bool = False,
     ) -> None:
+        """``decode_behind``: restores ``into`` a buffer decode each blob while the rest of the restore is
+        still arriving (:mod:`tierkv.tiering.behind`; arrays that are :class:`RowWindows`): a gain where
+        the link, not the codec, bounds a restore, a thread hand-off per run where it does not."""
         self.storage = storage
         self.arrays = arrays
         self.max_put_bytes = max_put_bytes
+        self.decode_behind = decode_behind
         self.prefetch = (
             Prefetcher(storage, max_bytes=prefetch_bytes, timeout_s=prefetch_timeout_s)
             if prefetch_bytes > 0
@@ -250,6 +256,8 @@ class ColdTier(Generic[A]):
         """:meth:`restore` into the rows of ``into``: one get, then every blob verified, then decoded."""
         if not isinstance(self.arrays, RowArrays) or not isinstance(expect, Expect):
             raise ValueError("into needs arrays that decode rows and one expect for every key")
+        if self.decode_behind and isinstance(self.arrays, RowWindows) and keys:
+            return self._restore_rows_behind(self.arrays, spec, keys, expect, into)
         result = Restored(len(keys))
         if not keys:
             return result
@@ -275,6 +283,27 @@ class ColdTier(Generic[A]):
                 result.rejected += 1
         good = set(result.decoded)
         result.gone = [key for i, key in enumerate(keys) if i not in good]
+        self._settle(spec, keys, result, corrupt, why)
+        return result
+
+    def _restore_rows_behind(
+        self, arrays: RowWindows[A], spec: StreamSpec, keys: Sequence[bytes], expect: Expect, into: A
+    ) -> Restored:
+        """:meth:`_restore_rows` with each run of blobs decoded while the rest arrives: key ``i`` into row
+        ``i`` (pieces of consecutive keys at once), then the good rows moved up so that the n-th good block
+        lies in row n, as without."""
+        result = Restored(len(keys))
+        rows = _Rows(arrays, into, expect)
+        t = time.perf_counter()
+        with DecodeBehind(rows.decode, window=BEHIND_WINDOW, init=arrays.worker_init()) as behind:
+            blobs = self._get(spec, keys, result, behind)
+            result.get_s = time.perf_counter() - t
+            for i, blob in enumerate(blobs):  # blobs the prefetch buffer held
+                if blob is not None and not isinstance(blob, int):
+                    behind.arrived(i, blob)
+        result.decode_s = time.perf_counter() - t - result.get_s
+        result.verify_s = behind.busy_s
+        corrupt, why = rows.settle(keys, result)
         self._settle(spec, keys, result, corrupt, why)
         return result
 
@@ -349,6 +378,52 @@ class ColdTier(Generic[A]):
             if leading_only:
                 break
         return corrupt, why
+
+
+BEHIND_WINDOW = 64
+"""Blobs a restore that decodes behind the receive holds at most (copies awaiting their decode)."""
+
+
+class _Rows(Generic[A]):
+    """Where a restore decoded behind the receive put each key's values, and what failed."""
+
+    def __init__(self, arrays: RowWindows[A], into: A, expect: Expect) -> None:
+        self.arrays, self.into, self.expect = arrays, into, expect
+        self.row: dict[int, int] = {}
+        self.size: dict[int, int] = {}
+        self.rejected: dict[int, TierKVError] = {}
+
+    def decode(self, run: Sequence[tuple[int, bytes]]) -> None:
+        """A :class:`DecodeBehind` run: each piece of consecutive keys into the rows from its first key
+        (a piece with a bad blob packs its good ones up, so a key's row is at most its index)."""
+        for piece in contiguous(run):
+            first = piece[0][0]
+            target = self.arrays.rows_from(self.into, first)
+            verdicts = self.arrays.decode_rows([blob for _, blob in piece], target, self.expect)
+            n = first
+            for (i, blob), verdict in zip(piece, verdicts, strict=True):
+                self.size[i] = len(blob)
+                if verdict is None:
+                    self.row[i] = n
+                    n += 1
+                else:
+                    self.rejected[i] = verdict
+
+    def settle(self, keys: Sequence[bytes], result: Restored) -> tuple[list[bytes], str]:
+        """Move the n-th good block into row n (rows only ever move up, in order, so none is overwritten
+        before it moved) and fill ``result``; the keys of corrupt blobs and why the first failed."""
+        for n, i in enumerate(sorted(self.row)):
+            if self.row[i] != n:
+                self.arrays.move_row(self.into, self.row[i], n)
+            result.decoded.append(i)
+            result.decoded_bytes += self.size[i]
+        result.fetched_bytes = sum(self.size.values())
+        result.rejected = len(self.rejected)
+        good = set(self.row)
+        result.gone = [key for i, key in enumerate(keys) if i not in good]
+        first = min(self.rejected, default=None)
+        why = "" if first is None else f"block {first}: {self.rejected[first]}"
+        return [keys[i] for i in sorted(self.rejected)], why
 
 
 def _size(blob: Buffer | int) -> int:

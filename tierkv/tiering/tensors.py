@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -28,6 +28,17 @@ class TorchArrays:
     ) -> list[TierKVError | None]:
         """Verify every blob, then decode the n-th good one into ``into[n]`` (int8 runs on CPU at once)."""
         return decode_rows(blobs, into, expect)
+
+    def rows_from(self, into: torch.Tensor, first: int) -> torch.Tensor:
+        return into.narrow(0, first, into.shape[0] - first)
+
+    def move_row(self, into: torch.Tensor, src: int, dst: int) -> None:
+        into[dst].copy_(into[src])
+
+    def worker_init(self) -> Callable[[], None]:
+        """A decode worker uses the caller's torch thread count (a new thread would otherwise use one)."""
+        threads = torch.get_num_threads()
+        return lambda: torch.set_num_threads(threads)
 
     def view(self, blob: Buffer, expect: Expect) -> torch.Tensor:
         """The values of a verified ``raw`` blob as a CPU tensor over the blob's memory (read only)."""

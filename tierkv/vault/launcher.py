@@ -54,11 +54,15 @@ class VaultProcess:
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         log_file: str | Path | None = None,
+        prefix: Sequence[str] = (),
     ) -> None:
+        """``prefix`` goes before the command (``ip netns exec NS`` runs the vault in a network namespace;
+        it must exec the vault, so that the PID signalled is the vault's)."""
         self.path = Path(path)
         self.host = host
         self.port = port
         self.args = [
+            *prefix,
             *TIERKV_COMMAND,
             "vault",
             "--host",

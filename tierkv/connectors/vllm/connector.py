@@ -356,6 +356,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             report=WorkerReport() if self.settings.kv_events else None,
             prefetch_bytes=self.settings.config.cluster.prefetch_bytes,
             prefetch_timeout_s=self.settings.config.cluster.prefetch_timeout_s,
+            decode_behind=self.settings.config.cluster.decode_behind,
         )
         logger.info("tierkv worker (tp %d, pp %d): %d stream(s) registered", tp_rank, pp_rank, len(views))
 

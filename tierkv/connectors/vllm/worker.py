@@ -85,6 +85,7 @@ class WorkerSide:
         report: WorkerReport | None = None,
         prefetch_bytes: int = 0,
         prefetch_timeout_s: float = 0.5,
+        decode_behind: bool = False,
     ) -> None:
         self.topology = topology
         self.report = report
@@ -96,7 +97,11 @@ class WorkerSide:
         self._storage = LazyStorage(storage_factory)
         # loads run here, in the worker: prefetched blocks are served from this process's buffer
         self._tier: ColdTier[torch.Tensor] = ColdTier(
-            self._storage, TorchArrays(), prefetch_bytes=prefetch_bytes, prefetch_timeout_s=prefetch_timeout_s
+            self._storage,
+            TorchArrays(),
+            prefetch_bytes=prefetch_bytes,
+            prefetch_timeout_s=prefetch_timeout_s,
+            decode_behind=decode_behind,
         )
         self._prefetch_feed = PrefetchFeed(self.counters)
         self._specs = {s: StreamSpec(ns, s.layer_group, codec) for s, ns in self.namespaces.items()}

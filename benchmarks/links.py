@@ -1,0 +1,353 @@
+"""tierkv over the links users have (1, 5, 10, 25 GbE, or loopback), against the peers they would pick.
+
+For each link (``--links 1gbe 5gbe 10gbe 25gbe loopback``; ``RATE[,RTT]`` as ``tierkv bench --link``
+takes it, e.g. ``5gbit,1ms``) a child process of this script sets the link up (:mod:`tierkv.bench.link`: the servers in one
+network namespace, this side in another, a veth shaped with htb between them; loopback: no emulation),
+measures, and tears it down, so every link starts from fresh namespaces and fresh gRPC threads. In it:
+
+- reads of ``--round-mib`` MiB in blobs of each ``--blob-kib`` size, interleaved per repetition: tierkv
+  ``get_buffers`` (one BatchGet over the bulk port), Redis ``MGET`` (redis-py with hiredis) and a bare TCP
+  transfer of the same bytes (the wire's ceiling on this machine), each after one round trip of the link;
+- ``tierkv bench synthetic`` restores (raw; int8 decoded while the rest arrives; int8 decoded after each
+  batch arrived), interleaved per repetition, at ``--tokens`` prompt lengths.
+
+Rates are medians over repetitions; ratios are medians of per-repetition ratios, with their spread (min to
+max) as the noise this machine added. Needs root (namespaces, tc) for anything but loopback, and
+redis-server (``benchmarks/setup-redis.sh``). Every child is bounded by ``--max-seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+from rich.console import Console
+
+from benchmarks.interleave import interleaved
+from tierkv import VaultClient, __version__
+from tierkv.bench.link import LinkSpec, link_emulator, parse_link
+from tierkv.bench.shapes import parse_shape
+from tierkv.bench.synthetic import SyntheticSettings, run_synthetic
+from tierkv.bench.vaults import VaultSettings
+from tierkv.config import config_from_dict
+from tierkv.vault.launcher import VaultProcess
+
+TCP_SERVER = r"""
+import socket, struct, sys
+chunk = memoryview(bytearray(4 << 20))
+srv = socket.socket(); srv.bind((sys.argv[1], 0)); srv.listen(1)
+print(srv.getsockname()[1], flush=True)
+while True:
+    conn, _ = srv.accept()
+    left = struct.unpack("!Q", conn.recv(8, socket.MSG_WAITALL))[0]
+    if not left:
+        break
+    while left:
+        n = min(left, len(chunk)); conn.sendall(chunk[:n]); left -= n
+    conn.close()
+"""
+REDIS_PORT = 6391
+READS = {
+    "get_buffers_vs_mget": ("tierkv_get_buffers", "redis_mget"),
+    "get_buffers_vs_tcp": ("tierkv_get_buffers", "tcp"),
+}
+
+
+def ratios(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
+    """Median, min and max of the per-repetition ratios ``a / b``."""
+    each = [x / y for x, y in zip(a, b, strict=True)]
+    return {"median": statistics.median(each), "min": min(each), "max": max(each)}
+
+
+@contextlib.contextmanager
+def started(args: list[str], prefix: Sequence[str]) -> Iterator[subprocess.Popen[str]]:
+    """A server process started here (by PID, SIGTERM, on the way out)."""
+    proc = subprocess.Popen([*prefix, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def tcp_pull(host: str, port: int, rtt: Callable[[], None]) -> Callable[[int], None]:
+    import socket
+    import struct
+
+    buf = memoryview(bytearray(4 << 20))
+
+    def pull(nbytes: int) -> None:
+        rtt()
+        with socket.create_connection((host, port)) as s:
+            s.sendall(struct.pack("!Q", nbytes))
+            left = nbytes
+            while left:
+                got = s.recv_into(buf, min(left, len(buf)))
+                if not got:
+                    raise RuntimeError("tcp server closed early")
+                left -= got
+
+    return pull
+
+
+def measure_reads(
+    size: int,
+    round_bytes: int,
+    repeats: int,
+    vault: VaultClient,
+    r: redis.Redis,
+    pull: Callable[[int], None],
+    rtt: Callable[[], None],
+) -> dict[str, Any]:
+    n = max(1, round_bytes // size)
+    keys = [f"blk{i:06d}".encode() for i in range(n)]
+    blobs = {k: os.urandom(size) for k in keys}
+    vault.put(b"bench", blobs)
+    r.mset(blobs)
+
+    def timed(fn: Callable[[], object]) -> Callable[[], object]:
+        def call() -> object:
+            rtt()
+            return fn()
+
+        return call
+
+    contenders: dict[str, Callable[[], object]] = {
+        "tierkv_get_buffers": timed(lambda: vault.get_buffers(b"bench", keys)),
+        "redis_mget": timed(lambda: r.mget(keys)),
+        "tcp": lambda: pull(n * size),
+    }
+    rates = interleaved(contenders, n * size, repeats)
+    assert [bytes(b) for b in vault.get_buffers(b"bench", keys[:3]) if b is not None] == [
+        blobs[k] for k in keys[:3]
+    ]
+    assert r.mget(keys[:3]) == [blobs[k] for k in keys[:3]]
+    vault.delete(b"bench", keys)
+    r.flushall()
+    row: dict[str, Any] = {"blob_bytes": size, "round_bytes": n * size, "runs": rates}
+    row |= {name: statistics.median(v) for name, v in rates.items()}
+    row |= {name: ratios(rates[a], rates[b]) for name, (a, b) in READS.items()}
+    return row
+
+
+def synthetic(
+    spec: LinkSpec | None, host: str, prefix: tuple[str, ...], args: argparse.Namespace
+) -> dict[str, Any]:
+    settings = SyntheticSettings(
+        shape=parse_shape(args.shape),
+        lengths=tuple(int(t[:-1]) * 1024 if t.endswith("k") else int(t) for t in args.tokens.split(",")),
+        repeats=args.repeats,
+        max_seconds=args.synthetic_seconds,
+        overlap="both",
+        decode_threads=args.decode_threads,
+        link=spec,
+    )
+    where = VaultSettings(sync="fast", host=host, launch_prefix=prefix)
+    result = run_synthetic(config_from_dict({}), settings, where, Console(quiet=True))
+    cells = {(c.tokens, c.contender): c for c in result.cells}
+    rows = []
+    for n in sorted({c.tokens for c in result.cells}):
+        raw, behind, after = (cells.get((n, name)) for name in ("raw", "int8+behind", "int8"))
+        row: dict[str, Any] = {"tokens": n}
+        for name, cell in (("raw", raw), ("int8_behind", behind), ("int8", after)):
+            if cell is not None and cell.complete:
+                f = cell.figures()
+                row[name] = {
+                    k: f[k]
+                    for k in (
+                        "restore_gbps",
+                        "restore_wire_gbps",
+                        "restore_ms_per_1k_tokens",
+                        "restore_tokens_per_s",
+                    )
+                }
+                row[name]["restore_s"] = cell.restore_s
+        if raw and behind and len(raw.restore_s) == len(behind.restore_s):
+            row["int8_behind_vs_raw"] = ratios(raw.restore_s, behind.restore_s)
+        if after and behind and len(after.restore_s) == len(behind.restore_s):
+            row["behind_vs_after"] = ratios(after.restore_s, behind.restore_s)
+        if raw and after and len(raw.restore_s) == len(after.restore_s):
+            row["int8_vs_raw"] = ratios(raw.restore_s, after.restore_s)
+        rows.append(row)
+    return {"rows": rows, "errors": result.errors, "warnings": result.warnings, "decoder": result.decoder}
+
+
+def one_link(text: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Everything measured over one link; runs in a child process of its own."""
+    spec = None if text == "loopback" else parse_link(text)
+    with contextlib.ExitStack() as stack:
+        if spec is None:
+            host, prefix, engine = "127.0.0.1", (), contextlib.nullcontext()
+        else:
+            link = stack.enter_context(link_emulator(spec))
+            host, prefix, engine = link.vault_host, link.vault_prefix, link.engine_side()
+        rtt = spec.round_trip if spec is not None else (lambda: None)
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tierkv-links-")))
+        tcp = stack.enter_context(started([sys.executable, "-c", TCP_SERVER, host], prefix))
+        assert tcp.stdout is not None
+        tcp_port = int(tcp.stdout.readline())
+        redis_args = [
+            "redis-server",
+            "--port",
+            str(REDIS_PORT),
+            "--bind",
+            host,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",  # reachable only inside the namespace (or on loopback)
+        ]
+        stack.enter_context(started([*redis_args, "--dir", str(work)], prefix))
+        vault_proc = VaultProcess(work / "vault", host=host, max_bytes="2GiB", sync="fast", prefix=prefix)
+        stack.enter_context(vault_proc)
+        stack.enter_context(engine)
+        vault = stack.enter_context(VaultClient(vault_proc.address, timeout=120))
+        r = redis.Redis(host=host, port=REDIS_PORT, socket_timeout=120)
+        for _ in range(200):
+            with contextlib.suppress(redis.ConnectionError):
+                r.ping()
+                break
+            time.sleep(0.05)
+        pull = tcp_pull(host, tcp_port, rtt)
+        reads = [
+            measure_reads(int(kib) * 1024, args.round_mib << 20, args.repeats, vault, r, pull, rtt)
+            for kib in args.blob_kib.split(",")
+        ]
+        with contextlib.suppress(OSError):
+            pull(0)
+        restores = synthetic(spec, host, prefix, args) if args.tokens else {}
+    return {"link": text if spec is None else spec.as_dict(), "reads": reads, "synthetic": restores}
+
+
+def _x(r: dict[str, float] | None) -> str:
+    return "—" if not r else f"{r['median']:.2f}× ({r['min']:.2f}–{r['max']:.2f})"
+
+
+def print_tables(doc: dict[str, Any]) -> None:
+    link = doc["link"]
+    label = link if isinstance(link, str) else link["label"]
+    print(f"\n### {label}\n")
+    print("| blob | tierkv BatchGet | Redis MGET | bare TCP | BatchGet / MGET | BatchGet / TCP |")
+    print("|---|---|---|---|---|---|")
+    for row in doc["reads"]:
+        size = row["blob_bytes"]
+        blob = f"{size // 1024} KiB" if size < 1 << 20 else f"{size >> 20} MiB"
+        print(
+            f"| {blob} | {row['tierkv_get_buffers']:.3f} GB/s | {row['redis_mget']:.3f} GB/s | {row['tcp']:.3f} GB/s "
+            f"| {_x(row['get_buffers_vs_mget'])} | {_x(row['get_buffers_vs_tcp'])} |"
+        )
+    rows = doc["synthetic"].get("rows", [])
+    if not rows:
+        return
+    print(
+        "\n| tokens | raw GB/s (ms / 1k tok) | int8+behind GB/s (ms / 1k tok) | int8 GB/s (decoded after) | int8+behind / raw | behind / after |"
+    )
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+
+        def cell(name: str) -> str:
+            c = row.get(name)
+            return "—" if c is None else f"{c['restore_gbps']:.3f} ({c['restore_ms_per_1k_tokens']:.1f})"
+
+        print(
+            f"| {row['tokens']:,} | {cell('raw')} | {cell('int8_behind')} | {cell('int8')} "
+            f"| {_x(row.get('int8_behind_vs_raw'))} | {_x(row.get('behind_vs_after'))} |"
+        )
+
+
+def bounded(command: list[str], seconds: float) -> int:
+    """Run a child for at most ``seconds``, then SIGTERM it (it tears its link down on the way out)."""
+    proc = subprocess.Popen(command)
+    try:
+        return proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        print(f"stopped after --max-seconds {seconds:g}", file=sys.stderr)
+        proc.terminate()
+        try:
+            return proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+    except BaseException:
+        proc.terminate()
+        proc.wait(60)
+        raise
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--links",
+        nargs="+",
+        default=["1gbe", "5gbe", "10gbe", "25gbe", "loopback"],
+        help="links, space-separated: presets, RATE[,RTT] (5gbit,1ms) or loopback",
+    )
+    parser.add_argument("--round-mib", type=int, default=16, help="bytes per read round")
+    parser.add_argument("--blob-kib", default="256,1024", help="blob sizes of the read rounds")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions")
+    parser.add_argument("--tokens", default="1k,4k,16k,32k", help="synthetic restore lengths ('' to skip)")
+    parser.add_argument("--shape", default="qwen2.5-0.5b")
+    parser.add_argument("--decode-threads", type=int, default=1, help="threads per torch int8 decode")
+    parser.add_argument("--synthetic-seconds", type=float, default=150.0)
+    parser.add_argument("--max-seconds", type=float, default=300.0, help="bound of each link's child")
+    parser.add_argument("--json", type=Path, help="also write every figure here")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        assert args.out is not None
+        signal.signal(signal.SIGTERM, _interrupt)  # the servers started here stop on the way out
+        args.out.write_text(json.dumps(one_link(args.one, args), indent=1))
+        return
+    if not shutil.which("redis-server"):
+        sys.exit("redis-server not found: run benchmarks/setup-redis.sh first")
+    docs = []
+    for text in args.links:
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            child = [
+                sys.executable,
+                "-m",
+                "benchmarks.links",
+                *sys.argv[1:],
+                "--one",
+                text,
+                "--out",
+                out.name,
+            ]
+            code = bounded(child, args.max_seconds)
+            if code != 0:
+                print(f"{text}: no figures (exit {code}; see above)", file=sys.stderr)
+                continue
+            docs.append(json.loads(Path(out.name).read_text()))
+        print_tables(docs[-1])
+        sys.stdout.flush()
+    print(f"\ntierkv {__version__}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the end")
+    if args.json:
+        args.json.write_text(json.dumps({"links": docs, "argv": sys.argv[1:]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
