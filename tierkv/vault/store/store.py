@@ -214,7 +214,7 @@ class Store:
             for start, chunk in _chunks(prepared, max(1, self.max_bytes // 16)):
                 outcome = self._env.write_retrying(
                     functools.partial(self._put_txn, owner, chunk),
-                    wanted=sum(len(item[1]) for item in chunk),
+                    wanted=functools.partial(_blob_bytes, chunk),
                     clock=self._clock,
                 )
                 stored, evicted = stored + outcome.stored, evicted + outcome.evicted
@@ -458,6 +458,10 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _blob_bytes(items: Sequence[Prepared]) -> int:
+    return sum(len(item[1]) for item in items)
 
 
 def _chunks(items: Sequence[Any], limit: int) -> Iterator[tuple[int, Sequence[Any]]]:
