@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test docs lint typecheck proto proto-check test-fast test-vllm test-mlx bench bench-vllm bench-redis clean
+.PHONY: demo test docs lint typecheck proto proto-check test-fast test-vllm test-vllm-compat test-mlx test-llamacpp bench bench-vllm bench-redis clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,9 @@ test: $(STAMP) lint typecheck proto-check docs
 	scripts/setup-test-tools.sh
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(MAKE) test-vllm
+	$(MAKE) test-vllm-compat
 	$(MAKE) test-mlx
+	$(MAKE) test-llamacpp
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not vllm and not mlx"
@@ -59,10 +61,26 @@ test-vllm: $(STAMP)
 	  scripts/setup-vllm-env.sh && .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/connectors/vllm tests/routing tests/bench/test_engine_vllm.py tests/docs; \
 	else echo "vLLM tier not present"; fi
 
+# the connector's tests that need vLLM's Python code but no engine, against vLLM 0.33 (Python code over
+# the CPU tier's dependencies: docs/engines/vllm-versions.md); test-vllm runs them against 0.32
+VLLM_COMPAT_TESTS := tests/connectors/vllm/test_scheduler_vllm.py tests/connectors/vllm/test_secondary_tier.py \
+	tests/connectors/vllm/test_eviction_logic.py tests/connectors/vllm/test_protect.py
+test-vllm-compat: $(STAMP)
+	@if [ -x scripts/setup-vllm-compat-env.sh ]; then \
+	  scripts/setup-vllm-env.sh && scripts/setup-vllm-compat-env.sh && \
+	  .venv-vllm033/bin/python -m pytest -q -p no:cacheprovider -m vllm $(VLLM_COMPAT_TESTS); \
+	else echo "vLLM compatibility tier not present"; fi
+
 test-mlx: $(STAMP)
 	@if [ -x scripts/setup-mlx-env.sh ]; then \
 	  scripts/setup-mlx-env.sh && .venv-mlx/bin/python -m pytest -q -p no:cacheprovider -m mlx tests/connectors/mlx tests/connectors/exo tests/docs; \
 	else echo "MLX tier not present"; fi
+
+test-llamacpp: $(STAMP)
+	@if [ -x scripts/setup-llamacpp-env.sh ]; then \
+	  scripts/setup-llamacpp-env.sh && \
+	  .venv-llamacpp/bin/python -m pytest -q -p no:cacheprovider -m llamacpp tests/connectors/llamacpp; \
+	else echo "llama.cpp tier not present"; fi
 
 bench: $(STAMP)
 	$(VENV)/bin/tierkv bench
@@ -75,4 +93,4 @@ bench-redis: $(STAMP)
 	$(PY) benchmarks/vault_vs_redis.py
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-mlx .state build site *.egg-info
+	rm -rf $(VENV) .venv-vllm .venv-vllm033 .venv-mlx .venv-llamacpp .state build site *.egg-info

@@ -427,6 +427,14 @@ def test_status_reads_at_80_columns_in_a_terminal(vault_factory: VaultFactory, t
     cfg.write_text(f'[cluster.kv_cold]\nhost = "{host}"\nport = {port}\n')
     screen = in_a_terminal(["status", "-c", str(cfg)], 80)
     lines = screen.replace("\r", "").splitlines()
-    assert max(len(line) for line in lines) <= 80, screen
+    table = [line for line in lines if line[:1] in "┏┃┡│└"]  # prose lines below it wrap in the terminal
+    assert table and max(len(line) for line in table) <= 80, screen
     row = next(line for line in lines if "kv_cold" in line)
-    assert v.address in row and " ok " in row and "…" not in screen, screen
+    assert v.address in row and "│ ok" in row and "…" not in screen, screen
+
+
+def test_reading_kv_events_needs_the_light_routing_extra_not_vllm() -> None:
+    from tierkv.extras import install_hint
+
+    assert install_hint("zmq") == install_hint("msgspec") == "pip install 'tierkv[routing]'"
+    assert install_hint("vllm") == "pip install 'tierkv[vllm]'"

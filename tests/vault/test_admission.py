@@ -154,3 +154,27 @@ def test_refusals_past_the_queue_and_per_connection() -> None:
         with adm2.admit("t", "other"):
             assert adm2.running == 3
     assert adm.refused == 2 and adm2.refused == 1
+
+
+def test_health_answers_while_every_call_slot_is_held(vault_factory: VaultFactory, tmp_path: Path) -> None:
+    """One slot (``workers = 1``) and 8 gRPC Puts that never end their streams: the vault's calls are
+    held or refused, and health checks still answer SERVING, every one."""
+    cfg = tmp_path / "vault.toml"
+    cfg.write_text("[vault]\nworkers = 1\n")
+    v = vault_factory(extra_args=["--config", str(cfg)])
+    release = threading.Event()
+    with grpc.insecure_channel(v.address) as ch:
+        put = ch.stream_unary(f"/{SERVICE}/Put", Ident, Ident)
+        held = [put.future(iter(lambda: release.wait(30) and b"", b""), timeout=30) for _ in range(8)]
+        try:
+            deadline = time.monotonic() + 10
+            while sum(h.done() for h in held) < 7 and time.monotonic() < deadline:
+                time.sleep(0.01)  # all but the one running are refused within the wait
+            serving = health_pb2.HealthCheckResponse.SERVING
+            assert [health_check(v.address) for _ in range(10)] == [serving] * 10
+            refused = [h.exception() for h in held if h.done()]
+            assert len(refused) == 7
+            codes = {e.code() for e in refused if isinstance(e, grpc.RpcError)}
+            assert codes == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+        finally:
+            release.set()

@@ -1,4 +1,4 @@
-"""``tierkv bench synthetic | hf | engine | mlx | trace``: one subcommand, with its own options, per mode.
+"""``tierkv bench synthetic | hf | engine | mlx | llamacpp | trace``: a subcommand per mode, own options.
 
 Bare ``tierkv bench`` is ``tierkv bench synthetic``. Before the subcommands the mode was a flag of one
 command (``tierkv bench --hf ...``, ``tierkv bench --engine-api URL ...``, 26 options whatever the mode);
@@ -422,6 +422,66 @@ def mlx(
         warnings: list[str] = []
         with watched_vaults(cfg, where, need_ssm=True, record=record, warnings=warnings) as found:
             result = run_mlx(found.cluster, settings, console)
+        result.vaults.update(record)
+        result.warnings.extend(warnings)
+        return result
+
+    _run(config, verbose, json_out, measure)
+
+
+@bench_app.command()
+def llamacpp(
+    config: ConfigOpt = None,
+    tokens: Lengths = "512,2048",
+    repeats: Repeats = 2,
+    block_tokens: BlockTokens = 16,
+    layers: Annotated[int, typer.Option(help="Layers of the random llama.")] = 8,
+    hidden: Annotated[int, typer.Option(help="Hidden size of the random llama.")] = 512,
+    kv: Annotated[
+        str, typer.Option(help="KV cache type: f16, q8_0 or q4_0 (V stays f16 without flash attention).")
+    ] = "f16",
+    flash_attn: Annotated[
+        bool, typer.Option("--flash-attn/--no-flash-attn", help="llama.cpp flash attention.")
+    ] = True,
+    threads: Annotated[int, typer.Option(help="llama.cpp threads.")] = 2,
+    vaults: Vaults = "local",
+    use_config_vaults: UseConfigVaults = False,
+    state_dir: StateDir = None,
+    vault_max_bytes: VaultMaxBytes = "1GiB",
+    vault_sync: VaultSync = "durable",
+    seed: Seed = 0,
+    json_out: JsonOut = None,
+    verbose: Verbose = 0,
+) -> None:
+    """Prefill vs hot hit vs cold restore TTFT with a random-weight llama.cpp model (tierkv[llamacpp])."""
+    from tierkv.bench import runner
+    from tierkv.bench.vaults import watched_vaults
+
+    def measure(cfg: Config, console: Console) -> BenchResult:
+        try:
+            from tierkv.bench.llamacpp import KV_TYPES, LlamaBenchSettings, run_llamacpp
+        except ImportError as exc:
+            raise BenchError(
+                f"bench llamacpp needs llama-cpp-python and gguf (tierkv's llamacpp extra): {exc}"
+            ) from exc
+        if kv not in KV_TYPES:
+            raise BenchError(f"--kv: one of {', '.join(KV_TYPES)}, got {kv!r}")
+        settings = LlamaBenchSettings(
+            lengths=runner.parse_lengths(tokens),
+            repeats=repeats,
+            block_size=block_tokens,
+            layers=layers,
+            hidden=hidden,
+            kv=kv,
+            flash_attn=flash_attn,
+            threads=threads,
+            seed=seed,
+        )
+        where = runner.vault_settings(vaults, use_config_vaults, state_dir, vault_max_bytes, vault_sync)
+        record: dict[str, object] = {}
+        warnings: list[str] = []
+        with watched_vaults(cfg, where, need_ssm=False, record=record, warnings=warnings) as found:
+            result = run_llamacpp(found.cluster, settings, console)
         result.vaults.update(record)
         result.warnings.extend(warnings)
         return result

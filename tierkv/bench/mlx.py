@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -30,8 +29,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 from rich.console import Console
-from rich.table import Table
 
+from tierkv.bench.ttft import TTFTResult, TTFTRow
 from tierkv.connectors.mlx.hook import MlxTier
 from tierkv.tiering.storage import Storage
 
@@ -50,94 +49,6 @@ class MlxBenchSettings:
     sliding_window: int = 0
     """0: every layer full attention; else every other layer is a sliding window of this many tokens."""
     seed: int = 0
-
-
-@dataclass
-class Row:
-    """One prompt: the three TTFTs and what the cold restore moved."""
-
-    tokens: int
-    prefill_s: float
-    hot_s: float
-    cold_s: float
-    restored: int
-    fetched_bytes: int
-    get_s: float
-    decode_s: float
-    inject_s: float
-    identical: bool
-
-
-@dataclass
-class MlxBenchResult:
-    settings: MlxBenchSettings
-    model_desc: str
-    rows: list[Row] = field(default_factory=list)
-    vaults: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    verdict: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.rows) and all(r.identical for r in self.rows)
-
-    def finish(self) -> None:
-        """Set the one-line verdict once every row is in."""
-        self.verdict = self._verdict()
-
-    def _verdict(self) -> str:
-        if not self.ok:
-            return "FAIL: a cold restore did not give the full prefill's first token"
-        longest = max(r.tokens for r in self.rows)
-        at = [r for r in self.rows if r.tokens == longest]
-        speedup = statistics.median(r.prefill_s for r in at) / statistics.median(r.cold_s for r in at)
-        return f"cold restore {speedup:.1f}x faster than prefill at {longest} tokens (median)"
-
-    def document(self) -> dict[str, Any]:
-        return {
-            "mode": "mlx",
-            "settings": dataclasses.asdict(self.settings),
-            "model": self.model_desc,
-            "rows": [dataclasses.asdict(r) for r in self.rows],
-            "vaults": self.vaults,
-            "warnings": self.warnings,
-            "ok": self.ok,
-            "verdict": self.verdict,
-        }
-
-    def render(self, console: Console) -> None:
-        table = Table(title=f"tierkv bench mlx — {self.model_desc}")
-        for name in (
-            "tokens",
-            "prefill ms",
-            "hot ms",
-            "cold ms",
-            "prefill/cold",
-            "MB moved",
-            "net/codec/inject",
-        ):
-            table.add_column(name, justify="right")
-        for length in sorted({r.tokens for r in self.rows}):
-            rows = [r for r in self.rows if r.tokens == length]
-
-            def med(name: str, rows: list[Row] = rows) -> float:
-                return float(statistics.median(getattr(r, name) for r in rows))
-
-            cold = med("cold_s")
-            shares = "/".join(f"{med(k) / cold:.0%}" for k in ("get_s", "decode_s", "inject_s"))
-            table.add_row(
-                str(length),
-                f"{med('prefill_s') * 1e3:.1f}",
-                f"{med('hot_s') * 1e3:.1f}",
-                f"{cold * 1e3:.1f}",
-                f"{med('prefill_s') / cold:.1f}x",
-                f"{med('fetched_bytes') / 1e6:.2f}",
-                shares,
-            )
-        console.print(table)
-        for w in self.warnings:
-            console.print(f"[yellow]warning:[/yellow] {w}")
-        console.print(self.verdict)
 
 
 def build_model(settings: MlxBenchSettings) -> tuple[Any, str]:
@@ -170,7 +81,7 @@ def first_token(model: Any, tokens: Sequence[int], cache: list[Any]) -> int:
     return int(tok)
 
 
-def measure_prompt(model: Any, tier: MlxTier, ids: list[int]) -> Row:
+def measure_prompt(model: Any, tier: MlxTier, ids: list[int]) -> TTFTRow:
     """The three TTFTs of one prompt (see the module docstring)."""
     hot_cache = make_prompt_cache(model)
     model(mx.array(ids[:-1])[None], cache=hot_cache)
@@ -190,24 +101,24 @@ def measure_prompt(model: Any, tier: MlxTier, ids: list[int]) -> Row:
     prepared = tier.prepare(ids)
     cold = first_token(model, prepared.tokens[prepared.processed :], prepared.cache)
     cold_s = time.perf_counter() - t
-    return Row(
+    parts = {"network": prepared.get_s, "codec": prepared.decode_s, "inject": prepared.inject_s}
+    return TTFTRow(
         len(ids),
         prefill_s,
         hot_s,
         cold_s,
         prepared.restored,
         prepared.fetched_bytes,
-        prepared.get_s,
-        prepared.decode_s,
-        prepared.inject_s,
+        parts,
         identical=cold == reference == hot and prepared.restored > 0,
     )
 
 
-def run_mlx(storage: Storage, settings: MlxBenchSettings, console: Console) -> MlxBenchResult:
+def run_mlx(storage: Storage, settings: MlxBenchSettings, console: Console) -> TTFTResult:
     """Build the model, warm it up, and time every prompt of the sweep over ``storage``."""
     model, desc = build_model(settings)
-    result = MlxBenchResult(settings, desc)
+    parts = ("network", "codec", "inject")
+    result = TTFTResult("mlx", dataclasses.asdict(settings), desc, parts, "the full prefill's first token")
     tier = MlxTier(model, storage, block_size=settings.block_size, codec=settings.codec)
     rng = np.random.default_rng(settings.seed)
     first_token(model, [1, 2, 3], make_prompt_cache(model))  # compile and allocate outside the timings
@@ -219,4 +130,4 @@ def run_mlx(storage: Storage, settings: MlxBenchSettings, console: Console) -> M
     return result
 
 
-__all__ = ["MlxBenchResult", "MlxBenchSettings", "Row", "build_model", "measure_prompt", "run_mlx"]
+__all__ = ["MlxBenchSettings", "build_model", "measure_prompt", "run_mlx"]

@@ -12,13 +12,13 @@ import dataclasses
 import json
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from tierkv.routing.cluster import LocalCluster, complete, routed
+from tierkv.routing.cluster import LocalCluster, complete, connector_total, reset_prefix_cache, routed
 
 MODEL = "tiny-agents"
 VOCAB = 1000
@@ -91,11 +91,23 @@ def agent_trace(
 
 @dataclasses.dataclass(frozen=True)
 class Routed:
+    """One request: the replica the router chose, the prompt tokens it credited there (cached on that
+    replica's GPU, or announced in the vaults), the tokens left to prefill by the router's estimate, and
+    the prompt tokens the chosen replica then loaded from the vaults."""
+
     turn: Turn
     replica: str
     credited: int
     prefill: int
     outcome: str
+    restored: int = 0
+
+    def why(self) -> str:
+        if self.restored:
+            return f"restored {self.restored} prompt tokens from the vaults"
+        if self.credited:
+            return f"{self.credited} prompt tokens already cached there"
+        return "no cached prefix anywhere: the least loaded replica"
 
 
 def decisions(log: Path, skip: int) -> list[dict[str, str]]:
@@ -104,62 +116,115 @@ def decisions(log: Path, skip: int) -> list[dict[str, str]]:
     return [m.groupdict() for m in DECISION.finditer(text)][skip:]
 
 
-def send_trace(cluster: LocalCluster, trace: Iterator[Turn], max_tokens: int = 4) -> list[Routed]:
-    """Each turn through the router, in order; which replica served it and the router's reason."""
+def _restored(cluster: LocalCluster) -> int:
+    """Prompt tokens the vaults served so far, every replica's connector together."""
+    return int(sum(connector_total(spec.url, "restore_tokens") for spec, _ in cluster.replicas))
+
+
+def send_trace(
+    cluster: LocalCluster,
+    trace: Iterable[Turn],
+    max_tokens: int = 4,
+    on_each: Callable[[Routed], None] | None = None,
+) -> list[Routed]:
+    """Each turn through the router, in order; which replica served it, the router's reason and the tokens
+    restored from the vaults. ``on_each`` sees each result as it arrives (progress)."""
     assert cluster.router is not None
     router, process = cluster.router
     names = {spec.url: f"replica{i}" for i, (spec, _) in enumerate(cluster.replicas)}
     results = []
     for turn in trace:
         seen = len(decisions(process.log, 0))
-        before = routed(router)
+        before, restored_before = routed(router), _restored(cluster)
         complete(router.url, cluster.served_name, turn.prompt, max_tokens)
         after = routed(router)
         chosen = [w for w in after if after[w] != before.get(w, 0)]
         why = decisions(process.log, seen)
         last = why[-1] if why else {"credited": "0", "new": "0", "outcome": "?"}
         replica = names.get(chosen[0], chosen[0]) if chosen else "?"
-        results.append(Routed(turn, replica, int(last["credited"]), int(last["new"]), last["outcome"]))
+        restored = _restored(cluster) - restored_before
+        result = Routed(turn, replica, int(last["credited"]), int(last["new"]), last["outcome"], restored)
+        results.append(result)
+        if on_each is not None:
+            on_each(result)
     return results
 
 
-def report(results: list[Routed], console: Console) -> None:
-    table = Table(title="agent trace through vllm-router (kv_aware, tierkv cold events)")
-    for column in ("#", "agent", "conv", "turn", "replica", "credited tokens", "prefill tokens", "why"):
+def progress_line(console: Console, label: str) -> Callable[[Routed], None]:
+    """A printer of one line per request, as it is served."""
+    count = 0
+
+    def show(r: Routed) -> None:
+        nonlocal count
+        count += 1
+        console.print(
+            f"{label} {count}: {r.turn.agent} conversation {r.turn.conversation} turn {r.turn.turn} "
+            f"-> {r.replica}: {r.why()}",
+            highlight=False,
+        )
+
+    return show
+
+
+def report(results: list[Routed], console: Console, title: str) -> None:
+    table = Table(title=title)
+    for column in ("#", "agent", "conv", "turn", "replica", "credited", "prefill", "restored", "why"):
         table.add_column(column)
     for i, r in enumerate(results):
-        why = "prefix already cached there" if r.credited else "no cached prefix: least cost"
-        table.add_row(
-            str(i),
-            r.turn.agent,
-            str(r.turn.conversation),
-            str(r.turn.turn),
-            r.replica,
-            str(r.credited),
-            str(r.prefill),
-            why,
-        )
+        cells = (r.turn.agent, r.turn.conversation, r.turn.turn, r.replica, r.credited, r.prefill, r.restored)
+        table.add_row(str(i), *(str(c) for c in cells), r.why())
     console.print(table)
 
 
+def verdict(trace: list[Routed], again: list[Routed]) -> str:
+    """One line: what tierkv added in this run, or what it did not."""
+    restored = sum(r.restored for r in again)
+    credited = sum(1 for r in trace if r.credited)
+    replicas = sorted({r.replica for r in trace})
+    where = (
+        f"the router sent {credited} of {len(trace)} requests where their prefix was cached "
+        f"(replicas used: {', '.join(replicas)})"
+    )
+    if restored:
+        hit = sum(1 for r in again if r.restored)
+        return (
+            f"verdict: tierkv restored {restored} prompt tokens from the vaults for {hit} of {len(again)} "
+            f"requests after the replicas dropped their caches; {where}"
+        )
+    return f"verdict: nothing came back from the vaults (see the replicas' logs); {where}"
+
+
 def run_cluster_demo(state_dir: Path, console: Console) -> list[Routed]:
-    """Start everything, send the trace, print the table, stop everything (by PID)."""
+    """Start everything, send the trace, drop the replicas' caches and send each agent's first turn
+    again, print what happened and a verdict, stop everything (by PID)."""
     if state_dir.exists():
         shutil.rmtree(state_dir)
     model = write_tiny_model(state_dir / "model")
     args = ("--dtype", "float32", "--enforce-eager", "--load-format", "dummy")
     console.rule("[bold]starting 2 vaults, 2 vLLM replicas (CPU) and vllm-router kv_aware")
-    with LocalCluster(
+    cluster = LocalCluster(
         state_dir / "cluster",
         str(model),
         served_name=MODEL,
         replica_args=args,
         router_args=("--log-level", "debug"),
-    ) as cluster:
+    )
+    with console.status("starting (a CPU takes a minute or two per replica) ..."):
+        cluster.start()
+    try:
         for i, (spec, _) in enumerate(cluster.replicas):
             console.print(f"replica{i}: {spec.url}  events {spec.events}")
         router = cluster.router[0].url if cluster.router else "-"
         console.print(f"vaults: {', '.join(v.address for v in cluster.vaults)}; router: {router}")
-        results = send_trace(cluster, agent_trace())
-        report(results, console)
-    return results
+        console.rule("[bold]1. an agent trace through the router")
+        trace = send_trace(cluster, agent_trace(), on_each=progress_line(console, "request"))
+        console.rule("[bold]2. the replicas drop their prefix caches (as under memory pressure)")
+        for spec, _ in cluster.replicas:
+            reset_prefix_cache(spec.url)
+        first_turns = [t for t in agent_trace() if t.turn == 0 and t.conversation == 0]
+        again = send_trace(cluster, first_turns, on_each=progress_line(console, "again"))
+        report(trace + again, console, "where each request went, and why")
+        console.print(verdict(trace, again), highlight=False)
+    finally:
+        cluster.stop()
+    return trace + again

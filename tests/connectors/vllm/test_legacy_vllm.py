@@ -69,9 +69,10 @@ def test_a_0_1_launch_line_starts_vllm_and_restores(tmp_path: Path, vault: Vault
             assert any(key in line and "0.1" in line for line in seen.lines), (key, seen.lines)
 
         _, stored = store_then_forget(llm, PROMPT)
-        assert stored["stored_blocks"] == 9
+        assert stored["stored_blocks"] == 9 and stored.get("restore_tokens", 0) == 0
         _, restored = generate_counted(llm, PROMPT)
         assert restored["restored_blocks"] == 9
+        assert restored["restore_tokens"] == 9 * BLOCK_SIZE, "the plain count of tokens taken from the vaults"
         assert restored.get("load_errors", 0) == 0
 
         namespace = conn.identity.stream_namespace(conn.topology.streams[0])

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.connectors.vllm.clock import StepClock
 from tierkv.client.cluster import Cluster
 from tierkv.connectors.vllm.plan import KV, GroupPlan, make_topology
 from tierkv.connectors.vllm.scheduler import SchedulerSide
@@ -130,7 +131,9 @@ def arrived(scheduler: SchedulerSide, num_tokens: int) -> FakeRequest:
 
 def test_a_prompt_is_looked_up_on_arrival_and_vllm_is_answered_from_that_lookup(vault: VaultProcess) -> None:
     put_blocks(vault.address, KEYS[:5])
-    scheduler = make_scheduler(vault.address, lookup_lease_ms=2000)
+    scheduler = make_scheduler(
+        vault.address, lookup_lease_ms=2000, clock=StepClock()
+    )  # the lease stays young
     try:
         request = arrived(scheduler, 6 * BS + 1)
         # vLLM's own cache holds the first 2 blocks: the lookup of the whole prompt answers for the rest
@@ -160,10 +163,11 @@ def test_a_lookup_on_arrival_that_says_nothing_past_the_local_hit_is_asked_again
 
 def test_a_lookup_on_arrival_older_than_half_its_lease_is_not_trusted(vault: VaultProcess) -> None:
     put_blocks(vault.address, KEYS[:3])
-    scheduler = make_scheduler(vault.address, lookup_lease_ms=100)
+    clock = StepClock()
+    scheduler = make_scheduler(vault.address, lookup_lease_ms=100, clock=clock)
     try:
         request = arrived(scheduler, 6 * BS + 1)
-        time.sleep(0.06)  # past half the lease: the vaults may drop the blocks before the load
+        clock.advance(0.06)  # past half the lease: the vaults may drop the blocks before the load
         assert matched(scheduler, request, BS) == (2 * BS, True)
         assert scheduler.counters.totals()["lookups"] == 2
     finally:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
+import vllm
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -63,6 +64,7 @@ from tierkv.connectors.vllm.protect import GpuProtector, request_candidates
 from tierkv.connectors.vllm.scheduler import SchedulerSide
 from tierkv.connectors.vllm.settings import ConnectorSettings, load_failure_policy
 from tierkv.connectors.vllm.stats import Counters
+from tierkv.connectors.vllm.versions import check_vllm
 from tierkv.connectors.vllm.worker import GroupView, WorkerSide
 from tierkv.errors import ConfigError
 
@@ -85,6 +87,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SLEEP_MODE_REFUSED = (
+    "sleep mode frees and remaps the KV cache under the connector's loads and stores in flight; "
+    "TierKVConnector does not support it: start vLLM without --enable-sleep-mode"
+)
 IDLE_WAIT_S = 0.005
 """How long a step with nothing to compute may wait for a running transfer to finish."""
 
@@ -178,10 +184,14 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
     ) -> None:
+        check_vllm(vllm.__version__)
         if kv_cache_config is None:
             raise ConfigError(
                 "vllm", "kv_cache_config", "TierKVConnector needs vLLM >= 0.11 (3-argument API)"
             )
+        if vllm_config.model_config is not None and vllm_config.model_config.enable_sleep_mode:
+            # vLLM 0.33+ asks supports_sleep_mode() itself; 0.32 does not, so refuse it here as well
+            raise ConfigError("vllm", "enable_sleep_mode", SLEEP_MODE_REFUSED)
         join_vllm_log()
         super().__init__(vllm_config, role, kv_cache_config)
         transfer = self._kv_transfer_config
@@ -502,6 +512,13 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     def take_events(self) -> Iterable[KVCacheEvent]:
         """Cold-tier ``BlockStored`` / ``BlockRemoved`` (medium ``STORAGE``) with ``kv_events: true``."""
         return self._events.take() if self._events is not None else ()
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        """No (vLLM 0.33+ asks this and refuses ``--enable-sleep-mode`` with its own message): the worker
+        keeps views of the KV tensors and transfers in flight on them across steps, and sleep frees that
+        memory and maps it anew on wake-up. Draining and re-registering is not implemented."""
+        return False
 
     def reset_cache(self) -> bool | None:
         """Forget pending lookups; the vaults are shared and persistent, so their contents stay."""

@@ -26,7 +26,8 @@ logger = logging.getLogger(__name__)
 
 _HELP = {
     "lookups": "Prefix lookups answered by the vaults",
-    "lookup_hit_tokens": "Prompt tokens the connector offered to load",
+    "lookup_hit_tokens": "Prompt tokens the vaults' lookups found (a prompt may be looked up more than once)",
+    "restore_tokens": "Prompt tokens vLLM loaded from the vaults instead of computing them",
     "restore_requests": "Requests whose blocks were loaded",
     "restored_blocks": "Blocks loaded into the KV cache",
     "restored_bytes": "Bytes of blobs loaded",

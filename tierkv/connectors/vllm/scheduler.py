@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tierkv.connectors.vllm.hints import RequestLayouts
 from tierkv.connectors.vllm.plan import (
@@ -59,6 +59,27 @@ KeyFunction = Callable[[Any], list[bytes]]
 """Block keys of a request, one per full block of the topology's block size."""
 
 
+class LookupClock(Protocol):
+    """Time as the lookups see it: a monotonic clock and a bounded wait for lookups. Injected in tests,
+    so that wait budgets and lease ages are checked without wall-clock bounds."""
+
+    def monotonic(self) -> float: ...
+
+    def wait(self, futures: Sequence[Future[int]], timeout: float) -> None:
+        """Return when every future is done or ``timeout`` seconds have passed."""
+        ...
+
+
+class SystemClock:
+    """The real :class:`LookupClock`."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wait(self, futures: Sequence[Future[int]], timeout: float) -> None:
+        wait(futures, timeout=timeout)
+
+
 @dataclass
 class _Lookup:
     """A lookup of the blocks of ``window``: ``future`` gives how many leading blocks the vaults hold."""
@@ -68,9 +89,9 @@ class _Lookup:
     started: float
     waited: bool = False
 
-    def covers(self, window: Window, max_age: float) -> bool:
+    def covers(self, window: Window, max_age: float, now: float) -> bool:
         """Whether this lookup may answer for ``window``: it spans it and its lease (if any) is young."""
-        fresh = max_age <= 0 or time.monotonic() - self.started < max_age
+        fresh = max_age <= 0 or now - self.started < max_age
         return fresh and self.window.start <= window.start and window.stop <= self.window.stop
 
     def hits_in(self, window: Window) -> int | None:
@@ -114,8 +135,10 @@ class SchedulerSide:
         retention: Retention | None = None,
         events: ColdEvents | None = None,
         eviction: EvictionStore | None = None,
+        clock: LookupClock | None = None,
     ) -> None:
         self.topology = topology
+        self.clock: LookupClock = clock or SystemClock()
         self.eviction = eviction
         self.namespaces = {s: tuple(ns) for s, ns in namespaces.items()}
         self.block_keys = block_keys
@@ -196,7 +219,7 @@ class SchedulerSide:
         entry = self._lookups.get(rid)
         if entry is not None and entry.window != window:
             # an earlier lookup of a wider window (the one started on arrival) may answer for this one
-            if entry.covers(window, self.lookup_lease_ms / 2000):
+            if entry.covers(window, self.lookup_lease_ms / 2000, self.clock.monotonic()):
                 self._wait(entry)
                 if not entry.future.done():
                     return None
@@ -213,7 +236,7 @@ class SchedulerSide:
 
     def _start_lookup(self, rid: str, keys: list[bytes], window: Window) -> _Lookup:
         future = self._pool.submit(self._lookup, keys[window.start : window.stop], window)
-        entry = self._lookups[rid] = _Lookup(window, future, time.monotonic())
+        entry = self._lookups[rid] = _Lookup(window, future, self.clock.monotonic())
         return entry
 
     def _wait(self, entry: _Lookup) -> None:
@@ -224,9 +247,9 @@ class SchedulerSide:
         if entry.waited or entry.future.done() or self._wait_left <= 0:
             return
         entry.waited = True
-        start = time.perf_counter()
-        wait([entry.future], timeout=self._wait_left)
-        waited = time.perf_counter() - start
+        start = self.clock.monotonic()
+        self.clock.wait([entry.future], self._wait_left)
+        waited = self.clock.monotonic() - start
         self._wait_left -= waited
         self.counters.add("lookup_wait_us", round(waited * 1e6))
 
@@ -295,6 +318,7 @@ class SchedulerSide:
                 for pos in range(window.start, min(window.stop, len(block_ids[g.index])))
             ]
         self._jobs.loads.append(LoadJob(request.request_id, tuple(refs), broken=broken, sync=self.sync_loads))
+        self.counters.add("restore_tokens", num_external_tokens)
         if not self.sync_loads:
             # Until the worker reports it in finished_recving; sync loads are done within their step.
             self._loading.add(request.request_id)
@@ -376,4 +400,4 @@ class SchedulerSide:
         self._storage.close()
 
 
-__all__ = ["KeyFunction", "SchedulerSide"]
+__all__ = ["KeyFunction", "LookupClock", "SchedulerSide", "SystemClock"]

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 COUNTERS: tuple[str, ...] = (
     "lookups",
     "lookup_hit_tokens",
+    "restore_tokens",
     "restore_requests",
     "restored_blocks",
     "restored_bytes",
@@ -55,7 +56,10 @@ COUNTERS: tuple[str, ...] = (
 )
 """Every counter the connector reports, in a fixed order.
 
-``lookups``/``lookup_hit_tokens``: prefix lookups answered and the tokens they claimed (scheduler);
+``lookups``/``lookup_hit_tokens``: prefix lookups answered and the tokens they found (scheduler; a prompt
+may be looked up more than once, and on arrival also where vLLM's own cache holds it);
+``restore_tokens``: prompt tokens vLLM took from the vaults instead of computing them (loads scheduled; a
+block whose load fails is counted in ``load_errors`` and recomputed);
 ``restore_requests``/``restored_blocks``/``restored_bytes``: loads done; ``load_errors``: blocks whose
 fetch, checksum, header or decode failed and were handed back to vLLM for recomputation;
 ``store_requests``/``stored_blocks``/``stored_bytes``: blobs the vaults' replies said they stored;
