@@ -37,7 +37,7 @@ from tierkv.codec.torch_codec import dtype_name
 from tierkv.connectors.vault_settings import VaultSettings
 from tierkv.errors import ConfigError, TierKVError
 from tierkv.keys import Namespace, wrap_engine_hashes
-from tierkv.tiering import ColdTier, Expect, StreamSpec
+from tierkv.tiering import ColdTier, StreamSpec
 from tierkv.tiering.tensors import TorchArrays
 
 logger = logging.getLogger(__name__)
@@ -94,8 +94,7 @@ class TierKVConnector(RemoteConnector):  # type: ignore[misc]  # LMCache's ABC, 
             tenant=settings.namespace,
         )
         self.spec = StreamSpec(self.namespace.digest, LayerGroup.ATTENTION, "raw")
-        # shape and tokens open: a prompt's last chunk holds fewer tokens; the blob's header says how many
-        self.expect = Expect(self.spec.layer_group, self.spec.codec, dtype=self.namespace.dtype)
+        self.expect = self.spec.expect(None, None, self.namespace.dtype)
         self.storage = settings.cluster()
         self.tier = ColdTier(self.storage, TorchArrays())
 
