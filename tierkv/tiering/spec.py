@@ -46,9 +46,9 @@ class StreamSpec:
         """The codec this stream's blobs are written in (see :func:`codec_for`)."""
         return codec_for(self.layer_group, self.kv_codec)
 
-    def expect(self, shape: Sequence[int], tokens: int, dtype: str | None = None) -> Expect:
-        """The header a blob of this stream with ``shape`` and ``tokens`` must carry."""
-        return Expect(self.layer_group, self.codec, tuple(shape), tokens, dtype)
+    def expect(self, shape: Sequence[int] | None, tokens: int | None, dtype: str | None = None) -> Expect:
+        """The header a blob of this stream with ``shape`` and ``tokens`` must carry (None: any)."""
+        return Expect(self.layer_group, self.codec, None if shape is None else tuple(shape), tokens, dtype)
 
     def sibling(self, layer_group: LayerGroup) -> StreamSpec:
         """The stream of ``layer_group`` in the same namespace (e.g. a model's CONV beside its SSM state)."""
