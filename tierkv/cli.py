@@ -121,7 +121,7 @@ def vault(
     ] = None,
     policy: Annotated[
         str | None,
-        typer.Option(help=f"Eviction policy: lru, priority-lru or context (default {_VAULT.policy})."),
+        typer.Option(help=f"Eviction policy: adaptive, lru, priority-lru, context (default {_VAULT.policy})"),
     ] = None,
     role: Annotated[
         str | None, typer.Option(help="Role this vault serves: kv_cold or ssm_cold (default kv_cold).")

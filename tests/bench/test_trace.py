@@ -193,6 +193,7 @@ def _request(tenant: str, *parts: tuple[str, int, str]) -> Request:
 
 
 def _replay(trace: Trace, policy: str, fraction: float, tmp_path: Path, **kw: Any) -> tuple[PolicyRun, Any]:
+    kw.setdefault("lease_ms", 0)  # a lease may cover a quarter of the budget: one of these few blocks
     s = ReplaySettings(policies=(policy,), capacities=(fraction,), blob_bytes=BLOB, **kw)
     work = prepare(trace, s)
     run = replay_one(work, s, policy, fraction, tmp_path, lambda: None, Deadline(120))
@@ -258,7 +259,16 @@ def test_min_turnover_reaches_the_context_vault_and_keeps_what_is_important(tmp_
 # -- the command ---------------------------------------------------------------------------------------
 
 TINY_ARGS = ["--tenants", "1", "--agents", "1", "--sessions", "2", "--turns", "2", "--seed", "5"]
-RUN_ARGS = ["--policies", "lru,priority-lru", "--capacities", "30%,100%", "--blob-bytes", "32KiB"]
+RUN_ARGS = [
+    "--policies",
+    "lru,priority-lru",
+    "--capacities",
+    "30%,100%",
+    "--blob-bytes",
+    "32KiB",
+    "--lease-ms",
+    "0",
+]
 
 
 def test_command_generates_saves_replays_and_charts(tmp_path: Path) -> None:
@@ -369,7 +379,8 @@ def test_a_run_out_of_time_says_so_and_fails(tmp_path: Path) -> None:
     )
     result = run_trace(s, Console(file=io.StringIO()))
     assert result.truncated and not result.runs and not result.ok
-    assert "stopped at --max-seconds" in result.errors[0] and "skipped lru@100%" in result.warnings[0]
+    assert "no run finished within its time limit" in result.errors[0]
+    assert result.warnings[0] == "lru @ 100%: stopped at --max-seconds 1e-09; run skipped"
 
 
 def test_a_budget_too_small_for_the_blocks_is_refused_before_any_vault_starts() -> None:
@@ -378,7 +389,7 @@ def test_a_budget_too_small_for_the_blocks_is_refused_before_any_vault_starts() 
         replay=ReplaySettings(policies=("lru",), capacities=(0.5, 0.0001), blob_bytes=BLOB),
     )
     with pytest.raises(
-        BenchError, match=r"capacity 0% of the [0-9,]+-byte working set is under [0-9,]+ bytes"
+        BenchError, match=r"capacity 0.01% of the [0-9,]+-byte working set is under [0-9,]+ bytes"
     ):
         run_trace(s, Console(file=io.StringIO()))
 

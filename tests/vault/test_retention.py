@@ -57,7 +57,9 @@ def test_protected_blocks_survive_tenfold_overfill(
 def test_the_protected_cap_holds_and_overflow_is_stored_unprotected(
     vault_factory: VaultFactory, tmp_path: Path
 ) -> None:
-    v = configured(vault_factory, tmp_path, "[retention]\nmax_protected_fraction = 0.25\n", max_bytes="4MiB")
+    # under lru the flood pushes out what is not protected (adaptive would keep the overflow: important)
+    text = '[vault]\npolicy = "lru"\n[retention]\nmax_protected_fraction = 0.25\n'
+    v = configured(vault_factory, tmp_path, text, max_bytes="4MiB")
     pinned = {b"sys%d" % i: os.urandom(64 * 1024) for i in range(32)}  # 2 MiB asked, 1 MiB allowed
     with VaultClient(v.address, timeout=10) as c:
         c.put(b"ns", pinned, meta=dict.fromkeys(pinned, AXIOMS))
@@ -134,9 +136,10 @@ def test_the_async_client_sends_metadata(vault: VaultProcess) -> None:
 
 
 def test_old_clients_without_metadata_get_lru_exactly_as_before(vault_factory: VaultFactory) -> None:
-    """Raw Puts as a client from before the metadata field sends them, against an exact LRU model."""
+    """Raw Puts as a client from before the metadata field sends them, against an exact LRU model (the
+    vault configured with ``lru``, the default before ``adaptive``)."""
     budget = 2 << 20
-    v = vault_factory(max_bytes=budget)
+    v = vault_factory(max_bytes=budget, extra_args=["--policy", "lru"])
     model = LRUModel(budget, b"ns")
     rng = __import__("random").Random(3)
     with grpc.insecure_channel(v.address) as ch:

@@ -29,6 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tierkv.retention.classes import BlockMeta
 from tierkv.vault.leases import MAX_LEASE_MS
+from tierkv.vault.policy import AdaptivePolicy, EvictionPolicy, LRUPolicy
 from tierkv.vault.store import DEFAULT_TENANT, Lookup, Store
 
 BUDGET = 12_000
@@ -74,6 +75,8 @@ class Tenant:
 
 
 class StoreModel(RuleBasedStateMachine):
+    policy: type[EvictionPolicy] = LRUPolicy
+
     def __init__(self) -> None:
         super().__init__()
         self.tmp = TemporaryDirectory()
@@ -99,6 +102,7 @@ class StoreModel(RuleBasedStateMachine):
             tenants=quota_of,
             max_protected_fraction=PROTECTED_FRACTION,
             clock=self.clock,
+            policy=self.policy(),
         )
         self.tenants = {n: Tenant(n, q) for n, q in quota_of.items()}
 
@@ -324,6 +328,17 @@ StoreModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestStoreModel = StoreModel.TestCase
+
+
+class AdaptiveStoreModel(StoreModel):
+    """The same promises under ``adaptive``: its parts, admission and learned victim choice decide only
+    which permitted entry goes."""
+
+    policy = AdaptivePolicy
+
+
+AdaptiveStoreModel.TestCase.settings = StoreModel.TestCase.settings
+TestAdaptiveStoreModel = AdaptiveStoreModel.TestCase
 
 
 @pytest.mark.parametrize("tenants", [1, 2])

@@ -499,7 +499,9 @@ def trace(
     agents: Annotated[int, typer.Option(help="Generated: agents per tenant.")] = 2,
     sessions: Annotated[int, typer.Option(help="Generated: sessions per agent.")] = 8,
     turns: Annotated[int, typer.Option(help="Generated: most requests per session.")] = 6,
-    policies: Annotated[str, typer.Option(help="Eviction policies to compare.")] = "lru,priority-lru,context",
+    policies: Annotated[
+        str, typer.Option(help="Eviction policies to compare.")
+    ] = "lru,adaptive,priority-lru,context",
     capacities: Annotated[
         str, typer.Option(help="Vault budgets as fractions of the trace's working set.")
     ] = "10%,30%,60%",
@@ -518,10 +520,32 @@ def trace(
     min_turnover: Annotated[
         int, typer.Option(help="The context vaults' [retention.weights] min_turnover (store events; 0: off).")
     ] = 0,
+    workload: Annotated[
+        str,
+        typer.Option(help="Generated trace: agent (tagged, multi-tenant), or hash ids: chat, docs, agents."),
+    ] = "agent",
+    requests: Annotated[int, typer.Option(help="Generated hash-id shapes: requests in the trace.")] = 4000,
+    trace_format: Annotated[
+        str, typer.Option("--format", help="Trace lines: auto (by their fields), tierkv or hash-ids.")
+    ] = "auto",
+    trace_block_tokens: Annotated[
+        int, typer.Option(help="Tokens per id of a hash-id trace (Mooncake's: 512); its replay's block size.")
+    ] = 512,
+    speedup: Annotated[
+        float, typer.Option(help="Replay timestamps at this many times their pace (0: back to back).")
+    ] = 0.0,
+    in_process: Annotated[
+        bool, typer.Option(help="Replay lru and adaptive by their in-process twins instead of vaults.")
+    ] = False,
+    lease_ms: Annotated[
+        int, typer.Option(help="Lookup lease, as the vLLM connector asks (0: none; at most 10000).")
+    ] = 2000,
     chart: Annotated[
         str | None, typer.Option(help="Chart PNG or SVG (default: next to --json FILE, as .png).")
     ] = None,
-    max_seconds: MaxSeconds = 1800.0,
+    max_seconds: Annotated[
+        float, typer.Option(help="Time limit of each run (policy at a capacity); a run past it is skipped.")
+    ] = 1800.0,
     state_dir: StateDir = None,
     vault_sync: VaultSync = "fast",
     prefetch: Annotated[
@@ -538,7 +562,8 @@ def trace(
     json_out: JsonOut = None,
     verbose: Verbose = 0,
 ) -> None:
-    """Replay a multi-tenant agent trace through vaults per eviction policy and capacity: hits per class."""
+    """Replay a trace (a file in tierkv's or the hash-id format, or generated) through vaults per eviction
+    policy and capacity, as an engine talks to them, beside the reference LRU and the offline optimum."""
 
     def measure(cfg: Config, console: Console) -> BenchResult:
         from tierkv.bench.trace import TraceSpec
@@ -565,6 +590,13 @@ def trace(
             prefetch_gap_ms=prefetch_gap_ms,
             prefetch_only=prefetch_only,
             min_turnover=min_turnover,
+            workload=workload,
+            requests=requests,
+            trace_block_tokens=trace_block_tokens,
+            speedup=speedup,
+            in_process=in_process,
+            lease_ms=lease_ms,
+            trace_format=trace_format,
         )
         return run_trace(settings, console)
 

@@ -31,7 +31,7 @@ from tierkv.roles import Role
 SyncMode = Literal["durable", "fast"]
 
 
-PolicyName = Literal["lru", "priority-lru", "context"]
+PolicyName = Literal["adaptive", "lru", "priority-lru", "context"]
 
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -163,7 +163,7 @@ class VaultConfig:
     path: str = ""
     max_bytes: ByteSize = setting(ByteSize(8 * 1024**3), minimum=1024**2)
     sync: SyncMode = "durable"
-    policy: PolicyName = "lru"
+    policy: PolicyName = "adaptive"
     on_damage: Literal["refuse", "move-aside"] = "refuse"
     sync_interval_s: float = setting(1.0, positive=True)
     metrics_host: str = ""

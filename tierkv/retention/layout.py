@@ -170,8 +170,9 @@ def tag_blocks(
 def with_parents(
     metas: Sequence[BlockMeta], keys: Sequence[bytes], first_parent: bytes = b""
 ) -> list[BlockMeta]:
-    """The same metadata with each block's ``parent`` set to the key before it in the chain."""
-    parents = [first_parent, *keys[:-1]]
+    """The same metadata with each block's ``parent`` set to the key before it in the chain (no blocks,
+    no metadata: a prompt shorter than one block has neither)."""
+    parents = [first_parent, *keys[:-1]][: len(keys)]
     return [dataclasses.replace(m, parent=p) for m, p in zip(metas, parents, strict=True)]
 
 

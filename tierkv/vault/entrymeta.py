@@ -27,6 +27,8 @@ from tierkv.retention.classes import NEUTRAL_IMPORTANCE
 
 _TAIL = struct.Struct("<dddQIBBH")
 PROTECTED = 1
+PROVEN = 2
+"""Flag: the entry was read, or stored again while remembered (the ``adaptive`` policy's main part)."""
 MAX_CLASSES = 64
 OTHER_CLASS = "(other)"
 MAX_GHOSTS = 100_000
@@ -50,6 +52,7 @@ class EntryMeta:
     source: str = ""
     parent: bytes = b""
     population: int = 1
+    proven: bool = False
 
     def pack(self) -> bytes:
         src = self.source.encode()
@@ -59,7 +62,7 @@ class EntryMeta:
             self.hits,
             self.population,
             min(self.sharing, 0xFFFFFFFF),
-            PROTECTED if self.protected else 0,
+            (PROTECTED if self.protected else 0) | (PROVEN if self.proven else 0),
             len(src),
             len(self.parent),
         )
@@ -76,7 +79,8 @@ class EntryMeta:
             raise ValueError("index tail does not add up")
         source = bytes(raw[_TAIL.size : end]).decode()
         parent = bytes(raw[end:])
-        return cls(expiry, importance, hits, sharing, bool(flags & PROTECTED), source, parent, population)
+        protected, proven = bool(flags & PROTECTED), bool(flags & PROVEN)
+        return cls(expiry, importance, hits, sharing, protected, source, parent, population, proven)
 
     def expired(self, now: float) -> bool:
         return 0.0 < self.expiry <= now

@@ -1,11 +1,17 @@
-"""``tierkv bench trace``: how much each eviction policy keeps of what an agent platform needs again.
+"""``tierkv bench trace``: how much each eviction policy keeps of what real traffic needs again.
 
 - :mod:`.model` — the JSONL trace format (requests as segments or token ids, plus their prompt layout)
   and its parser;
+- :mod:`.hashids` — hash-id traces (Mooncake's FAST'25 release, Dynamo's trace tools), read natively;
 - :mod:`.generate` — the seeded multi-tenant agent trace (layered system prompts, memories, tool results,
   multi-turn history, pasted documents);
-- :mod:`.replay` — replay through real vaults, one per capacity and policy, counting hits per class;
-- :mod:`.report` — issue 11's targets against ``lru``, the tables and the hit-rate chart;
+- :mod:`.conversations` — seeded hash-id traces of chat, document and agent traffic, with timestamps;
+- :mod:`.replay` — replay through real vaults as an engine talks to them, one per capacity and policy,
+  counting hits per class;
+- :mod:`.simulate` — the same at block level in process: the reference LRU, the offline optimum, the
+  ``adaptive`` policy's twin;
+- :mod:`.reference` — the references beside every run and the share of the LRU → optimum gap closed;
+- :mod:`.report` — the targets against ``lru``, the tables and the hit-rate chart;
 - :mod:`.run` — the command's whole run.
 """
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from tierkv.bench.runner import model_shape
+from tierkv.bench.trace.conversations import SHAPES, ConversationSpec
 from tierkv.bench.trace.generate import TraceSpec
+from tierkv.bench.trace.hashids import DEFAULT_BLOCK_TOKENS
+from tierkv.bench.trace.model import FORMATS
 from tierkv.bench.trace.prefetch import PrefetchSettings
-from tierkv.bench.trace.replay import ReplaySettings
+from tierkv.bench.trace.replay import LEASE_MS, ReplaySettings
 from tierkv.bench.trace.run import TraceSettings
 from tierkv.config import parse_size
 from tierkv.errors import BenchError
@@ -70,10 +73,19 @@ def trace_settings(
     prefetch_gap_ms: float = 50.0,
     prefetch_only: bool = False,
     min_turnover: int = 0,
+    workload: str = "agent",
+    requests: int = 4000,
+    trace_block_tokens: int = DEFAULT_BLOCK_TOKENS,
+    speedup: float = 0.0,
+    in_process: bool = False,
+    lease_ms: int = LEASE_MS,
+    trace_format: str = "auto",
 ) -> TraceSettings:
     model = model_shape(shape)
-    if block_tokens < 1:
-        raise BenchError("--block-tokens must be positive")
+    if trace_format not in FORMATS:
+        raise BenchError(f"--format: expected one of {', '.join(FORMATS)}, got {trace_format!r}")
+    if block_tokens < 1 or trace_block_tokens < 1:
+        raise BenchError("--block-tokens and --trace-block-tokens must be positive")
     replay = ReplaySettings(
         policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
         capacities=parse_fractions(capacities),
@@ -86,8 +98,15 @@ def trace_settings(
         model=model.name,
         protected_cap=protected_cap,
         min_turnover=min_turnover,
+        speedup=speedup,
+        lease_ms=lease_ms,
     )
     return TraceSettings(
+        conversations=_conversations(workload, spec.seed, requests, trace_block_tokens),
+        hash_block_tokens=trace_block_tokens,
+        blob_bytes_given=blob_bytes is not None,
+        in_process=in_process,
+        trace_format=trace_format,
         spec=spec,
         replay=replay,
         trace_file=_path(trace_file),
@@ -96,6 +115,15 @@ def trace_settings(
         prefetch=_prefetch(prefetch, prefetch_gap_ms, prefetch_only),
         prefetch_only=prefetch_only,
     )
+
+
+def _conversations(workload: str, seed: int, requests: int, block_tokens: int) -> ConversationSpec | None:
+    """``--workload``: ``agent`` (the tagged agent trace), or a hash-id shape (:mod:`.conversations`)."""
+    if workload == "agent":
+        return None
+    if workload not in SHAPES:
+        raise BenchError(f"--workload: expected agent or one of {', '.join(SHAPES)}, got {workload!r}")
+    return ConversationSpec(shape=workload, seed=seed, requests=requests, block_tokens=block_tokens)
 
 
 def _prefetch(size: str | None, gap_ms: float, only: bool) -> PrefetchSettings | None:

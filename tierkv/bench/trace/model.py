@@ -17,6 +17,11 @@ A trace file (JSONL, UTF-8) holds an optional header line and then one request p
   length.
 - ``layout``: the prompt's chunks exactly as an application sends them to tierkv
   (:func:`tierkv.retention.parse_layout`, token spans only), each span inside the request.
+- ``timestamp`` (optional): when the request arrived, in milliseconds from any origin (non-decreasing
+  is not required; the replay keeps the file's order).
+
+Traces in the hash-id format of Mooncake's FAST'25 release (:mod:`.hashids`) are read by the same
+functions: a line with ``hash_ids`` is one of those.
 
 Blank lines are skipped. Any other malformed line is a :class:`TraceError` naming the file, the line and
 the field, never a traceback.
@@ -51,7 +56,7 @@ _SEGMENT_TAG: Final = b"tierkv/trace-segment/v1\x00"
 _GOLDEN: Final = np.uint64(0x9E3779B97F4A7C15)
 _MIX1: Final = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2: Final = np.uint64(0x94D049BB133111EB)
-_REQUEST_KEYS: Final = frozenset({"tenant", "agent", "session", "segments", "tokens", "layout"})
+_REQUEST_KEYS: Final = frozenset({"tenant", "agent", "session", "segments", "tokens", "layout", "timestamp"})
 
 
 class TraceError(BenchError):
@@ -75,7 +80,8 @@ def segment_tokens(segment_id: str, length: int) -> npt.NDArray[np.int64]:
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """One prompt sent by a tenant's agent: its tokens (explicit or as segments) and its layout."""
+    """One prompt sent by a tenant's agent: its tokens (explicit, as segments, or as the chained ids of
+    its blocks with its length) and its layout."""
 
     tenant: str
     layout: tuple[Mapping[str, Any], ...]
@@ -83,9 +89,17 @@ class Request:
     tokens: tuple[int, ...] | None = None
     agent: str = ""
     session: str = ""
+    timestamp: float | None = None
+    """Arrival time in milliseconds (None: the trace has none)."""
+    hash_ids: tuple[int, ...] | None = None
+    """The chained ids of the prompt's blocks (equal ids, equal prefix), for a hash-id trace."""
+    length: int = 0
+    """The prompt's tokens where only ``hash_ids`` stand for them."""
 
     @property
     def n_tokens(self) -> int:
+        if self.hash_ids is not None:
+            return self.length
         return len(self.tokens) if self.tokens is not None else sum(n for _, n in self.segments)
 
     def token_ids(self) -> npt.NDArray[np.int64]:
@@ -104,6 +118,8 @@ class Request:
             doc["agent"] = self.agent
         if self.session:
             doc["session"] = self.session
+        if self.timestamp is not None:
+            doc["timestamp"] = self.timestamp
         if self.tokens is not None:
             doc["tokens"] = list(self.tokens)
         else:
@@ -186,6 +202,7 @@ def parse_request(doc: object, where: str) -> Request:
     tokens = _tokens(doc["tokens"], where) if "tokens" in doc else None
     n_tokens = len(tokens) if tokens is not None else sum(n for _, n in segments)
     return Request(
+        timestamp=timestamp(doc, where),
         tenant=_name(doc, "tenant", where, required=True),
         agent=_name(doc, "agent", where),
         session=_name(doc, "session", where),
@@ -193,6 +210,16 @@ def parse_request(doc: object, where: str) -> Request:
         tokens=tokens,
         layout=_layout(doc.get("layout", []), n_tokens, where),
     )
+
+
+def timestamp(doc: Mapping[str, Any], where: str) -> float | None:
+    """The optional ``timestamp`` (ms): a finite number >= 0."""
+    value = doc.get("timestamp")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e15:
+        raise TraceError(f"{where}.timestamp: expected milliseconds, a number >= 0, got {_short(value)}")
+    return float(value)
 
 
 def _short(value: object, limit: int = 60) -> str:
@@ -212,8 +239,17 @@ def _header(doc: object, where: str) -> Mapping[str, Any] | None:
     return generator
 
 
-def parse_lines(lines: Iterable[str], source: str = "<trace>") -> Trace:
-    """A :class:`Trace` from JSONL text lines; the first line may be a header."""
+FORMATS: Final = ("auto", "tierkv", "hash-ids")
+
+
+def parse_lines(
+    lines: Iterable[str], source: str = "<trace>", *, hash_block_tokens: int = 512, fmt: str = "auto"
+) -> Trace:
+    """A :class:`Trace` from JSONL text lines; the first line may be a header. Lines in the hash-id
+    format (:mod:`.hashids`, blocks of ``hash_block_tokens``) may stand among or instead of ours
+    (``fmt`` auto), or ``fmt`` says which every line must be."""
+    from tierkv.bench.trace import hashids  # it builds on this module's Request
+
     requests: list[Request] = []
     generator: Mapping[str, Any] = {}
     for number, line in enumerate(lines, 1):
@@ -229,19 +265,23 @@ def parse_lines(lines: Iterable[str], source: str = "<trace>") -> Trace:
             if requests or generator:
                 raise TraceError(f"{where}: a header may only be the first line")
             generator = header
-            continue
-        requests.append(parse_request(doc, where))
+        elif hashids.is_hash_request(doc) if fmt == "auto" else fmt == "hash-ids":
+            if not isinstance(doc, dict) or "hash_ids" not in doc:
+                raise TraceError(f"{where}: not a hash-id request (no 'hash_ids'; --format hash-ids)")
+            requests.append(hashids.parse_hash_request(doc, where, hash_block_tokens))
+        else:
+            requests.append(parse_request(doc, where))
     if not requests:
         raise TraceError(f"{source}: no requests")
     return Trace(tuple(requests), generator, source)
 
 
-def read_trace(path: str | Path) -> Trace:
+def read_trace(path: str | Path, *, hash_block_tokens: int = 512, fmt: str = "auto") -> Trace:
     """Read a trace file; a missing or unreadable file is a :class:`TraceError` too."""
     target = Path(path).expanduser()
     try:
         with target.open(encoding="utf-8") as fh:
-            return parse_lines(fh, str(target))
+            return parse_lines(fh, str(target), hash_block_tokens=hash_block_tokens, fmt=fmt)
     except UnicodeDecodeError as exc:
         raise TraceError(f"{target}: not UTF-8 text ({exc.reason})") from None
     except OSError as exc:
@@ -249,10 +289,18 @@ def read_trace(path: str | Path) -> Trace:
 
 
 def trace_lines(trace: Trace) -> Iterator[str]:
-    """The header and one line per request, without newlines."""
+    """The header and one line per request, without newlines; a trace of hash-id requests is written in
+    that format alone (no header), as other tools read it."""
+    from tierkv.bench.trace import hashids  # it builds on this module's Request
+
+    if all(r.hash_ids is not None for r in trace.requests):
+        for request in trace.requests:
+            yield json.dumps(hashids.hash_line(request), separators=(", ", ": "))
+        return
     yield json.dumps({"format": FORMAT, "version": VERSION, "generator": dict(trace.generator)})
     for request in trace.requests:
-        yield json.dumps(request.to_json(), separators=(",", ":"))
+        doc = request.to_json() if request.hash_ids is None else hashids.hash_line(request)
+        yield json.dumps(doc, separators=(",", ":"))
 
 
 def write_trace(trace: Trace, path: str | Path) -> Path:

@@ -1,20 +1,23 @@
 """Replay a trace through real vaults, once per eviction policy and capacity, and count what hits.
 
-Per request, as an engine hook with tierkv does it: the chained block keys of the prompt's full blocks
-(fixed block size, the tenant's namespace), ``prefix_lookup`` of the blocks before the prompt's last token
-(an engine always computes at least that token, so a prompt seen whole before hits every full block but
-the last; the hits are the prefill saved), then a put of every full block from the first miss on (the
-engine just computed them). Each policy gets
-what it can use: ``lru`` nothing, ``priority-lru`` an integer priority (importance × 100, what an
-application can send today), ``context`` the blocks' :class:`~tierkv.retention.BlockMeta` from the
+Per request, as an engine hook with tierkv does it (the vLLM connector's order): the chained block keys of
+the prompt's full blocks (fixed block size, the tenant's namespace; a hash-id trace's ids hashed into it),
+``prefix_lookup`` with a lease of the blocks before the prompt's last token (an engine always computes at
+least that token, so a prompt seen whole before hits every full block but the last), a read of the blocks
+it found (so the vault records the hits; a block gone between lookup and read ends the hit there, as the
+engine then recomputes), then a put of every full block from the first miss on (the engine just computed
+them). A prompt shorter than one block has no block to look up or store. Each policy gets what it can
+use: ``lru`` nothing, ``priority-lru`` an integer priority (importance × 100, what an application can
+send today), ``context`` and ``adaptive`` the blocks' :class:`~tierkv.retention.BlockMeta` from the
 layout (:func:`~tierkv.retention.tag_blocks` + :func:`~tierkv.retention.with_parents`).
 
 Every (capacity, policy) pair gets a fresh vault on loopback whose budget is that fraction of the trace's
 working set (its distinct blocks, charged as the vault charges them: blob + namespace + key). Blobs are
 synthetic: one random buffer of the model's KV bytes per block with the key written over its first bytes,
 so every stored blob is distinct and nothing is spent generating data. All blobs have one size, so the
-hit rates depend on the capacity fraction only, and ``--blob-bytes`` can shrink a quick run. Time is not
-simulated: a replay takes seconds, so no durability class's time to live runs out during one.
+hit rates depend on the capacity fraction only, and ``--blob-bytes`` can shrink a quick run. Requests with
+a ``timestamp`` are replayed at ``speedup`` times their pace when it is set (a trace of an hour at 60×
+takes a minute, and times to live and leases see the time pass), else back to back.
 
 Hits are also counted against the *ceiling*: the blocks an unbounded vault would have (those seen earlier
 in the trace; with chained keys they always form a prefix). A first-seen block can never hit, whatever the
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import shutil
 import tempfile
@@ -36,7 +40,7 @@ from typing import Any, Final
 import numpy as np
 
 from tierkv.bench.common import Deadline
-from tierkv.bench.trace.model import Trace
+from tierkv.bench.trace.model import Request, Trace
 from tierkv.client.cluster import Cluster
 from tierkv.client.types import VaultStats
 from tierkv.errors import BenchError, VaultError
@@ -47,7 +51,11 @@ from tierkv.vault.launcher import VaultProcess
 
 log = logging.getLogger(__name__)
 
-POLICIES: Final = ("lru", "priority-lru", "context")
+POLICIES: Final = ("lru", "adaptive", "priority-lru", "context")
+TAGGED: Final = frozenset({"context", "adaptive"})
+"""Policies that get the blocks' metadata with each put."""
+LEASE_MS: Final = 2000
+"""The lookup lease the replay asks for (the vLLM connector's default ``lookup_lease_ms``)."""
 MIN_VAULT_BYTES: Final = 1 << 20
 """The smallest budget a vault accepts (``[vault] max_bytes``)."""
 IMPORTANT: Final = 0.7
@@ -55,6 +63,7 @@ IMPORTANT: Final = 0.7
 ALL, IMPORTANT_GROUP, PROTECTED = "all", "importance>=0.7", "protected"
 UNTAGGED_CLASS = "untagged"
 KV_COLD = Role.KV_COLD.value
+_HASH_ID_TAG: Final = b"tierkv/trace-hash-id/v1\x00"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +82,10 @@ class ReplaySettings:
     """The vault's ``[retention] max_protected_fraction`` (context policy) and what targets judge by."""
     min_turnover: int = 0
     """The context vaults' ``[retention.weights] min_turnover`` (0: the default, off)."""
+    speedup: float = 0.0
+    """Replay timestamps at this many times their pace (0: back to back)."""
+    lease_ms: int = LEASE_MS
+    """The lookups' lease (a lookup reports only blocks it could lease: at most a quarter of the budget)."""
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.policies if p not in POLICIES]
@@ -89,6 +102,10 @@ class ReplaySettings:
             raise BenchError(f"--protected-cap must be a fraction in (0, 1], got {self.protected_cap}")
         if self.min_turnover < 0:
             raise BenchError(f"--min-turnover must be >= 0, got {self.min_turnover}")
+        if not 0 <= self.lease_ms <= 10_000:
+            raise BenchError(f"--lease-ms must be in 0..10000, got {self.lease_ms}")
+        if not 0.0 <= self.speedup < float("inf"):
+            raise BenchError(f"--speedup must be >= 0 (0: back to back), got {self.speedup}")
         if self.sync not in ("durable", "fast"):
             raise BenchError("--vault-sync must be durable or fast")
 
@@ -103,6 +120,8 @@ class Prepared:
     metas: list[BlockMeta]
     lookable: int
     ceiling: int
+    n_tokens: int = 0
+    timestamp: float | None = None
 
     def groups(self, i: int) -> tuple[str, ...]:
         """The tallies block ``i`` counts in: overall, its class, and the important / protected sets."""
@@ -184,6 +203,20 @@ def tenant_namespace(tenant: str, model: str, block_tokens: int) -> Namespace:
     )
 
 
+def hash_keys(ids: Sequence[int], n_tokens: int, block_tokens: int, namespace: Namespace) -> list[bytes]:
+    """Keys of a hash-id request's full blocks: its ids are chained already, so a key is the id hashed
+    into the tenant's namespace (a trailing partial block gets none, as with token ids)."""
+    full = min(len(ids), n_tokens // block_tokens)
+    root = namespace.root_key
+    return [hashlib.sha256(_HASH_ID_TAG + root + i.to_bytes(8, "big")).digest() for i in ids[:full]]
+
+
+def request_keys(request: Request, block_tokens: int, namespace: Namespace) -> list[bytes]:
+    if request.hash_ids is not None:
+        return hash_keys(request.hash_ids, request.n_tokens, block_tokens, namespace)
+    return block_keys(request.token_ids(), block_tokens, namespace=namespace)
+
+
 def prepare(trace: Trace, settings: ReplaySettings) -> Workload:
     """Keys, metadata and ceiling of every request (computed once, replayed once per run)."""
     seen: set[bytes] = set()
@@ -193,13 +226,13 @@ def prepare(trace: Trace, settings: ReplaySettings) -> Workload:
     bt = settings.block_tokens
     for request in trace.requests:
         ns = spaces.setdefault(request.tenant, tenant_namespace(request.tenant, settings.model, bt))
-        keys = block_keys(request.token_ids(), bt, namespace=ns)
+        keys = request_keys(request, bt, ns)
         metas = with_parents(tag_blocks(request.chunks(), len(keys), bt), keys)
         lookable = min(len(keys), max(0, request.n_tokens - 1) // bt)
         ceiling = next((i for i, k in enumerate(keys[:lookable]) if k not in seen), lookable)
         seen.update(keys)
         protected.update(k for k, m in zip(keys, metas, strict=True) if m.protected)
-        out.append(Prepared(ns.digest, keys, metas, lookable, ceiling))
+        out.append(Prepared(ns.digest, keys, metas, lookable, ceiling, request.n_tokens, request.timestamp))
     charge = settings.blob_bytes + 32 + 32  # namespace digest + key, as the vault charges an entry
     tokens = sum(r.n_tokens for r in trace.requests)
     return Workload(out, bt, charge, len(seen), len(protected), tokens)
@@ -241,6 +274,12 @@ class PolicyRun:
     """Bytes per source class the vault still holds at the end (known to it with the context policy)."""
     expired: int = 0
     protected_overflow: int = 0
+    lost: int = 0
+    """Blocks a lookup found that the read after it did not return."""
+    vault_hits: int = 0
+    """Reads the vault counted as hits (every block the replay read)."""
+    in_process: bool = False
+    """Replayed by the policy's in-process twin, not a vault."""
 
     @property
     def token_hit_rate(self) -> float | None:
@@ -321,16 +360,27 @@ def _batches(keys: Sequence[bytes], per_batch: int) -> Iterator[Sequence[bytes]]
 
 
 class Replayer:
-    """Stores what a request missed the way ``policy`` wants it: plain, by priority, or with metadata."""
+    """Replays requests as an engine does: lookup with lease, read the hits, store the rest the way
+    ``policy`` wants it (plain, by priority, or with metadata)."""
 
-    def __init__(self, cluster: Cluster, policy: str, blobs: Blobs, per_batch: int) -> None:
+    def __init__(
+        self, cluster: Cluster, policy: str, blobs: Blobs, per_batch: int, lease_ms: int = LEASE_MS
+    ) -> None:
         self.cluster, self.policy, self.blobs, self.per_batch = cluster, policy, blobs, per_batch
+        self.lease_ms = lease_ms
         self.unacked = 0
         """Blocks no vault acknowledged (a failed put is a miss later, and must not pass unnoticed)."""
+        self.lost = 0
+        """Blocks the lookup found that the read did not return."""
 
     def request(self, r: Prepared) -> int:
-        """Look the request up, store what it missed; returns the number of leading blocks that hit."""
-        hit = self.cluster.prefix_lookup(r.namespace, r.keys[: r.lookable])
+        """Look the request up, read what hit, store the rest; returns the number of leading blocks read."""
+        found = (
+            self.cluster.prefix_lookup(r.namespace, r.keys[: r.lookable], lease_ms=self.lease_ms)
+            if r.keys
+            else 0
+        )
+        hit = self._read(r, found)
         if self.policy == "priority-lru":
             by_priority: dict[int, list[int]] = {}
             for i in range(hit, len(r.keys)):
@@ -341,15 +391,43 @@ class Replayer:
             self._store(r, range(hit, len(r.keys)))
         return hit
 
+    def _read(self, r: Prepared, found: int) -> int:
+        """Read the ``found`` leading blocks; the hit ends at the first one not returned."""
+        if not found:
+            return 0
+        blobs = self.cluster.get(r.namespace, r.keys[:found])
+        hit = next((i for i, b in enumerate(blobs) if b is None), found)
+        self.lost += found - hit
+        return hit
+
     def _store(self, r: Prepared, idx: Sequence[int], *, priority: int = 0) -> None:
         keys = [r.keys[i] for i in idx]
-        meta = {r.keys[i]: r.metas[i] for i in idx} if self.policy == "context" else None
+        meta = {r.keys[i]: r.metas[i] for i in idx} if self.policy in TAGGED else None
         for batch in _batches(keys, self.per_batch):
             items = {k: self.blobs(k) for k in batch}
             metas = None if meta is None else {k: meta[k] for k in batch}
             self.unacked += (
                 len(items) - self.cluster.put(r.namespace, items, priority=priority, meta=metas).stored
             )
+
+
+class Pacer:
+    """Waits until a request's turn when timestamps are replayed at ``speedup`` times their pace."""
+
+    def __init__(self, speedup: float) -> None:
+        self.speedup = speedup
+        self.origin: tuple[float, float] | None = None
+
+    def wait(self, timestamp: float | None) -> None:
+        if not self.speedup or timestamp is None:
+            return
+        now = time.monotonic()
+        if self.origin is None:
+            self.origin = (now, timestamp)
+            return
+        due = self.origin[0] + (timestamp - self.origin[1]) / 1000 / self.speedup
+        if due > now:
+            time.sleep(due - now)
 
 
 def _vault_stats(cluster: Cluster) -> VaultStats:
@@ -387,10 +465,12 @@ def replay_one(
     with policy_vault(
         base, policy, capacity, settings.sync, settings.protected_cap, settings.min_turnover
     ) as cluster:
-        replayer = Replayer(cluster, policy, Blobs(settings.blob_bytes), per_batch)
+        replayer = Replayer(cluster, policy, Blobs(settings.blob_bytes), per_batch, settings.lease_ms)
+        pacer = Pacer(settings.speedup)
         for r in work.requests:
             if deadline.passed():
                 return None
+            pacer.wait(r.timestamp)
             hits.append(replayer.request(r))
             advance()
         st = _vault_stats(cluster)
@@ -410,9 +490,11 @@ def replay_one(
         seconds=time.perf_counter() - t0,
         prefill_s_saved=hit_tokens / settings.prefill_tps,
         blob_bytes=settings.blob_bytes,
-        resident=resident_by_class(st, settings.blob_bytes) if policy == "context" else {},
+        resident=resident_by_class(st, settings.blob_bytes) if policy in TAGGED else {},
         expired=st.expired,
         protected_overflow=st.protected_overflow,
+        lost=replayer.lost,
+        vault_hits=st.hits,
     )
 
 
@@ -422,7 +504,7 @@ def check_capacities(work: Workload, settings: ReplaySettings) -> None:
     small = [c for c in settings.capacities if work.working_set_bytes * c < floor]
     if small:
         raise BenchError(
-            f"capacity {', '.join(f'{c:.0%}' for c in small)} of the {work.working_set_bytes:,}-byte "
+            f"capacity {', '.join(f'{c * 100:.6g}%' for c in small)} of the {work.working_set_bytes:,}-byte "
             f"working set is under {floor:,} bytes (the smallest vault budget, and room for 4 blocks): use "
             "a larger trace, other blobs (--blob-bytes) or larger --capacities"
         )
@@ -454,7 +536,9 @@ __all__ = [
     "IMPORTANT_GROUP",
     "POLICIES",
     "PROTECTED",
+    "TAGGED",
     "Blobs",
+    "Pacer",
     "PolicyRun",
     "Prepared",
     "ReplaySettings",

@@ -23,6 +23,7 @@ from typing import Any, Final
 from rich.console import Console
 from rich.table import Table
 
+from tierkv.bench.trace.reference import Reference
 from tierkv.bench.trace.replay import ALL, IMPORTANT_GROUP, PROTECTED, PolicyRun, Tally, Workload
 from tierkv.status import human_bytes
 
@@ -47,11 +48,66 @@ class Target:
     detail: str
 
     def line(self) -> str:
-        return f"{self.status:5} {self.name:9} {self.policy} @ {self.fraction:.0%}: {self.detail}"
+        return f"{self.status:5} {self.name:9} {self.policy} @ {pct(self.fraction)}: {self.detail}"
 
 
 def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.1f}%"
+
+
+def pct(fraction: float) -> str:
+    """A capacity as given: 0.5 % stays 0.5 %, 10 % is 10 %."""
+    return f"{fraction * 100:.6g}%"
+
+
+def gaps_closed(runs: Sequence[PolicyRun], refs: Sequence[Reference]) -> list[dict[str, Any]]:
+    """Per run, its token hit rate beside the references at its capacity and the share of the gap closed."""
+    by = {r.fraction: r for r in refs}
+    out = []
+    for run in runs:
+        ref = by.get(run.fraction)
+        if ref is not None:
+            out.append(
+                {
+                    "policy": run.policy,
+                    "fraction": run.fraction,
+                    "token_hit_rate": run.token_hit_rate,
+                    "lru": ref.lru,
+                    "optimum": ref.optimum_bypass,
+                    "gap_closed": ref.closed(run.token_hit_rate),
+                }
+            )
+    return out
+
+
+def _closed(ref: Reference | None, run: PolicyRun) -> str:
+    share = None if ref is None else ref.closed(run.token_hit_rate)
+    return "—" if share is None else f"{share:+.1%}"
+
+
+def render_references(refs: Sequence[Reference], runs: Sequence[PolicyRun], console: Console) -> None:
+    """Per capacity: the reference LRU, the optimum without and with bypass, and each policy's token hit
+    rate with the share of the LRU → optimum gap it closes."""
+    policies = list(dict.fromkeys(r.policy for r in runs))
+    by = {(r.policy, r.fraction): r for r in runs}
+    columns = ["capacity", "blocks", "lru (reference)", "optimum", "optimum + bypass"]
+    columns += [f"{p} (gap closed)" for p in policies]
+    rows = []
+    for ref in refs:
+        row = [
+            pct(ref.fraction),
+            f"{ref.blocks:,}",
+            _pct(ref.lru),
+            _pct(ref.optimum),
+            _pct(ref.optimum_bypass),
+        ]
+        for p in policies:
+            run = by.get((p, ref.fraction))
+            row.append("—" if run is None else f"{_pct(run.token_hit_rate)} ({_closed(ref, run)})")
+        rows.append(row)
+    console.print(
+        _table("token hit rate against the references (gap: lru → optimum + bypass)", columns, rows)
+    )
 
 
 def _protected(run: PolicyRun, work: Workload, cap: float) -> Target:
@@ -139,10 +195,12 @@ def render_workload(work: Workload, summary: Mapping[str, Any], console: Console
     )
 
 
-def render_runs(runs: Sequence[PolicyRun], console: Console) -> None:
+def render_runs(runs: Sequence[PolicyRun], refs: Sequence[Reference], console: Console) -> None:
+    by = {r.fraction: r for r in refs}
     columns = [
         "policy @ capacity",
         "token hit",
+        "gap closed",
         "block hit",
         "imp ≥ 0.7",
         "protected",
@@ -157,8 +215,9 @@ def render_runs(runs: Sequence[PolicyRun], console: Console) -> None:
         overall = r.tally(ALL)
         rows.append(
             [
-                f"{r.policy} @ {r.fraction:.0%}",
+                f"{r.policy} @ {pct(r.fraction)}" + (" (in process)" if r.in_process else ""),
                 _pct(r.token_hit_rate),
+                _closed(by.get(r.fraction), r),
                 _pct(overall.hit_rate),
                 _pct(r.tally(IMPORTANT_GROUP).hit_rate),
                 _pct(r.tally(PROTECTED).hit_rate),
@@ -194,7 +253,7 @@ def render_classes(runs: Sequence[PolicyRun], ceiling: Mapping[str, Tally], cons
             ]
             for n in names
         ]
-        console.print(_table(f"per class at {fraction:.0%} capacity", columns, rows))
+        console.print(_table(f"per class at {pct(fraction)} capacity", columns, rows))
 
 
 def render_prefetch(doc: Mapping[str, Any], console: Console) -> None:
@@ -227,7 +286,7 @@ def render_prefetch(doc: Mapping[str, Any], console: Console) -> None:
         ],
     ]
     title = (
-        f"prefetch on/off @ {doc['fraction']:.0%} capacity, buffer {human_bytes(doc['buffer_bytes'])}, "
+        f"prefetch on/off @ {pct(doc['fraction'])} capacity, buffer {human_bytes(doc['buffer_bytes'])}, "
         f"{doc['gap_s'] * 1e3:.0f} ms between requests"
     )
     console.print(_table(title, ["", "value"], rows))
@@ -258,19 +317,32 @@ PANELS: Final = (
 )
 
 
-def write_chart(runs: Sequence[PolicyRun], work: Workload, path: Path, title: str) -> str | None:
+def _reference_lines(ax: Any, refs: Sequence[Reference]) -> None:
+    xs = [r.fraction * 100 for r in refs]
+    ax.plot(xs, [r.lru * 100 for r in refs], color="black", linestyle=":", label="lru (reference)")
+    ax.plot(xs, [r.optimum_bypass * 100 for r in refs], color="black", linestyle="-.", label="optimum")
+
+
+def write_chart(
+    runs: Sequence[PolicyRun], work: Workload, path: Path, title: str, refs: Sequence[Reference] = ()
+) -> str | None:
     """Hit rate against capacity, one line per policy, one panel per metric (PNG, or SVG by suffix); the
-    dashed line is an unbounded vault. Returns why not when matplotlib is missing."""
+    dashed line is an unbounded vault, the dotted and dash-dotted ones the reference LRU and the optimum
+    (token panel). A trace with no tags has the token panel only. Returns why not when matplotlib is
+    missing."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
         return "chart skipped: matplotlib is not installed (pip install 'tierkv[bench]')"
     ceiling = work.ceiling()
-    fig = Figure(figsize=(13, 4.2), layout="constrained")
-    axes = fig.subplots(1, len(PANELS), sharey=True)
-    for ax, (metric, label) in zip(axes, PANELS, strict=True):
+    panels = PANELS if any(m.source for r in work.requests for m in r.metas) else PANELS[:1]
+    fig = Figure(figsize=(4.6 * len(panels) + 2.4, 4.4), layout="constrained")
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for ax, (metric, label) in zip(axes, panels, strict=True):
         for policy, (xs, ys) in _series(runs, metric).items():
             ax.plot(xs, ys, marker="o", label=policy)
+        if metric == "tokens" and refs:
+            _reference_lines(ax, sorted(refs, key=lambda r: r.fraction))
         top = work.prompt_tokens and ceiling[ALL].possible * work.block_tokens / work.prompt_tokens
         bound = top if metric == "tokens" else ceiling.get(metric, Tally()).ceiling_rate
         if bound:
@@ -280,8 +352,8 @@ def write_chart(runs: Sequence[PolicyRun], work: Workload, path: Path, title: st
         ax.set_ylim(0, 100)
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel("hit rate (%)")
-    axes[0].legend(loc="lower right")
-    fig.suptitle(title)
+    axes[0].legend(loc="best", fontsize="small")
+    fig.suptitle(title, fontsize="medium")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     return None
@@ -289,7 +361,10 @@ def write_chart(runs: Sequence[PolicyRun], work: Workload, path: Path, title: st
 
 __all__ = [
     "Target",
+    "gaps_closed",
+    "pct",
     "render_classes",
+    "render_references",
     "render_runs",
     "render_targets",
     "render_workload",

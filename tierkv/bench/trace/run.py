@@ -13,10 +13,14 @@ from rich.markup import escape
 from tierkv.bench.common import BenchRun, Deadline, progress_bar
 from tierkv.bench.record import RunMeta
 from tierkv.bench.trace import report
+from tierkv.bench.trace.conversations import ConversationSpec, generate_conversations
 from tierkv.bench.trace.generate import TraceSpec, generate
+from tierkv.bench.trace.hashids import DEFAULT_BLOCK_TOKENS
 from tierkv.bench.trace.model import Trace, read_trace, summarize, write_trace
 from tierkv.bench.trace.prefetch import PrefetchRun, PrefetchSettings, replay_prefetch
+from tierkv.bench.trace.reference import Reference, in_process_run, references, work_stream
 from tierkv.bench.trace.replay import (
+    MIN_VAULT_BYTES,
     PolicyRun,
     ReplaySettings,
     Workload,
@@ -26,6 +30,7 @@ from tierkv.bench.trace.replay import (
     runs_of,
     state_base,
 )
+from tierkv.bench.trace.simulate import Stream
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,16 @@ class TraceSettings:
 
     spec: TraceSpec = dataclasses.field(default_factory=TraceSpec)
     replay: ReplaySettings = dataclasses.field(default_factory=ReplaySettings)
+    conversations: ConversationSpec | None = None
+    """Generate a hash-id trace of this shape instead of the agent trace."""
+    hash_block_tokens: int = DEFAULT_BLOCK_TOKENS
+    """Tokens per id of a hash-id trace (the replay's block size for one)."""
+    blob_bytes_given: bool = False
+    """``--blob-bytes`` was given (else a hash-id trace gets the smallest blobs its capacities allow)."""
+    in_process: bool = False
+    """Replay each policy by its in-process twin instead of a vault."""
+    trace_format: str = "auto"
+    """``--format``: auto (each line by its fields), tierkv or hash-ids."""
     trace_file: Path | None = None
     write_trace: Path | None = None
     chart: Path | None = None
@@ -53,10 +68,13 @@ class TraceResult(BenchRun):
     targets: list[report.Target] = dataclasses.field(default_factory=list)
     chart: str | None = None
     prefetch: PrefetchRun | None = None
+    references: list[Reference] = dataclasses.field(default_factory=list)
 
     def figures_document(self) -> dict[str, Any]:
         work = self.workload
         return {
+            "references": [r.as_dict() for r in self.references],
+            "gap_closed": report.gaps_closed(self.runs, self.references),
             "trace": self.summary,
             "working_set": None
             if work is None
@@ -82,9 +100,12 @@ class TraceResult(BenchRun):
         )
         if self.workload is not None:
             report.render_workload(self.workload, self.summary, console)
+        if self.references:
+            report.render_references(self.references, self.runs, console)
         if self.runs and self.workload is not None:
-            report.render_runs(self.runs, console)
-            report.render_classes(self.runs, self.workload.ceiling(), console)
+            report.render_runs(self.runs, self.references, console)
+            if any(m.source for request in self.workload.requests for m in request.metas):
+                report.render_classes(self.runs, self.workload.ceiling(), console)
         report.render_targets(self.targets, console)
         if self.prefetch is not None:
             report.render_prefetch(self.prefetch.as_dict(), console)
@@ -98,10 +119,33 @@ class TraceResult(BenchRun):
 
 
 def load_trace(settings: TraceSettings) -> Trace:
-    trace = read_trace(settings.trace_file) if settings.trace_file else generate(settings.spec)
+    if settings.trace_file:
+        trace = read_trace(
+            settings.trace_file, hash_block_tokens=settings.hash_block_tokens, fmt=settings.trace_format
+        )
+    elif settings.conversations is not None:
+        trace = generate_conversations(settings.conversations)
+    else:
+        trace = generate(settings.spec)
     if settings.write_trace is not None:
         write_trace(trace, settings.write_trace)
     return trace
+
+
+def for_trace(settings: TraceSettings, trace: Trace) -> ReplaySettings:
+    """The replay settings a trace needs: a hash-id trace is replayed in its own blocks, and without
+    ``--blob-bytes`` with the smallest blobs (a multiple of 1 KiB) at which every capacity is a budget a
+    vault accepts, so a replay of a production trace moves megabytes, not terabytes."""
+    s = settings.replay
+    if not any(r.hash_ids is not None for r in trace.requests):
+        return s
+    s = dataclasses.replace(s, block_tokens=settings.hash_block_tokens)
+    if settings.blob_bytes_given:
+        return s
+    bt = settings.hash_block_tokens
+    blocks = len({(r.tenant, i) for r in trace.requests for i in (r.hash_ids or ())[: r.n_tokens // bt]})
+    need = MIN_VAULT_BYTES / (min(s.capacities) * max(1, blocks)) - 64
+    return dataclasses.replace(s, blob_bytes=max(1024, -(-int(need) // 1024) * 1024 + 1024))
 
 
 def _verdict(result: TraceResult) -> str:
@@ -122,28 +166,35 @@ def _verdict(result: TraceResult) -> str:
     )
 
 
-def _replay_all(work: Workload, settings: TraceSettings, result: TraceResult, console: Console) -> None:
+def _replay_all(
+    work: Workload, stream: Stream, settings: TraceSettings, result: TraceResult, console: Console
+) -> None:
+    """Every (capacity, policy) run, each within its own ``--max-seconds``; a run out of time is named
+    and skipped, the others go on."""
     s = settings.replay
-    deadline = Deadline(s.max_seconds)
     plan = runs_of(s)
+    whole = Deadline(float("inf"))
     with state_base(s) as base, progress_bar(console, len(plan) * len(work.requests)) as bar:
         for fraction, policy in plan:
-            bar.label(f"{policy} @ {fraction:.0%}")
-            run = replay_one(work, s, policy, fraction, base, bar.advance, deadline)
+            label = f"{policy} @ {report.pct(fraction)}"
+            bar.label(label)
+            deadline = Deadline(s.max_seconds)
+            if settings.in_process:
+                run: PolicyRun | None = in_process_run(work, stream, policy, fraction, s)
+                for _ in work.requests:
+                    bar.advance()
+            else:
+                run = replay_one(work, s, policy, fraction, base, bar.advance, deadline)
             if run is None:
                 result.truncated = True
-                done = {(r.policy, r.fraction) for r in result.runs}
-                skipped = [f"{p}@{c:.0%}" for c, p in plan if (p, c) not in done]
-                result.warnings.append(f"{deadline.note()}: skipped {', '.join(skipped)}")
-                break
+                result.warnings.append(f"{label}: {deadline.note()}; run skipped")
+                continue
             result.runs.append(run)
             if run.unacked:
-                result.errors.append(
-                    f"{policy} @ {fraction:.0%}: the vault acknowledged no put of {run.unacked:,} blocks"
-                )
+                result.errors.append(f"{label}: the vault acknowledged no put of {run.unacked:,} blocks")
     if not result.runs:
-        result.errors.append(f"{deadline.note()} before the first replay finished")
-    result.finish(deadline)
+        result.errors.append("no run finished within its time limit")
+    result.finish(whole)
 
 
 def _replay_prefetch(
@@ -165,18 +216,23 @@ def run_trace(settings: TraceSettings, console: Console) -> TraceResult:
     meta = RunMeta("trace", {"replay": dataclasses.asdict(settings.replay)})
     result = TraceResult(meta, settings=settings)
     trace = load_trace(settings)
+    settings = dataclasses.replace(settings, replay=for_trace(settings, trace))
+    result.settings = settings
     result.summary = {"source": trace.source, "generator": dict(trace.generator), **summarize(trace.requests)}
     work = prepare(trace, settings.replay)
     check_capacities(work, settings.replay)
     result.workload = work
     if not settings.prefetch_only:
-        _replay_all(work, settings, result, console)
+        stream = work_stream(work)
+        result.references = references(work, stream, settings.replay.capacities)
+        _replay_all(work, stream, settings, result, console)
     if settings.prefetch is not None:
         _replay_prefetch(work, settings, settings.prefetch, result, console)
     result.targets = report.targets(result.runs, work, settings.replay.protected_cap)
     if settings.chart is not None and result.runs:
-        title = f"tierkv bench trace: {trace.source}, {work.distinct:,} blocks of {work.block_tokens} tokens"
-        skipped = report.write_chart(result.runs, work, settings.chart, title)
+        source = Path(trace.source).name if settings.trace_file else trace.source
+        title = f"{source}: {work.distinct:,} blocks of {work.block_tokens} tokens"
+        skipped = report.write_chart(result.runs, work, settings.chart, title, result.references)
         if skipped:
             result.warnings.append(skipped)
         else:

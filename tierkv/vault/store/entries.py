@@ -15,7 +15,7 @@ from collections import Counter
 
 import lmdb
 
-from tierkv.retention.classes import BlockMeta, pack_tokens
+from tierkv.retention.classes import NEUTRAL_IMPORTANCE, BlockMeta, pack_tokens
 from tierkv.vault.entrymeta import EntryMeta
 from tierkv.vault.store.evictor import Evictor, Ranking
 from tierkv.vault.store.format import IndexRecord, checksum, expiry_key, parent_key
@@ -119,11 +119,15 @@ class EntryWriter:
         if charge > min(self.max_bytes, owner.quota or self.max_bytes):
             return False
         old = self.entries.drop(txn, ledger, owner, fkey)
+        proven = self._admitted(ledger, owner, fkey, charge, meta, old)
         if not self.evictor.make_room(txn, ledger, owner, charge):
             return False
         ledger.clock += 1
         entry = IndexRecord(charge, ledger.clock, priority, checksum(fkey, data))
         entry.ext = self._entry_meta(ledger, owner, charge, meta, old)
+        if proven:
+            entry.ext = entry.ext or EntryMeta()
+            entry.ext.proven = True
         txn.put(fkey, data, db=owner.data)
         if tokens:
             txn.put(fkey, tokens, db=owner.tokens)
@@ -134,6 +138,25 @@ class EntryWriter:
         if entry.ext is not None and entry.ext.parent:
             self.entries.adjust_sharing(txn, ledger, owner, parent_key(fkey, entry.ext.parent), 1)
         return True
+
+    def _admitted(
+        self,
+        ledger: Ledger,
+        owner: Tenant,
+        fkey: bytes,
+        charge: int,
+        meta: BlockMeta | None,
+        old: IndexRecord | None,
+    ) -> bool:
+        """Whether the entry starts proven: as it was when it replaces itself, else as a learning policy
+        admits it (never, under a policy that does not learn)."""
+        policy = self.entries.ranking.learning
+        if policy is None:
+            return False
+        if old is not None:
+            return old.ext is not None and old.ext.proven
+        importance = meta.importance if meta is not None else NEUTRAL_IMPORTANCE
+        return policy.admit(owner.name, owner.quota or self.max_bytes, fkey, charge, importance)
 
     def _entry_meta(
         self, ledger: Ledger, owner: Tenant, charge: int, meta: BlockMeta | None, old: IndexRecord | None

@@ -8,6 +8,10 @@ first, else the lowest-ranked entry that no lookup lease holds (walking past at 
 the tenant holds leases; with none left the write is refused, so the budget holds exactly). Protected
 entries are not in the order and never go; deletes and flushes ignore leases.
 
+Under a learning policy (``adaptive``) the order has parts (the first byte of a rank): the policy says at
+which part the victim search starts (:meth:`Evictor.walk_start`), is told of every admission and eviction,
+and an entry's ``proven`` flag moves its bytes between the ledger's parts.
+
 Everything here takes the write transaction and its :class:`~tierkv.vault.store.ledger.Ledger` (whose
 ``now`` is the injected clock's reading), so an evictor is tested directly on a transaction.
 """
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING
 import lmdb
 
 from tierkv.vault.leases import LeaseTable
-from tierkv.vault.policy import ContextPolicy, EntryInfo, EvictionPolicy
+from tierkv.vault.policy import Budget, ContextPolicy, EntryInfo, EvictionPolicy, as_learning
 from tierkv.vault.store.format import IndexRecord, expiry_ms
 from tierkv.vault.store.ledger import Ledger
 from tierkv.vault.store.tenants import Tenant
@@ -34,6 +38,7 @@ class Ranking:
 
     def __init__(self, policy: EvictionPolicy) -> None:
         self.policy = policy
+        self.learning = as_learning(policy)
         self.rank_len = len(policy.rank(EntryInfo(clock=0, size=0, priority=0)))
         self.uses_meta = policy.uses_meta
         """Every entry gets a retention record (hits, sharing) even when stored untagged."""
@@ -54,6 +59,7 @@ class Ranking:
             hits=ext.hits,
             sharing=ext.sharing,
             population=ext.population,
+            proven=ext.proven,
         )
         return self.policy.rank(info)
 
@@ -115,7 +121,7 @@ class Evictor:
             if self.first_expired(txn, t, ledger.now) is not None:
                 return t
             with txn.cursor(db=t.order) as cur:
-                if self.first_evictable(cur, ledger, t, self.unleased):
+                if self.first_evictable(cur, ledger, t, self.unleased, self.walk_start(cur, ledger, t)):
                     rank = bytes(cur.key()[: self.ranking.rank_len])
                     if best is None or rank < best[0]:
                         best = (rank, t)
@@ -143,7 +149,8 @@ class Evictor:
             self.leases.claim(tenant.name, victim_fkey, force=True)
         else:
             with txn.cursor(db=tenant.order) as order:
-                if not self.first_evictable(order, ledger, tenant, self.leases.claim):
+                start = self.walk_start(order, ledger, tenant)
+                if not self.first_evictable(order, ledger, tenant, self.leases.claim, start):
                     return False
                 victim_fkey = bytes(order.key()[self.ranking.rank_len :])
                 order.delete()
@@ -154,30 +161,63 @@ class Evictor:
                     cur.delete()
             return True
         ledger.evicted[tenant.name] += 1
+        if self.ranking.learning is not None:
+            proven = victim.ext is not None and victim.ext.proven
+            limit = tenant.quota or self.max_bytes
+            self.ranking.learning.evicted(tenant.name, limit, victim_fkey, victim.charge, proven)
         if victim.source:
             ledger.ghosts.append((tenant.name, victim_fkey, victim.source))
         return True
 
+    def budget(self, ledger: Ledger, tenant: Tenant) -> Budget:
+        """The tenant's limit and its parts' bytes in this transaction, for a learning policy."""
+        unprotected = ledger.used[tenant.name] - ledger.protected[tenant.name]
+        main = ledger.proven[tenant.name]
+        return Budget(tenant.name, tenant.quota or self.max_bytes, unprotected - main, main)
+
+    def walk_start(self, cur: lmdb.Cursor, ledger: Ledger, tenant: Tenant) -> bytes:
+        """Where the victim search starts: the part a learning policy names (given the clocks of each
+        part's oldest entry), else the start of the order."""
+        policy = self.ranking.learning
+        if policy is None:
+            return b""
+
+        def heads() -> tuple[int | None, int | None]:
+            found: list[int | None] = []
+            for part in (b"\x00", b"\x01"):
+                key = bytes(cur.key()) if cur.set_range(part) else b""
+                found.append(int.from_bytes(key[1:9], "big") if key[:1] == part else None)
+            return found[0], found[1]
+
+        return policy.walk_from(self.budget(ledger, tenant), heads)
+
     def first_evictable(
-        self, cur: lmdb.Cursor, ledger: Ledger, tenant: Tenant, free: Callable[[str, bytes], bool]
+        self,
+        cur: lmdb.Cursor,
+        ledger: Ledger,
+        tenant: Tenant,
+        free: Callable[[str, bytes], bool],
+        start: bytes = b"",
     ) -> bool:
-        """Put ``cur`` on the tenant's lowest-ranked order key that ``free`` says no lease holds; walks
-        past at most as many keys as the tenant holds leases (False when none is left within that).
-        Within one transaction a walk resumes where the last one ended (an entry it passed whose lease
-        ended since is left for the next transaction), so a flood of puts walks a run of leased entries
-        once per transaction, not once per eviction."""
-        start = ledger.past_leases.get(tenant.name)
-        found = cur.first() if start is None else cur.set_range(start)
+        """Put ``cur`` on the tenant's lowest-ranked order key from ``start`` on that ``free`` says no
+        lease holds; walks past at most as many keys as the tenant holds leases (none left within that
+        from ``start``: the walk is made again from the first key, and False when none is left there).
+        Within one transaction a walk resumes where the last one from the same start ended (an entry it
+        passed whose lease ended since is left for the next transaction), so a flood of puts walks a run
+        of leased entries once per transaction, not once per eviction."""
+        resume = ledger.past_leases.get((tenant.name, start))
+        at = resume or start
+        found = cur.set_range(at) if at else cur.first()
         for walked in range(self.leases.held(tenant.name) + 1):
             if not found:
-                return False
+                break
             key = bytes(cur.key())
             if free(tenant.name, key[self.ranking.rank_len :]):
                 if walked:
-                    ledger.past_leases[tenant.name] = key
+                    ledger.past_leases[(tenant.name, start)] = key
                 return True
             found = cur.next()
-        return False
+        return bool(start) and self.first_evictable(cur, ledger, tenant, free)
 
     def purge(self, txn: lmdb.Transaction, ledger: Ledger, due: Sequence[Tenant], limit: int) -> None:
         """Drop up to ``limit`` expired entries of each tenant in ``due``."""

@@ -28,6 +28,7 @@ class Ledger:
         self.used = {t.name: t.used for t in tenants}
         self.count = {t.name: t.count for t in tenants}
         self.protected = {t.name: t.protected for t in tenants}
+        self.proven = {t.name: t.proven for t in tenants}
         self.classes = {t.name: Counter(t.classes) for t in tenants}
         self.class_keys = {t.name: Counter(t.class_keys) for t in tenants}
         self.class_protected = {t.name: Counter(t.class_protected) for t in tenants}
@@ -37,9 +38,9 @@ class Ledger:
         self.overflow: Counter[str] = Counter()
         self.ghosts: list[tuple[str, bytes, str]] = []
         self.dropped: list[tuple[str, bytes]] = []
-        self.past_leases: dict[str, bytes] = {}
-        """Per tenant, the order key eviction reached after walking past leased entries in this
-        transaction: the next eviction starts there instead of walking past them again."""
+        self.past_leases: dict[tuple[str, bytes], bytes] = {}
+        """Per tenant and start of the walk, the order key eviction reached after walking past leased
+        entries in this transaction: the next eviction starts there instead of walking past them again."""
 
     @property
     def protected_total(self) -> int:
@@ -70,12 +71,15 @@ class Ledger:
         if entry.ext.protected:
             self.protected[tenant] += charge
             self.class_protected[tenant][entry.ext.source] += charge
+        elif entry.ext.proven:
+            self.proven[tenant] += charge
 
     def clear(self, tenant: str) -> int:
         self.total -= self.used[tenant]
         self.population -= self.count[tenant]
         dropped, self.used[tenant], self.count[tenant] = self.count[tenant], 0, 0
         self.protected[tenant] = 0
+        self.proven[tenant] = 0
         for book in (self.classes, self.class_keys, self.class_protected):
             book[tenant] = Counter()
         return dropped
@@ -98,6 +102,7 @@ class Ledger:
                 t.evictions += self.evicted[t.name]
                 t.overflow += self.overflow[t.name]
                 t.protected = self.protected[t.name]
+                t.proven = self.proven[t.name]
                 t.classes = +self.classes[t.name]
                 t.class_keys = +self.class_keys[t.name]
                 t.class_protected = +self.class_protected[t.name]

@@ -68,7 +68,8 @@ class Touches:
         self, txn: lmdb.Transaction, ledger: Ledger, tenant: Callable[[str], Tenant], entries: Entries
     ) -> None:
         """Write every noted read: a new clock for each entry, and its hits decayed up to now plus the
-        new ones (for entries with a retention record, or all of them under a policy that uses them)."""
+        new ones (for entries with a retention record, or all of them under a policy that uses them); an
+        entry read becomes proven under a learning policy."""
         ranking = entries.ranking
         for (name, fkey), hits in self.take().items():
             owner = tenant(name)
@@ -79,6 +80,11 @@ class Touches:
             if hits and (entry.ext is not None or ranking.uses_meta):
                 entry.ext = entry.ext or EntryMeta()
                 entry.ext.hits = ranking.decayed(entry, ledger.clock) + hits
+            if hits and ranking.learning is not None and not (entry.ext and entry.ext.proven):
+                ledger.count_retention(name, entry, -1)  # read: its bytes move to the proven part
+                entry.ext = entry.ext or EntryMeta(hits=hits)
+                entry.ext.proven = True
+                ledger.count_retention(name, entry)
             entry.clock = ledger.clock
             entries.write_index(txn, ledger, owner, fkey, entry)
 

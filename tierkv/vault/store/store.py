@@ -210,6 +210,12 @@ class Store:
         ]
         stored = evicted = 0
         rejected: list[int] = []
+        learning = self._ranking.learning
+        if learning is not None:
+            limit = owner.quota or self.max_bytes
+            learning.observe(owner.name, limit, [p[0] for p in prepared], self._typical(owner), read=False)
+            if learning.leaf_first:  # the deepest block of a chain gets the oldest clock
+                prepared.reverse()
         with self._env.write_lock:
             for start, chunk in _chunks(prepared, max(1, self.max_bytes // 16)):
                 outcome = self._env.write_retrying(
@@ -219,7 +225,19 @@ class Store:
                 )
                 stored, evicted = stored + outcome.stored, evicted + outcome.evicted
                 rejected += [start + i for i in outcome.rejected]
+        if learning is not None and learning.leaf_first:
+            rejected = sorted(len(prepared) - 1 - i for i in rejected)
         return PutOutcome(stored=stored, rejected=rejected, evicted=evicted)
+
+    def _typical(self, owner: Tenant) -> int:
+        """The tenant's mean entry charge (what a learning policy's shadows charge a key they see)."""
+        with self._counter_lock:
+            return max(1, owner.used // owner.count) if owner.count else 1
+
+    def _recency_order(self, fkeys: Sequence[bytes]) -> Sequence[bytes]:
+        """Keys in the order their reads are noted: deepest first under a leaf-first policy."""
+        learning = self._ranking.learning
+        return fkeys[::-1] if learning is not None and learning.leaf_first else fkeys
 
     def _put_txn(self, owner: Tenant, items: Sequence[Prepared]) -> PutOutcome:
         """One write transaction of a Put (the caller holds the write lock and the shared lock)."""
@@ -304,7 +322,11 @@ class Store:
         misses.update(tally.expired)
         misses[""] += len(tally.corrupt)
         self.classes.note(owner.name, tally.hits, +misses, tally.expired)
-        self._touches.note(owner.name, tally.found, hit=True)
+        self._touches.note(owner.name, self._recency_order(tally.found), hit=True)
+        learning = self._ranking.learning
+        if learning is not None and tally.found:
+            limit = owner.quota or self.max_bytes
+            learning.observe(owner.name, limit, tally.found, self._typical(owner), read=True)
         self._leases.release(owner.name, tally.found)
         if tally.corrupt:
             corrupt = tally.corrupt
@@ -331,7 +353,7 @@ class Store:
             present = present[
                 : self._leases.grant(owner.name, present, lease_ms, since=since, quota=owner.quota)
             ]
-        self._touches.note(owner.name, [fkey for fkey, _ in present], hit=False)
+        self._touches.note(owner.name, self._recency_order([fkey for fkey, _ in present]), hit=False)
         return len(present)
 
     def entry(self, namespace: bytes, key: bytes, *, tenant: str = DEFAULT_TENANT) -> EntryMeta | None:

@@ -51,6 +51,8 @@ class Tenant:
     expired: int = 0
     overflow: int = 0
     protected: int = 0
+    proven: int = 0
+    """Committed bytes of unprotected entries marked proven (``adaptive``'s main part)."""
     classes: Counter[str] = dataclasses.field(default_factory=Counter)
     """Committed bytes per tagged source class (untagged bytes are ``used`` minus their sum)."""
     class_keys: Counter[str] = dataclasses.field(default_factory=Counter)

@@ -1,0 +1,138 @@
+"""Put throughput of the store under each eviction policy, contenders interleaved, in steady-state eviction.
+
+One store per policy (real LMDB, ``fast`` sync, in process: the policy's cost is the store's, not the
+wire's), each filled past its budget first, then Put batches of new chained keys (one engine request
+each, eight per timed call: the store evicts as much as it writes), with every fourth batch's first half read back first so
+``adaptive`` also promotes, learns and feeds its shadows. Blob sizes 1 KiB, 64 KiB, 1 MiB; medians of
+``--repeats`` interleaved rounds and the ratio to ``lru``, by the wall clock and by this process's CPU
+time (on a shared machine the second is the steadier). Run:
+
+    python -m benchmarks.policy_put [--repeats 15] [--budget 32MiB] [--policies lru,adaptive] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks.interleave import rounds
+from tierkv.config import parse_size
+from tierkv.vault.policy import make_policy
+from tierkv.vault.store import Store
+
+KiB, MiB = 1 << 10, 1 << 20
+SIZES = {"1KiB": (KiB, 512), "64KiB": (64 * KiB, 64), "1MiB": (MiB, 4)}
+"""Blob size and blocks per Put batch (a request's chain)."""
+BATCHES_PER_CALL = 8
+"""Batches per timed call: a call of one 4 MiB batch lasts a few milliseconds, too short to time on a
+shared machine."""
+
+
+class Workload:
+    """Batches of new chained keys for one store; every fourth batch first reads half of the last one."""
+
+    def __init__(self, store: Store, blob: int, per_batch: int, name: str) -> None:
+        self.store, self.per_batch = store, per_batch
+        self.data = bytes(blob)
+        self.counter = itertools.count()
+        self.name = name
+        self.last: list[bytes] = []
+
+    def batch(self) -> None:
+        n = next(self.counter)
+        if n % 4 == 3 and self.last:
+            half = self.last[: len(self.last) // 2]
+            self.store.prefix_lookup(b"ns", half)
+            self.store.get_many(b"ns", half)
+        keys = [
+            hashlib.blake2b(f"{self.name}/{n}/{i}".encode(), digest_size=16).digest()
+            for i in range(self.per_batch)
+        ]
+        self.store.put_many(b"ns", [(k, self.data, 0) for k in keys])
+        self.last = keys
+
+    def batches(self) -> None:
+        for _ in range(BATCHES_PER_CALL):
+            self.batch()
+
+
+def _cpu_timed(fn: Callable[[], None], into: list[float]) -> Callable[[], None]:
+    """``fn``, also noting the CPU seconds of this process per call (what other tenants of a shared
+    machine take does not count; the warm-up call is noted too and dropped)."""
+
+    def call() -> None:
+        start = time.process_time()
+        fn()
+        into.append(max(time.process_time() - start, 1e-9))
+
+    return call
+
+
+def measure(policies: list[str], budget: int, repeats: int, base: Path) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
+    for label, (blob, per_batch) in SIZES.items():
+        stores = {
+            p: Store(base / f"{label}-{p}", budget, sync_mode="fast", policy=make_policy(p)) for p in policies
+        }
+        try:
+            loads = {p: Workload(s, blob, per_batch, p) for p, s in stores.items()}
+            fill = budget // (blob * per_batch) + 2
+            for w in loads.values():
+                for _ in range(fill):
+                    w.batch()
+            cpu: dict[str, list[float]] = {p: [] for p in loads}
+            calls: dict[str, Callable[[], object]] = {
+                p: _cpu_timed(w.batches, cpu[p]) for p, w in loads.items()
+            }
+            times = rounds(calls, repeats)
+            nbytes = blob * per_batch * BATCHES_PER_CALL
+            gbs = {p: statistics.median(nbytes / t / 1e9 for t in ts) for p, ts in times.items()}
+            cpu_gbs = {p: statistics.median(nbytes / t / 1e9 for t in ts[1:]) for p, ts in cpu.items()}
+            out[label] = {
+                "gb_per_s": gbs,
+                "ratio_to_lru": {p: gbs[p] / gbs["lru"] for p in gbs} if "lru" in gbs else {},
+                "cpu_gb_per_s": cpu_gbs,
+                "cpu_ratio_to_lru": {p: cpu_gbs[p] / cpu_gbs["lru"] for p in cpu_gbs}
+                if "lru" in cpu_gbs
+                else {},
+                "evictions": {p: s.stats().evictions for p, s in stores.items()},
+            }
+        finally:
+            for s in stores.values():
+                s.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--budget", default="32MiB")
+    ap.add_argument("--policies", default="lru,adaptive")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tierkv-policy-put-") as tmp:
+        result = measure(args.policies.split(","), parse_size(args.budget), args.repeats, Path(tmp))
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    for label, doc in result.items():
+        gbs, ratio = doc["gb_per_s"], doc["ratio_to_lru"]
+        assert isinstance(gbs, dict) and isinstance(ratio, dict)
+        cpu = doc["cpu_ratio_to_lru"]
+        assert isinstance(cpu, dict)
+        cells = ", ".join(
+            f"{p} {v:.3f} GB/s ({ratio.get(p, 1.0):.2f}x lru wall, {cpu.get(p, 1.0):.2f}x cpu)"
+            for p, v in gbs.items()
+        )
+        print(f"{label:6} {cells}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""The ``adaptive`` policy in the real store (LMDB): probation and main, leaf-first stamps, admission by
+ghost lists, protection kept, the parts surviving a reopen; and its learning state alone."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from tierkv.config import Config, VaultConfig
+from tierkv.retention.classes import BlockMeta
+from tierkv.vault.policy import DEFAULT_POLICY, AdaptivePolicy, LRUPolicy, make_policy
+from tierkv.vault.policy.learning import (
+    GHOST_BUDGETS,
+    INITIAL_TARGET,
+    AdaptiveState,
+    Part,
+    Split,
+    sampled,
+)
+from tierkv.vault.store import Store
+
+NS = b"ns"
+BLOB = 1000
+BUDGET = 40 * 1011  # 40 entries of 1,010 bytes (namespace + key + blob)
+
+
+def _key(name: str, i: int) -> bytes:
+    return hashlib.blake2b(f"{name}/{i}".encode(), digest_size=8).digest()
+
+
+def _put(store: Store, keys: list[bytes], metas: list[BlockMeta | None] | None = None) -> None:
+    outcome = store.put_many(NS, [(k, k * (BLOB // 8), 0) for k in keys], metas=metas)
+    assert not outcome.rejected
+
+
+def _open(path: Path, policy: str) -> Store:
+    return Store(path, BUDGET, sync_mode="fast", policy=make_policy(policy), maintenance_interval_s=1e6)
+
+
+def test_adaptive_is_the_vaults_default_policy() -> None:
+    assert VaultConfig().policy == DEFAULT_POLICY == "adaptive" == Config().vault.policy
+
+
+@pytest.mark.parametrize(("policy", "kept"), [("adaptive", True), ("lru", False)])
+def test_blocks_read_outlive_a_flood_of_blocks_never_read(tmp_path: Path, policy: str, kept: bool) -> None:
+    """Read blocks are in main; probation (at most half the budget at first) gives up its victims while
+    over its target, so one-off blocks never push them out; under LRU they do."""
+    with _open(tmp_path / "v", policy) as store:
+        hot = [_key("hot", i) for i in range(10)]
+        _put(store, hot)
+        assert store.prefix_lookup(NS, hot) == 10 and all(store.get_many(NS, hot))
+        for i in range(200):
+            _put(store, [_key("once", i)])
+        assert store.stats().evictions > 100
+        assert store.prefix_lookup(NS, hot) == (10 if kept else 0)
+
+
+def test_a_chain_is_trimmed_from_its_deepest_block(tmp_path: Path) -> None:
+    """Leaf first: the blocks of one put are stamped deepest first, so eviction takes the chain's end and
+    the prefix stays usable (LRU takes the root first and the whole chain is lost to lookups)."""
+    chain = [_key("c", i) for i in range(40)]
+    for policy, hits in (("adaptive", 39), ("lru", 0)):
+        with _open(tmp_path / policy, policy) as store:
+            _put(store, chain)
+            _put(store, [_key("new", 0)])
+            assert store.stats().evictions == 1
+            assert store.prefix_lookup(NS, chain) == hits
+
+
+def test_a_key_stored_again_soon_after_its_eviction_goes_to_main(tmp_path: Path) -> None:
+    policy = AdaptivePolicy()
+    with Store(tmp_path / "v", BUDGET, sync_mode="fast", policy=policy, maintenance_interval_s=1e6) as store:
+        first = [_key("a", i) for i in range(40)]
+        for k in first:
+            _put(store, [k])
+        _put(store, [_key("b", i) for i in range(5)])  # evicts a0..a4 from probation: remembered
+        state = next(iter(policy._states.values()))
+        assert len(state.split.recent) == 5 and state.split.learned == 0
+        _put(store, [first[0]])  # back while remembered: proven, and the target learns
+        assert state.split.learned == 1 and state.split.target > INITIAL_TARGET * BUDGET
+        got = store.entry(NS, first[0])
+        assert got is not None and got.proven
+
+
+def test_admission_never_loses_a_protected_block(tmp_path: Path) -> None:
+    """Protected blocks are outside the order under every policy: a flood of stores, remembered keys and
+    reads never evicts them while they fit the protected cap."""
+    with _open(tmp_path / "v", "adaptive") as store:
+        rules = [_key("rules", i) for i in range(8)]
+        _put(store, rules, [BlockMeta(source="rules", protected=True)] * len(rules))
+        for i in range(300):
+            k = _key("x", i % 60)  # keys come back: ghosts, admissions to main, reads
+            _put(store, [k])
+            store.get_many(NS, [k])
+        assert store.stats().evictions > 100
+        assert store.prefix_lookup(NS, rules) == len(rules)
+        assert all(e is not None and e.protected for e in (store.entry(NS, k) for k in rules))
+
+
+def test_the_parts_survive_a_reopen(tmp_path: Path) -> None:
+    """Proven is stored with the entry and its bytes are recounted at open, so after a restart read
+    blocks still outlive a flood (the learning state itself starts afresh)."""
+    hot = [_key("hot", i) for i in range(10)]
+    with _open(tmp_path / "v", "adaptive") as store:
+        _put(store, hot)
+        store.get_many(NS, hot)
+        _put(store, [_key("tip", 0)])  # applies the reads (they are written by the next put)
+    with _open(tmp_path / "v", "adaptive") as store:
+        assert all(e is not None and e.proven for e in (store.entry(NS, k) for k in hot))
+        for i in range(200):
+            _put(store, [_key("once", i)])
+        assert store.prefix_lookup(NS, hot) == 10
+
+
+def test_switching_a_store_between_lru_and_adaptive_reranks_it(tmp_path: Path) -> None:
+    keys = [_key("k", i) for i in range(20)]
+    with _open(tmp_path / "v", "adaptive") as store:
+        _put(store, keys)
+    with Store(tmp_path / "v", BUDGET, sync_mode="fast", policy=LRUPolicy(), maintenance_interval_s=1e6) as s:
+        _put(s, [_key("n", i) for i in range(25)])  # lru: the oldest go first, stamped deepest first
+        assert s.stats().evictions == 5 and s.stats().used_bytes <= BUDGET
+        assert s.prefix_lookup(NS, keys) == 15
+
+
+# -- the learning state alone ------------------------------------------------------------------------
+
+
+def test_ghost_lists_move_the_target_both_ways() -> None:
+    split = Split(budget=100)
+    assert split.target == 50
+    split.remember(Part.PROBATION, 1, 10)
+    split.remember(Part.MAIN, 2, 10)
+    assert split.admit(1, 10, 0.5) is Part.MAIN and split.target == 60
+    assert split.admit(2, 10, 0.5) is Part.MAIN and split.target == 50
+    assert split.admit(3, 10, 0.5) is Part.PROBATION and split.learned == 2
+    assert split.admit(4, 10, 0.9) is Part.MAIN  # importance >= 0.7 starts in main
+    split.remember(Part.PROBATION, 5, 10)
+    assert split.admit(5, 10, 0.2) is Part.PROBATION  # importance <= 0.3 stays in probation
+
+
+def test_ghost_lists_are_bounded_by_bytes_and_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    split = Split(budget=100)
+    for k in range(1000):
+        split.remember(Part.PROBATION, k, 10)
+    assert split.recent.bytes <= GHOST_BUDGETS * 100 and len(split.recent) == GHOST_BUDGETS * 10
+    monkeypatch.setattr("tierkv.vault.policy.learning.MAX_GHOSTS", 7)
+    big = Split(budget=10**9)
+    for k in range(100):
+        big.remember(Part.MAIN, k, 1)
+    assert len(big.frequent) == 7 and big.ghost_keys() == 7
+
+
+def test_shadows_prefer_recency_where_arc_loses_and_arc_where_it_wins() -> None:
+    """A scan of one-off keys with a small hot set read again after more new keys than the shadows hold:
+    LRU loses the hot set every time, ARC keeps it in main, so ARC takes the lead; a loop of keys read in
+    turn that fits neither favours neither."""
+    keys = [k for k in range(200_000) if sampled(k)]
+    state = AdaptiveState(budget=16 * 40)
+    hot = keys[:10]
+    for i, k in enumerate(keys[10:3000]):
+        state.observe([(k, 1)], read=False)
+        if i % 60 == 0:
+            state.observe([(h, 1) for h in hot], read=True)
+    assert state.lru_lead < 0  # ARC keeps the hot set that the one-off keys push out of LRU
+    assert state.keys() < 16 * 40 * (2 * GHOST_BUDGETS + 2)
+
+
+def test_a_part_all_leased_sends_the_victim_search_to_the_other(tmp_path: Path) -> None:
+    """Main is chosen (probation under its target) but every main entry is leased: the search goes on
+    from the start of the order and evicts from probation instead of refusing the Put."""
+    with _open(tmp_path / "v", "adaptive") as store:
+        pinned = [_key("pin", i) for i in range(20)]  # half the budget, outside the order
+        _put(store, pinned, [BlockMeta(source="rules", protected=True)] * 20)
+        main = [_key("main", i) for i in range(8)]
+        _put(store, main, [BlockMeta(importance=0.9)] * 8)  # important: starts in main
+        _put(store, [_key("p", i) for i in range(12)])  # probation: 12 of 40, under its target of 20
+        assert store.prefix_lookup(NS, main, lease_ms=10_000) == 8
+        outcome = store.put_many(NS, [(_key("new", 0), b"n" * BLOB, 0)])
+        assert outcome.stored == 1 and outcome.evicted == 1
+        assert store.prefix_lookup(NS, main) == 8 and store.prefix_lookup(NS, pinned) == 20

@@ -1,0 +1,75 @@
+"""The ``adaptive`` policy, the vault's default: recency within two parts, which part gives up the victim
+learned from the traffic (:mod:`.learning` says how, and what it costs).
+
+Rank: one byte for the part (0 probation, 1 main: the entry was read, or stored again while its key was
+remembered) and the clock, so each part is an LRU range of the order index and the store's victim search
+starts at the range :meth:`AdaptivePolicy.walk_from` names. Tags: importance ≥ 0.7 starts in main,
+≤ 0.3 stays in probation; protected entries are outside the order as under every policy.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from tierkv.vault.policy.base import Budget, EntryInfo
+from tierkv.vault.policy.learning import SAMPLE_MASK, AdaptiveState, Part, digest
+
+
+class AdaptivePolicy:
+    """Leaf-first recency in a probation and a main part, ARC's split learned from ghost lists, and
+    miniature simulation to fall back to plain recency where the split does not pay. One learning state
+    per tenant (its quota, else the vault's budget)."""
+
+    name = "adaptive"
+    uses_meta = False
+    """Only proven entries need a retention record (the flag); probation entries are stored bare."""
+    leaf_first = True
+
+    def __init__(self) -> None:
+        self._states: dict[str, AdaptiveState] = {}
+        self._lock = threading.Lock()
+        """Guards the shadows (``observe`` comes from readers too) and the making of states; the split is
+        only touched under the store's write lock."""
+
+    def rank(self, entry: EntryInfo) -> bytes:
+        return _RANK_HEAD[entry.proven] + entry.clock.to_bytes(8, "big")
+
+    def state(self, tenant: str, limit: int) -> AdaptiveState:
+        """The tenant's learning state (made on first use; a new limit starts it afresh)."""
+        found = self._states.get(tenant)
+        if found is None or found.budget != limit:
+            with self._lock:
+                found = self._states[tenant] = AdaptiveState(budget=max(1, limit))
+        return found
+
+    def admit(self, tenant: str, limit: int, fkey: bytes, size: int, importance: float) -> bool:
+        return self.state(tenant, limit).split.admit(digest(fkey), size, importance) is _MAIN
+
+    def evicted(self, tenant: str, limit: int, fkey: bytes, size: int, proven: bool) -> None:
+        self.state(tenant, limit).split.remember(_PARTS[proven], digest(fkey), size)
+
+    def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
+        keyed = [(digest(k), size) for k in fkeys if not k[-1] & SAMPLE_MASK]  # sampled(), cheaply
+        if keyed:
+            state = self.state(tenant, limit)
+            with self._lock:
+                state.observe(keyed, read=read)
+
+    def walk_from(self, budget: Budget, heads: Callable[[], tuple[int | None, int | None]]) -> bytes:
+        tenant, limit, probation, main = budget
+        return _RANK_HEAD[self.state(tenant, limit).victim_part(probation, main, heads)]
+
+    def learning_keys(self) -> int:
+        """Keys the learning state holds now, all tenants (ghosts and shadows): its memory, stated."""
+        with self._lock:
+            return sum(s.keys() for s in self._states.values())
+
+
+_PARTS = (Part.PROBATION, Part.MAIN)
+_RANK_HEAD = (b"\x00", b"\x01")
+"""A rank's first byte by part (indexed by the part, or by ``proven``)."""
+_MAIN = Part.MAIN
+
+
+__all__ = ["AdaptivePolicy"]

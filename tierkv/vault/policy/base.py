@@ -1,0 +1,84 @@
+"""What every eviction policy is to the store: a rank per entry, and optionally what it learns.
+
+A policy maps an entry to a sortable rank (bytes). The store keeps one LMDB index ordered by rank per
+tenant and, when it must free space, evicts from the lowest rank upwards inside the same write transaction
+that needs the room, so the budget holds at every commit. Ranks are recomputed when an entry is written or
+read. The clock is a logical counter persisted with the data (never wall time), so a jumping system clock
+cannot reorder evictions.
+
+A :class:`LearningPolicy` also learns from the traffic (queues, ghost lists, admission): the store tells
+it what is admitted, read and evicted, and asks it where in the order the victim search starts. Its state
+lives in memory, bounded, and may be lost at a restart: what an entry earned is kept with the entry
+(``proven``), so the order itself survives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, Protocol
+
+from tierkv.retention.classes import NEUTRAL_IMPORTANCE
+
+
+class EntryInfo(NamedTuple):
+    """What a policy may look at when ranking an entry. ``population`` is how many entries the store held
+    when the entry was last updated (``context`` measures age in turnovers of that many events);
+    ``proven``: the entry was read, or admitted as a remembered key (``adaptive``'s main part).
+
+    A named tuple rather than a frozen dataclass: one is made for every entry written or evicted, and a
+    tuple is the cheapest immutable record to make."""
+
+    clock: int
+    size: int
+    priority: int = 0
+    importance: float = NEUTRAL_IMPORTANCE
+    hits: float = 0.0
+    sharing: int = 0
+    population: int = 1
+    proven: bool = False
+
+
+class EvictionPolicy(Protocol):
+    """Ranks entries: the lowest rank is evicted first. Ranks must be fixed-length for one policy.
+    ``uses_meta``: the rank reads importance, hits, sharing or ``proven`` (so the store keeps a retention
+    record for every entry)."""
+
+    name: str
+    uses_meta: bool
+
+    def rank(self, entry: EntryInfo) -> bytes: ...
+
+
+class Budget(NamedTuple):
+    """What the store tells a learning policy about one tenant: its name, the bytes it may hold (its
+    quota, else the vault's budget) and how they are used now (committed or in this transaction)."""
+
+    tenant: str
+    limit: int
+    probation: int
+    main: int
+
+
+class LearningPolicy(EvictionPolicy, Protocol):
+    """A policy that learns. Every call is bounded work; ``admit``, ``evicted`` and ``walk_from`` are called
+    inside the Put's write transaction (under the store's write lock), ``observe`` from readers too."""
+
+    leaf_first: bool
+    """Stamp a batch deepest block first (the store reverses a chain's order), so eviction trims chains
+    from their ends."""
+
+    def admit(self, tenant: str, limit: int, fkey: bytes, size: int, importance: float) -> bool:
+        """Whether an entry stored now (its key not held) starts proven (``limit``: the tenant's bytes)."""
+
+    def evicted(self, tenant: str, limit: int, fkey: bytes, size: int, proven: bool) -> None:
+        """An entry was evicted (not deleted): remember its key."""
+
+    def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
+        """A batch read or stored, in chain order (``size``: the entries' typical charge)."""
+
+    def walk_from(self, budget: Budget, heads: Callable[[], tuple[int | None, int | None]]) -> bytes:
+        """The order-key prefix the victim search starts at; ``heads`` gives the clocks of the oldest
+        entry not proven and the oldest proven one (None: there is none), asked only when needed."""
+
+
+__all__ = ["Budget", "EntryInfo", "EvictionPolicy", "LearningPolicy"]

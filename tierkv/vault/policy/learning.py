@@ -1,0 +1,296 @@
+"""What the ``adaptive`` policy learns: it finds out from the traffic, with no setting, which blocks deserve
+room. (:mod:`.adaptive` is the policy the store talks to; this module is its state, also run in process by
+``tierkv bench trace``.)
+
+Most KV blocks a vault stores are never read again (about three in four on public production traces),
+and those that are come back soon. Three ideas, each measured on several traces (docs/performance/
+retention.md):
+
+1. **Leaf first.** A block is worth nothing without its parent (a lookup stops at the first missing
+   block), so within one read or put the deepest block gets the oldest stamp: eviction trims chains from
+   their ends, and what stays is still a usable prefix. (The store stamps a batch in reverse order.)
+2. **Probation and main, as ARC** (Megiddo & Modha, 2003), in bytes. A new block enters probation; a block
+   read, or stored again while its key is remembered in a *ghost* list, is in main. Probation gives up the
+   victim while it holds more than its *target* bytes, else main does; the victim's key is remembered in
+   the ghost list of the part it left. A block stored again while remembered from probation grows the
+   target by its size (more when the other ghost list is longer), one remembered from main shrinks it.
+3. **Miniature simulation decides between ARC and plain recency** (Waldspurger et al., ATC'17). One key in
+   :data:`SAMPLE` (by hash) also goes through two shadow caches of 1/:data:`SAMPLE` of the budget — one
+   ARC, one leaf-first LRU; while the LRU shadow has hit more lately (decayed over about
+   :data:`MEMORY` sampled accesses), the victim is simply the least recent of the two parts' oldest
+   entries. Where ARC's split does not pay (agents whose every step rereads the whole chain), the policy
+   falls back to recency instead of losing to it.
+
+Tags add their signal on top: importance ≥ 0.7 starts in main, ≤ 0.3 stays in probation even when
+remembered (protected blocks are outside eviction altogether, as with every policy).
+
+Learning state, per budget (the vault's, or a tenant's quota): two ghost lists of at most
+:data:`GHOST_BUDGETS` budgets' bytes and :data:`MAX_GHOSTS` keys each; two shadow caches of 1/SAMPLE of
+the budget (the ARC one with its own ghost lists); a few counters. Keys are kept as 8-byte ints (≈ 100
+bytes each in a Python ordered map), so the state is at most ≈ 2.4 × MAX_GHOSTS keys ≈ 32 MB per budget,
+and much less for budgets of fewer blocks. It lives in memory and starts empty after a restart; which
+part an entry is in is stored with the entry (its rank), so eviction order survives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Final
+
+GHOST_BUDGETS: Final = 4
+"""Each ghost list remembers keys worth this many budgets: reuse comes back within a few turnovers."""
+MAX_GHOSTS: Final = 1 << 17
+"""At most this many keys per ghost list (bounds memory whatever the block size)."""
+HIGH_IMPORTANCE: Final = 0.7
+LOW_IMPORTANCE: Final = 0.3
+INITIAL_TARGET: Final = 0.5
+"""Probation's first target, as a share of the budget (it moves from the first remembered miss on)."""
+SAMPLE: Final = 16
+"""One key in this many feeds the shadow caches, which get this fraction of the budget (a power of two:
+a key is sampled when its low bits are zero, see :func:`sampled`)."""
+MEMORY: Final = 1000
+"""The shadows' hit difference is decayed by 1/MEMORY per sampled access."""
+_DECAY: Final = 1.0 - 1.0 / MEMORY
+SAMPLE_MASK: Final = SAMPLE - 1
+
+
+class Part(enum.IntEnum):
+    """Where an entry stands; the value is the first byte of its rank (probation sorts first)."""
+
+    PROBATION = 0
+    MAIN = 1
+
+
+def digest(full_key: bytes) -> int:
+    """A key's identity here: 8 bytes of it (keys are hashes already, so any 8 bytes are uniform)."""
+    return int.from_bytes(full_key[-8:], "big")
+
+
+def sampled(key: int) -> bool:
+    """Whether ``key`` feeds the shadow caches: one in :data:`SAMPLE`, those whose low bits are zero
+    (keys are hashes, so those bits are uniform; the store tests them on the key's last byte)."""
+    return not key & SAMPLE_MASK
+
+
+class _Ghosts:
+    """Keys recently evicted from one part (oldest first), with their sizes; bounded by bytes and count."""
+
+    def __init__(self) -> None:
+        self.keys: OrderedDict[int, int] = OrderedDict()
+        self.bytes = 0
+
+    def add(self, key: int, size: int, max_bytes: int) -> None:
+        old = self.keys.pop(key, None)
+        self.bytes += size - (old or 0)
+        self.keys[key] = size
+        while self.keys and (self.bytes > max_bytes or len(self.keys) > MAX_GHOSTS):
+            _, gone = self.keys.popitem(last=False)
+            self.bytes -= gone
+
+    def take(self, key: int) -> int | None:
+        """The remembered size of ``key`` (forgetting it), or None."""
+        size = self.keys.pop(key, None)
+        if size is not None:
+            self.bytes -= size
+        return size
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclasses.dataclass
+class Split:
+    """ARC's learning for one budget: probation's target and the ghost lists. The owner counts the bytes
+    in each part and passes them in (the store keeps them in its transaction's ledger)."""
+
+    budget: int
+    target: float = -1.0
+    recent: _Ghosts = dataclasses.field(default_factory=_Ghosts)
+    frequent: _Ghosts = dataclasses.field(default_factory=_Ghosts)
+    learned: int = 0
+    """Stores of remembered keys (the target moved on each)."""
+
+    def __post_init__(self) -> None:
+        if self.target < 0:
+            self.target = INITIAL_TARGET * self.budget
+
+    def admit(self, key: int, size: int, importance: float) -> Part:
+        """The part a block stored now (not held) starts in; learns from its ghost, if any."""
+        if self.recent.take(key) is not None:
+            grow = size * max(1.0, _ratio(self.frequent, self.recent))
+            self.target = min(self.budget, self.target + grow)
+            found = True
+        elif self.frequent.take(key) is not None:
+            shrink = size * max(1.0, _ratio(self.recent, self.frequent))
+            self.target = max(0.0, self.target - shrink)
+            found = True
+        else:
+            found = False
+        self.learned += found
+        if importance <= LOW_IMPORTANCE:
+            return Part.PROBATION
+        return Part.MAIN if found or importance >= HIGH_IMPORTANCE else Part.PROBATION
+
+    def arc_part(self, probation: int, main: int) -> Part:
+        """ARC's choice: probation while it holds more than its target (or main is empty), else main."""
+        if probation > 0 and (probation > self.target or main <= 0):
+            return Part.PROBATION
+        return Part.MAIN
+
+    def remember(self, part: Part, key: int, size: int) -> None:
+        """An entry of ``part`` was evicted: its key goes to that part's ghost list."""
+        ghosts = self.recent if part is Part.PROBATION else self.frequent
+        ghosts.add(key, size, GHOST_BUDGETS * self.budget)
+
+    def ghost_keys(self) -> int:
+        return len(self.recent) + len(self.frequent)
+
+
+def _ratio(a: _Ghosts, b: _Ghosts) -> float:
+    return len(a) / len(b) if len(b) else 1.0
+
+
+class Parts:
+    """Two recency-ordered parts of keys with sizes and a stamp each: the in-memory form of what the vault
+    keeps in its order index. Used by the shadows and by the bench's in-process twin."""
+
+    def __init__(self) -> None:
+        self.parts: dict[Part, OrderedDict[int, int]] = {p: OrderedDict() for p in Part}
+        self.where: dict[int, Part] = {}
+        self.stamp: dict[int, int] = {}
+        self.clock = 0
+
+    def __contains__(self, key: int) -> bool:
+        return key in self.where
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def touch(self, key: int, part: Part, size: int) -> None:
+        """``key`` is (now) in ``part`` and the most recent there."""
+        old = self.where.get(key)
+        if old is not None and old is not part:
+            del self.parts[old][key]
+        self.parts[part][key] = size
+        self.parts[part].move_to_end(key)
+        self.where[key] = part
+        self.clock += 1
+        self.stamp[key] = self.clock
+
+    def head(self, part: Part) -> int | None:
+        """The stamp of ``part``'s least recent key (None when empty)."""
+        queue = self.parts[part]
+        return self.stamp[next(iter(queue))] if queue else None
+
+    def pop(self, part: Part) -> tuple[int, int]:
+        key, size = self.parts[part].popitem(last=False)
+        del self.where[key]
+        del self.stamp[key]
+        return key, size
+
+
+class _MiniCache:
+    """A shadow: the policy in small, ARC (``arc``) or leaf-first LRU, counting hits per access."""
+
+    def __init__(self, budget: int, *, arc: bool) -> None:
+        self.budget = max(1, budget)
+        self.split = Split(self.budget) if arc else None
+        self.held = Parts()
+        self.used = {p: 0 for p in Part}
+
+    def access(self, keys: Sequence[tuple[int, int]], *, read: bool) -> int:
+        """Hits among ``keys`` (key, size) in chain order; misses are stored, deepest stamped oldest."""
+        hits = 0
+        for key, size in reversed(keys):
+            part = self.held.where.get(key)
+            if part is not None:
+                hits += 1
+                if read and part is Part.PROBATION and self.split is not None:
+                    self._move(size, Part.PROBATION, Part.MAIN)
+                    part = Part.MAIN
+                self.held.touch(key, part, size)
+            elif size <= self.budget:
+                new = Part.MAIN if self.split is None else self.split.admit(key, size, 0.5)
+                while sum(self.used.values()) + size > self.budget:
+                    self._evict()
+                self.held.touch(key, new, size)
+                self.used[new] += size
+        return hits
+
+    def _move(self, size: int, source: Part, to: Part) -> None:
+        self.used[source] -= size
+        self.used[to] += size
+
+    def _evict(self) -> None:
+        part = Part.MAIN
+        if self.split is not None:
+            part = self.split.arc_part(self.used[Part.PROBATION], self.used[Part.MAIN])
+        if not self.held.parts[part]:
+            part = Part(1 - part)
+        key, size = self.held.pop(part)
+        self.used[part] -= size
+        if self.split is not None:
+            self.split.remember(part, key, size)
+
+
+@dataclasses.dataclass
+class AdaptiveState:
+    """Everything ``adaptive`` learns for one budget: ARC's :class:`Split` and the two shadows."""
+
+    budget: int
+    split: Split = dataclasses.field(init=False)
+    lru_lead: float = 0.0
+    """Decayed (LRU shadow hits − ARC shadow hits): positive means plain recency is doing better."""
+
+    def __post_init__(self) -> None:
+        self.split = Split(self.budget)
+        self._shadow_lru = _MiniCache(self.budget // SAMPLE, arc=False)
+        self._shadow_arc = _MiniCache(self.budget // SAMPLE, arc=True)
+
+    def observe(self, keys: Sequence[tuple[int, int]], *, read: bool) -> None:
+        """A batch read or stored, (key, size) in chain order: its sampled keys go through the shadows
+        (the caller may pass only those)."""
+        mine = [(k, s) for k, s in keys if sampled(k)]
+        if not mine:
+            return
+        lead = self._shadow_lru.access(mine, read=read) - self._shadow_arc.access(mine, read=read)
+        self.lru_lead = self.lru_lead * _DECAY ** len(mine) + lead
+
+    def keys(self) -> int:
+        """Keys held in ghost lists and shadows (the learning state's size)."""
+        shadows = (self._shadow_lru, self._shadow_arc)
+        extra = self._shadow_arc.split.ghost_keys() if self._shadow_arc.split is not None else 0
+        return self.split.ghost_keys() + sum(len(s.held) for s in shadows) + extra
+
+    def victim_part(
+        self, probation: int, main: int, heads: Callable[[], tuple[int | None, int | None]]
+    ) -> Part:
+        """Which part gives up the next victim, given the bytes in each part: ARC's choice, or, while the
+        LRU shadow leads, the older of the two parts' oldest entries (``heads`` gives their stamps; asked
+        only then, as finding them costs the store two cursor seeks)."""
+        if self.lru_lead <= 0 or probation <= 0 or main <= 0:
+            return self.split.arc_part(probation, main)
+        probation_head, main_head = heads()
+        if probation_head is None or main_head is None:
+            return Part.MAIN if probation_head is None else Part.PROBATION
+        return Part.PROBATION if probation_head < main_head else Part.MAIN
+
+
+__all__ = [
+    "GHOST_BUDGETS",
+    "HIGH_IMPORTANCE",
+    "INITIAL_TARGET",
+    "LOW_IMPORTANCE",
+    "MAX_GHOSTS",
+    "SAMPLE",
+    "SAMPLE_MASK",
+    "AdaptiveState",
+    "Part",
+    "Parts",
+    "Split",
+    "digest",
+    "sampled",
+]
