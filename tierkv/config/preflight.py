@@ -53,12 +53,10 @@ def check_vault_start(cfg: Config, *, ready_file: str | None = None, create: boo
 
 
 def _check_readable(cfg: Config, names: Iterable[str]) -> None:
-    """Each named TLS file can be read, and each certificate among them is valid now."""
-    for name in names:
-        value = getattr(cfg.tls, name)
-        if not value:
-            continue
-        path = Path(value).expanduser()
+    """Each named TLS file can be read, then each certificate among them is valid now (a missing file is
+    the first thing to say: a certificate that cannot be parsed is often one whose key is missing too)."""
+    paths = {name: Path(getattr(cfg.tls, name)).expanduser() for name in names if getattr(cfg.tls, name)}
+    for name, path in paths.items():
         try:
             with path.open("rb"):
                 pass
@@ -66,6 +64,7 @@ def _check_readable(cfg: Config, names: Iterable[str]) -> None:
             raise ConfigError(
                 cfg.source, f"tls.{name}", f"cannot read {path}: {exc.strerror or exc}"
             ) from exc
+    for name, path in paths.items():
         problem = certificate_problem(path) if name in ("cert_file", "ca_file") else None
         if problem:
             raise ConfigError(cfg.source, f"tls.{name}", f"{path}: {problem}")
