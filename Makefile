@@ -25,6 +25,7 @@ test: $(STAMP) lint typecheck proto-check docs
 	$(MAKE) test-vllm-compat
 	$(MAKE) test-mlx
 	$(MAKE) test-llamacpp
+	$(MAKE) test-sglang
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not vllm and not mlx"
@@ -81,6 +82,9 @@ test-llamacpp: $(STAMP)
 	  scripts/setup-llamacpp-env.sh && \
 	  .venv-llamacpp/bin/python -m pytest -q -p no:cacheprovider -m llamacpp tests/connectors/llamacpp; \
 	else echo "llama.cpp tier not present"; fi
+
+test-sglang: $(STAMP)
+	scripts/setup-sglang-env.sh && .venv-sglang/bin/python -m pytest -q -p no:cacheprovider -m "sglang or lmcache" tests/connectors/sglang tests/connectors/lmcache
 
 bench: $(STAMP)
 	$(VENV)/bin/tierkv bench

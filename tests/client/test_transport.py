@@ -9,7 +9,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -42,11 +42,11 @@ class Counting(Transport):
         self.inner.close()
 
 
-def counted_client(address: str) -> tuple[VaultClient, Counting]:
+def counted_client(address: str, clock: Callable[[], float] = time.monotonic) -> tuple[VaultClient, Counting]:
     client = VaultClient(address)
     client.transport.close()
     grpc = Counting(GrpcTransport(address, client.options))
-    client.transport = BulkFirst(grpc, address, client.options)
+    client.transport = BulkFirst(grpc, address, client.options, clock=clock)
     return client, grpc
 
 
@@ -152,7 +152,8 @@ def test_a_busy_bulk_port_falls_back_to_grpc_then_is_used_again(
     v = vault_with(vault_factory, tmp_path, "[vault]\nbulk_max_connections = 2\n")
     with VaultClient(v.address, bulk=False) as writer:  # so that no pooled bulk connection of ours is left
         writer.put(b"ns", {b"k": b"v" * 1000})
-    client, grpc = counted_client(v.address)
+    now = [time.monotonic()]
+    client, grpc = counted_client(v.address, clock=lambda: now[0])
     with client:
         port = client.stats().bulk_port
         with busy_bulk_connections(port, 2), caplog.at_level(logging.INFO, "tierkv.client.bulk"):
@@ -160,9 +161,11 @@ def test_a_busy_bulk_port_falls_back_to_grpc_then_is_used_again(
                 assert client.get(b"ns", [b"k"]) == [b"v" * 1000]
         assert grpc.calls[BATCH_GET] == 3, "every get while the port was full went over gRPC"
         assert "refused" in caplog.text and client.bulk_port is None
-        time.sleep(1.2)  # the port is asked for again a second after it refused
         assert client.get(b"ns", [b"k"]) == [b"v" * 1000]
-        assert client.bulk_port == port and grpc.calls[BATCH_GET] == 3
+        assert client.bulk_port is None and grpc.calls[BATCH_GET] == 4, "not asked again within the second"
+        now[0] += 1.01  # the port is asked for again a second after it refused
+        assert client.get(b"ns", [b"k"]) == [b"v" * 1000]
+        assert client.bulk_port == port and grpc.calls[BATCH_GET] == 4
 
 
 def test_more_clients_than_bulk_connections_all_get(vault_factory: VaultFactory, tmp_path: Path) -> None:

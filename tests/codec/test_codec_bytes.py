@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierkv.codec import decode, encode, read_header
+from tierkv.codec.expect import Expect
 from tierkv.errors import CodecError, CorruptBlobError
 
 
@@ -18,7 +19,7 @@ from tierkv.errors import CodecError, CorruptBlobError
 def test_bytes_round_trip_exactly(shape: list[int], seed: int) -> None:
     values = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
     blob = encode(values, tokens=7)
-    header, out = decode(blob, expect_dtype="uint8", expect_tokens=7)
+    header, out = decode(blob, expect=Expect(dtype="uint8", tokens=7))
     assert header.dtype == "uint8" and header.codec == "raw" and out.dtype == np.uint8
     assert np.array_equal(out, values)
     into = np.empty_like(values)

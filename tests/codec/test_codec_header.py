@@ -18,6 +18,7 @@ from tierkv.codec import (
     read_header,
     verify,
 )
+from tierkv.codec.expect import Expect
 from tierkv.codec.header import checksum
 from tierkv.errors import CodecError, CorruptBlobError
 
@@ -177,26 +178,19 @@ def test_exception_table_is_validated() -> None:
 
 def test_expectations_that_disagree_are_codec_errors_not_guesses() -> None:
     blob = sample()
-    decode(
-        blob,
-        expect_shape=(2, 3, 40),
-        expect_dtype="float16",
-        expect_codec="int8",
-        expect_tokens=12,
-        expect_layer_group=LayerGroup.SSM,
-    )
-    mismatches: list[dict[str, object]] = [
-        {"expect_shape": (6, 40)},
-        {"expect_shape": (2, 3, 41)},
-        {"expect_dtype": "bfloat16"},
-        {"expect_dtype": np.float32},
-        {"expect_codec": "raw"},
-        {"expect_tokens": 16},
-        {"expect_layer_group": LayerGroup.ATTENTION},
+    decode(blob, expect=Expect(LayerGroup.SSM, "int8", (2, 3, 40), 12, "float16"))
+    mismatches = [
+        Expect(shape=(6, 40)),
+        Expect(shape=(2, 3, 41)),
+        Expect(dtype="bfloat16"),
+        Expect(dtype=np.float32),  # type: ignore[arg-type]
+        Expect(codec="raw"),
+        Expect(tokens=16),
+        Expect(layer_group=LayerGroup.ATTENTION),
     ]
-    for kwargs in mismatches:
+    for wrong in mismatches:
         with pytest.raises(CodecError) as info:
-            decode(blob, **kwargs)  # type: ignore[arg-type]
+            decode(blob, expect=wrong)
         assert not isinstance(info.value, CorruptBlobError)
 
 
@@ -231,7 +225,7 @@ def test_verify_parts_checks_a_raw_blob_received_in_pieces() -> None:
     blob = encode(values, codec="raw", tokens=3)
     head = 56 + 8 * 3
     rows = [blob[head : head + 48], blob[head + 48 :]]
-    ok = {"expect_shape": (2, 3, 4), "expect_dtype": "float32", "expect_tokens": 3}
+    ok = {"expect": Expect(shape=(2, 3, 4), dtype="float32", tokens=3)}
     assert verify_parts(blob[:head], rows, **ok).payload_len == 96
     flipped = bytearray(rows[1])
     flipped[0] ^= 1
@@ -242,9 +236,9 @@ def test_verify_parts_checks_a_raw_blob_received_in_pieces() -> None:
     with pytest.raises(CorruptBlobError, match="head"):
         verify_parts(blob[: head + 8], [rows[0][8:], rows[1]], **ok)
     with pytest.raises(CodecError, match="dtype"):
-        verify_parts(blob[:head], rows, **{**ok, "expect_dtype": "float16"})
+        verify_parts(blob[:head], rows, expect=ok["expect"].but(dtype="float16"))
     with pytest.raises(CodecError, match="shape"):
-        verify_parts(blob[:head], rows, **{**ok, "expect_shape": (3, 2, 4)})
+        verify_parts(blob[:head], rows, expect=ok["expect"].but(shape=(3, 2, 4)))
     int8 = encode(values, codec="int8", tokens=3)
     with pytest.raises(CodecError, match="codec"):
         verify_parts(int8[:head], [int8[head:]], **ok)

@@ -16,6 +16,7 @@ except ImportError:
     pytest.skip("torch is not installed: the torch codec twin cannot be tested", allow_module_level=True)
 
 from tierkv.codec import FLAG_EXCEPTIONS, LayerGroup, decode, encode, read_header
+from tierkv.codec.expect import Expect
 from tierkv.codec.torch_codec import decode_tensor, encode_tensor, numpy_view
 from tierkv.errors import CodecError
 
@@ -127,12 +128,12 @@ def test_decode_tensor_into_out_and_expectations(device: str) -> None:
     with pytest.raises(CodecError):
         decode_tensor(blob, out=torch.zeros((4, 2, 16, 8), device=device))  # float32 out, bfloat16 result
     with pytest.raises(CodecError):
-        decode_tensor(blob, expect_dtype=torch.float16)
+        decode_tensor(blob, expect=Expect(dtype=torch.float16))
     with pytest.raises(CodecError):
-        decode_tensor(blob, expect_shape=(4, 2, 8, 16))
+        decode_tensor(blob, expect=Expect(shape=(4, 2, 8, 16)))
     with pytest.raises(CodecError):
-        decode_tensor(blob, expect_tokens=32)
-    decode_tensor(blob, expect_dtype=torch.bfloat16, expect_shape=(4, 2, 16, 8), expect_codec="int8")
+        decode_tensor(blob, expect=Expect(tokens=32))
+    decode_tensor(blob, expect=Expect(None, "int8", (4, 2, 16, 8), None, torch.bfloat16))
 
 
 def test_encode_tensor_rejects_unsupported_input() -> None:

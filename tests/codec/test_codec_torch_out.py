@@ -6,6 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tierkv.codec.expect import Expect  # noqa: E402
 from tierkv.codec.torch_codec import decode_tensor, encode_tensor, view_tensor  # noqa: E402
 
 
@@ -39,12 +40,12 @@ def test_view_tensor_is_the_blob_itself_verified(dtype: torch.dtype) -> None:
 
     block = torch.randn(2, 3, 4).to(dtype)
     blob = bytearray(encode_tensor(block, codec="raw", tokens=4, layer_group=LayerGroup.ATTENTION))
-    values = view_tensor(blob, expect_shape=(2, 3, 4), expect_dtype=dtype, expect_tokens=4)
+    values = view_tensor(blob, expect=Expect(shape=(2, 3, 4), dtype=dtype, tokens=4))
     start = np.frombuffer(blob, np.uint8).ctypes.data
     assert values.dtype == dtype and start < values.data_ptr() < start + len(blob), "no copy"
     assert torch.equal(values, block)
     with pytest.raises(CodecError, match="tokens"):
-        view_tensor(blob, expect_tokens=8)
+        view_tensor(blob, expect=Expect(tokens=8))
     with pytest.raises(CodecError, match="codec"):
         view_tensor(encode_tensor(block.float(), codec="int8"))
     blob[-1] ^= 1

@@ -10,6 +10,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tierkv.codec import torch_rows  # noqa: E402
+from tierkv.codec.expect import Expect  # noqa: E402
 from tierkv.codec.torch_codec import decode_tensor, encode_tensor  # noqa: E402
 from tierkv.codec.torch_rows import decode_rows  # noqa: E402
 from tierkv.errors import CodecError, CorruptBlobError  # noqa: E402
@@ -49,7 +50,7 @@ def test_rows_hold_what_blob_by_blob_decoding_gives_and_bad_blobs_are_skipped(
 ) -> None:
     blobs = [make_blob(kind, dtype, seed + i) for i, kind in enumerate(kinds)]
     into = torch.full((len(blobs), *SHAPE), float("nan"), dtype=dtype)
-    verdicts = decode_rows(blobs, into, expect_shape=SHAPE, expect_tokens=4)
+    verdicts = decode_rows(blobs, into, Expect(shape=SHAPE, tokens=4))
 
     good = [b for b, k in zip(blobs, kinds, strict=True) if k not in ("corrupt", "wrong-shape")]
     assert [v is None for v in verdicts] == [k not in ("corrupt", "wrong-shape") for k in kinds]
@@ -95,7 +96,7 @@ def test_rows_on_a_cuda_tensor_hold_what_the_cpu_decodes(dtype: torch.dtype) -> 
     kinds = ["int8", "int8", "raw", "int8-inf", "corrupt"]
     blobs = [make_blob(kind, dtype, i) for i, kind in enumerate(kinds)]
     into = torch.full((len(blobs), *SHAPE), float("nan"), dtype=dtype, device="cuda")
-    verdicts = decode_rows(blobs, into, expect_shape=SHAPE)
+    verdicts = decode_rows(blobs, into, Expect(shape=SHAPE))
     assert [v is None for v in verdicts] == [True, True, True, True, False]
     for n, blob in enumerate(blobs[:4]):
         assert torch.equal(bits(into[n].cpu()), bits(decode_tensor(blob, dtype=dtype)[1])), f"row {n}"

@@ -60,9 +60,10 @@ def test_a_slow_bulk_reader_stalls_neither_puts_nor_health(vault_factory: VaultF
         latencies, failures, health_failures = [], 0, 0
         health = health_pb2_grpc.HealthStub(ch)
         payload = os.urandom(blob)
-        deadline = time.monotonic() + 90
         try:
-            for i in range(160):  # 160 MiB of churn: far past LMDB's first map size for this budget
+            # 160 MiB of churn, far past LMDB's first map size for this budget; bounded in time by the
+            # calls' own deadlines (a slow machine runs slow instead of failing on a wall-clock limit)
+            for i in range(160):
                 start = time.monotonic()
                 try:
                     put(ch, b"churn", {f"c{i}".encode(): payload}, timeout=5)
@@ -74,7 +75,7 @@ def test_a_slow_bulk_reader_stalls_neither_puts_nor_health(vault_factory: VaultF
                         health.Check(health_pb2.HealthCheckRequest(), timeout=2)
                     except grpc.RpcError:
                         health_failures += 1
-                if time.monotonic() > deadline or failures > 5:
+                if failures > 5:
                     break
         finally:
             stop.set()

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
 
+from tests.client.inproc import InProcessVault
 from tests.conftest import VaultFactory
 from tests.vault.rawcalls import Ident, get, put, stats
 from tests.vault.test_daemon import free_port
@@ -75,14 +75,19 @@ def test_the_protected_cap_holds_and_overflow_is_stored_unprotected(
     assert v.log_tail(200).count("protected bytes at the cap") == 1  # rate-limited
 
 
-def test_time_to_live_reads_as_a_miss_and_is_counted(vault: VaultProcess) -> None:
-    with VaultClient(vault.address) as c:
+def test_time_to_live_reads_as_a_miss_and_is_counted(tmp_path: Path) -> None:
+    """Over the real service and store in this process, on a clock the test moves (a vault process
+    would make the test sleep out the time to live)."""
+    now = [1_700_000_000.0]
+    vault = InProcessVault(tmp_path / "v", "inproc:1", clock=lambda: now[0])
+    with vault.client() as c:
         c.put(b"ns", {b"a": b"x" * 100, b"b": b"y" * 100}, meta={b"a": BlockMeta("generation", ttl_s=0.3)})
         assert c.prefix_lookup(b"ns", [b"a", b"b"]) == 2
-        time.sleep(0.5)
+        now[0] += 0.31
         assert c.get(b"ns", [b"a", b"b"]) == [None, b"y" * 100]
         assert c.prefix_lookup(b"ns", [b"a", b"b"]) == 0
         s = c.stats()
+    vault.close()
     assert s.expired == 1
     gen = next(cl for cl in s.classes if cl.source == "generation")
     assert (gen.expired, gen.misses, gen.hits_5m, gen.lookups_5m) == (1, 1, 0, 1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
 from pathlib import Path
 
 import pytest
@@ -263,20 +262,31 @@ def test_a_tenants_protected_bytes_are_capped_by_its_quota(tmp_path: Path) -> No
     with Store(tmp_path, 4 << 20, tenants={"a": 200_000}, max_protected_fraction=0.5) as s:
         for i in range(20):
             put(s, b"ns", {b"sys%d" % i: b"p" * 10_000}, PROTECTED, tenant="a")
-        assert s.stats("a").protected_bytes <= 100_000
-        assert s.stats("a").protected_overflow >= 10
+        # half the quota is 100,000 bytes: sys0..sys8 (10,006 each) fit, sys9 would pass it
+        assert (s.stats("a").protected_bytes, s.stats("a").protected_overflow) == (9 * 10_006, 11)
 
 
 # -- time to live ----------------------------------------------------------------------------------------
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def test_expired_entries_read_as_misses_and_go_first(tmp_path: Path) -> None:
-    with Store(tmp_path, 100_000, maintenance_interval_s=3600) as s:
+    clock = FakeClock()
+    with Store(tmp_path, 100_000, maintenance_interval_s=3600, clock=clock) as s:
         put(s, b"ns", {b"short": b"s" * 30_000}, BlockMeta("generation", 0.1, ttl_s=0.3))
         put(s, b"ns", {b"old": b"o" * 30_000})
         put(s, b"ns", {b"long": b"l" * 30_000}, BlockMeta("tools", 0.7, ttl_s=3600))
         assert s.prefix_lookup(b"ns", [b"short"]) == 1
-        time.sleep(0.4)
+        clock.t += 0.299
+        assert s.prefix_lookup(b"ns", [b"short"]) == 1, "not yet"
+        clock.t += 0.002
         assert s.get_many(b"ns", [b"short", b"long"]) == [None, b"l" * 30_000]
         assert s.prefix_lookup(b"ns", [b"short"]) == 0
         assert s.stats().expired == 1
@@ -287,10 +297,12 @@ def test_expired_entries_read_as_misses_and_go_first(tmp_path: Path) -> None:
 
 
 def test_maintenance_clears_expired_entries(tmp_path: Path) -> None:
-    with Store(tmp_path, 1 << 20, maintenance_interval_s=3600) as s:
+    clock = FakeClock()
+    with Store(tmp_path, 1 << 20, maintenance_interval_s=3600, clock=clock) as s:
         put(s, b"ns", {b"a": b"x", b"b": b"y"}, BlockMeta("generation", ttl_s=0.1))
         put(s, b"ns", {b"c": b"z"})
-        time.sleep(0.2)
+        assert s.purge_expired() == 0
+        clock.t += 0.2
         assert s.purge_expired() == 2
         assert keys_of(s) == {full_key(b"ns", b"c")}
         assert s.stats().keys == 1

@@ -14,7 +14,7 @@ import importlib.util
 from collections.abc import Sequence
 from typing import Any
 
-from tierkv.codec import Buffer, decode
+from tierkv.codec import Buffer, Expect, decode
 from tierkv.errors import BenchError, TierKVError
 
 DECODERS = ("auto", "numpy", "torch")
@@ -33,9 +33,7 @@ class NumpyDecoder:
 
     def one(self, blob: Buffer, codec: str) -> Any:
         """One blob's values; raises :class:`~tierkv.errors.TierKVError` when it does not verify."""
-        _, array = decode(
-            blob, out_dtype=self.dtype, expect_codec=codec, expect_shape=self.shape, expect_tokens=self.tokens
-        )
+        _, array = decode(blob, out_dtype=self.dtype, expect=Expect(None, codec, self.shape, self.tokens))
         return array
 
     def decode(self, blobs: Sequence[Buffer | None], codec: str) -> Decoded:
@@ -87,9 +85,7 @@ class TorchDecoder:
         verdicts = decode_rows(
             [blob for blob in blobs if blob is not None],
             self.rows,
-            expect_codec=codec,
-            expect_shape=self.raw.shape,
-            expect_tokens=self.raw.tokens,
+            Expect(None, codec, self.raw.shape, self.raw.tokens),
         )
         values: list[Any | None] = [None] * len(blobs)
         good = [i for i, verdict in zip(present, verdicts, strict=True) if verdict is None]
@@ -117,9 +113,7 @@ class TorchDecoder:
             verdicts = decode_rows(
                 [blob for _, blob in run[start:stop]],
                 self.rows.narrow(0, first, stop - start),
-                expect_codec=codec,
-                expect_shape=self.raw.shape,
-                expect_tokens=self.raw.tokens,
+                Expect(None, codec, self.raw.shape, self.raw.tokens),
             )
             errors += [str(verdict) for verdict in verdicts if verdict is not None]
             start = stop

@@ -41,7 +41,7 @@ from tierkv.bench.record import RunMeta, median, percentile
 from tierkv.bench.shapes import ModelShape
 from tierkv.bench.vaults import VaultSet, VaultSettings, watched_vaults
 from tierkv.client.cluster import KV_COLD, SSM_COLD
-from tierkv.codec import Buffer, LayerGroup, decode, encode, max_abs_error, snr_db
+from tierkv.codec import Buffer, Expect, LayerGroup, decode, encode, max_abs_error, snr_db
 from tierkv.codec.bits import to_float32
 from tierkv.config import Config
 from tierkv.errors import BenchError, CodecError
@@ -509,7 +509,7 @@ def _restore(
             cell.errors.append("restore: the state snapshot at the restore boundary is missing")
         else:
             try:
-                decode(blob, expect_layer_group=LayerGroup.SSM)
+                decode(blob, expect=Expect(LayerGroup.SSM))
                 ssm_wire = len(blob)
             except CodecError as exc:
                 cell.errors.append(f"restore: the state snapshot failed verification: {exc}")

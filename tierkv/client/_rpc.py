@@ -15,7 +15,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from tierkv.client.plain import plain_details
-from tierkv.client.types import ClassStats, EntryInfo, EntryStatus, NamespaceInfo, TenantStats, VaultStats
+from tierkv.client.types import EntryInfo, EntryStatus, NamespaceInfo, VaultStats
 from tierkv.codec.landing import Landing, LandingSink
 from tierkv.config import TLSConfig
 from tierkv.errors import (
@@ -32,11 +32,12 @@ from tierkv.limits import (
     MAX_HOTTEST_REPLY_BYTES,
     MAX_MESSAGE_BYTES,
 )
-from tierkv.records import HotChain
+from tierkv.records import ClassStats, HotChain, TenantStats
 from tierkv.retention.classes import BlockMeta, unpack_tokens
 from tierkv.vault.leases import LeaseCounts
 from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb
 from tierkv.wire.framing import FOUND, Buffer, encode_frame_parts, read_frame_head, split_body
+from tierkv.wire.records import from_message
 
 M = TypeVar("M", bound=Message)
 
@@ -439,35 +440,9 @@ def stats_from_reply(r: pb.StatsReply) -> VaultStats:
         expired=r.expired,
         protected_bytes=r.protected_bytes,
         protected_overflow=r.protected_overflow,
-        leases=LeaseCounts(**{f.name: getattr(r.leases, f.name) for f in dataclasses.fields(LeaseCounts)}),
+        leases=from_message(r.leases, LeaseCounts),
         tenant=r.tenant,
         access=r.access,
-        tenants=tuple(
-            TenantStats(
-                tenant=t.tenant,
-                keys=t.keys,
-                used_bytes=t.used_bytes,
-                quota_bytes=t.quota_bytes,
-                evictions=t.evictions,
-                protected_bytes=t.protected_bytes,
-                protected_overflow=t.protected_overflow,
-                expired=t.expired,
-            )
-            for t in r.tenants
-        ),
-        classes=tuple(
-            ClassStats(
-                tenant=c.tenant,
-                source=c.source,
-                keys=c.keys,
-                bytes=c.bytes,
-                hits=c.hits,
-                misses=c.misses,
-                expired=c.expired,
-                hits_5m=c.hits_5m,
-                lookups_5m=c.lookups_5m,
-                protected_bytes=c.protected_bytes,
-            )
-            for c in r.classes
-        ),
+        tenants=tuple(from_message(t, TenantStats) for t in r.tenants),
+        classes=tuple(from_message(c, ClassStats) for c in r.classes),
     )

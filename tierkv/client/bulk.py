@@ -302,7 +302,16 @@ class BulkFirst(Transport):
     the PrefixLookups of one that does not say ``bulk_lookup``.
     """
 
-    def __init__(self, grpc: Transport, address: str, options: ClientOptions) -> None:
+    def __init__(
+        self,
+        grpc: Transport,
+        address: str,
+        options: ClientOptions,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock`` times when a refused port is asked for again (tests move it instead of waiting)."""
+        self._clock = clock
         self._grpc = grpc
         self.address = address
         self._token = options.token
@@ -340,9 +349,9 @@ class BulkFirst(Transport):
 
     def _bulk_for(self, request: Request) -> BulkTransport | None:
         with self._lock:
-            if self._bulk is not None or time.monotonic() < self._ask_at:
+            if self._bulk is not None or self._clock() < self._ask_at:
                 return self._bulk
-            self._ask_at = time.monotonic() + self._backoff  # one discovery at a time
+            self._ask_at = self._clock() + self._backoff  # one discovery at a time
         found = self._discover(request.deadline)
         if found is None:
             return None
@@ -372,7 +381,7 @@ class BulkFirst(Transport):
         with self._lock:
             if self._bulk is channel:
                 self._bulk = None
-            self._ask_at = time.monotonic() + self._backoff
+            self._ask_at = self._clock() + self._backoff
             self._backoff = min(2 * self._backoff, _DISCOVERY_BACKOFF_S[1])
         channel.close()
 

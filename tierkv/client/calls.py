@@ -56,6 +56,7 @@ from tierkv.errors import VaultError
 from tierkv.records import REFUSED, HotChain, Successor
 from tierkv.wire import pb
 from tierkv.wire.framing import Buffer
+from tierkv.wire.records import from_message
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ class Calls:
         ).SerializeToString()
         raw = yield Request(SUCCESSORS, request, self.options.deadline(timeout))
         reply = parse_reply(pb.SuccessorsReply, raw, self.address)
-        return [Successor(s.key, s.size, s.score) for s in reply.successors]
+        return [from_message(s, Successor) for s in reply.successors]
 
     def stats(self) -> Op[VaultStats]:
         raw = yield Request(STATS, b"", self.options.deadline())

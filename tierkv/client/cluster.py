@@ -88,20 +88,28 @@ class Cluster:
         breaker_threshold: int = 3,
         breaker_backoff_s: float = 1.0,
         hedge_after_s: float | None = None,
+        client_factory: Callable[[str], VaultClient] | None = None,
+        clock: Callable[[], float] = time.monotonic,
         **client_options: Any,
     ) -> None:
+        """``client_factory(address)`` makes each vault's client (default: a :class:`VaultClient` with
+        this cluster's timeout, token, TLS and ``client_options``; tests pass clients over a
+        :class:`~tierkv.client.mock.MockTransport`); ``clock`` times the circuit breakers' backoff."""
         self.replication = max(1, replication)
         self.timeout = timeout
         self.hedge_after_s = timeout / 4 if hedge_after_s is None else hedge_after_s
         self.metrics = ClusterMetrics()
         self._members: dict[Role, list[_Member]] = {}
         self._rings: dict[Role, Rendezvous] = {}
+        make_client = client_factory or (
+            lambda a: VaultClient(a, timeout=timeout, token=token, tls=tls, **client_options)
+        )
         for role, addresses in _cold_roles(roles).items():
             self._members[role] = [
                 _Member(
                     a,
-                    VaultClient(a, timeout=timeout, token=token, tls=tls, **client_options),
-                    CircuitBreaker(threshold=breaker_threshold, backoff_s=breaker_backoff_s),
+                    make_client(a),
+                    CircuitBreaker(threshold=breaker_threshold, backoff_s=breaker_backoff_s, clock=clock),
                 )
                 for a in addresses
             ]

@@ -6,6 +6,7 @@ import dataclasses
 import enum
 from typing import TYPE_CHECKING
 
+from tierkv.records import ClassStats, TenantStats
 from tierkv.vault.leases import LeaseCounts
 
 if TYPE_CHECKING:
@@ -19,43 +20,6 @@ class PutAck:
 
     stored: tuple[int, ...]
     rejected: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class ClassStats:
-    """One source class of one tenant on one vault (``source`` "" = untagged blocks and misses of unknown
-    class). Counters run since the vault started; ``*_5m`` cover the last five minutes."""
-
-    tenant: str
-    source: str
-    keys: int
-    bytes: int
-    hits: int
-    misses: int
-    expired: int
-    hits_5m: int
-    lookups_5m: int
-    protected_bytes: int = 0
-
-    @property
-    def hit_rate_5m(self) -> float | None:
-        """Hits over lookups in the last five minutes; None without lookups."""
-        return self.hits_5m / self.lookups_5m if self.lookups_5m else None
-
-
-@dataclasses.dataclass(frozen=True)
-class TenantStats:
-    """One tenant's figures on one vault (admins see every tenant's in :class:`VaultStats`)."""
-
-    tenant: str
-    keys: int
-    used_bytes: int
-    quota_bytes: int
-    """0: no quota of its own (bounded by the vault's budget)."""
-    evictions: int = 0
-    protected_bytes: int = 0
-    protected_overflow: int = 0
-    expired: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

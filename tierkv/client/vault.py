@@ -18,7 +18,7 @@ from tierkv.client._rpc import BlobSink, Items, Metas, as_bytes
 from tierkv.client.base import ClientBase, open_transport
 from tierkv.client.bulk import BulkFirst
 from tierkv.client.calls import Exchange, Op
-from tierkv.client.transport import Request
+from tierkv.client.transport import Request, Transport
 from tierkv.client.types import EntryInfo, NamespaceInfo, PutAck, VaultStats
 from tierkv.errors import VaultError
 from tierkv.records import HotChain, Successor
@@ -32,9 +32,11 @@ class VaultClient(ClientBase):
     :func:`~tierkv.client.base.open_transport`). Thread-safe; use as a context manager or call
     :meth:`close`. ``timeout`` (seconds) is every call's deadline unless a call names its own."""
 
-    def __init__(self, address: str, **options: Any) -> None:
+    def __init__(self, address: str, *, transport: Transport | None = None, **options: Any) -> None:
+        """``transport`` replaces the one :func:`~tierkv.client.base.open_transport` would choose (a
+        :class:`~tierkv.client.mock.MockTransport` in tests)."""
         super().__init__(address, **options)
-        self.transport = open_transport(address, self.options)
+        self.transport = transport or open_transport(address, self.options)
 
     # -- data --------------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@
 
     from tierkv.codec import encode, decode, read_header, BlobHeader, LayerGroup, CODECS
     blob = encode(array, codec="int8", tokens=16, layer_group=LayerGroup.ATTENTION)
-    header, array = decode(blob, expect_shape=shape)
+    header, array = decode(blob, expect=Expect(shape=shape))
 
 A blob is a header (:mod:`tierkv.codec.header` documents it byte by byte) followed by a payload: ``raw``
 (the values, lossless, in their own dtype; :mod:`tierkv.codec.blob`) or ``int8`` (per-group absmax
@@ -16,6 +16,7 @@ twin that quantizes on the tensor's own device is :mod:`tierkv.codec.torch_codec
 from __future__ import annotations
 
 from tierkv.codec.blob import DTypeArg, decode, encode, verify
+from tierkv.codec.expect import Expect
 from tierkv.codec.header import (
     CODECS,
     DTYPES,
@@ -46,6 +47,7 @@ __all__ = [
     "Codec",
     "DTypeArg",
     "DTypeInfo",
+    "Expect",
     "LayerGroup",
     "decode",
     "encode",

@@ -22,6 +22,7 @@ import xxhash
 
 from tierkv.codec import int8 as int8_codec
 from tierkv.codec.bits import convert
+from tierkv.codec.expect import NOTHING, Expect
 from tierkv.codec.header import (
     CODECS,
     DTYPES,
@@ -187,33 +188,6 @@ def encode(
     )
 
 
-def check_expectations(
-    header: BlobHeader,
-    *,
-    expect_shape: Sequence[int] | None = None,
-    expect_dtype: DTypeArg | None = None,
-    expect_codec: str | None = None,
-    expect_tokens: int | None = None,
-    expect_layer_group: LayerGroup | None = None,
-) -> None:
-    """Raise :class:`CodecError` where the header disagrees with what the caller expects."""
-    problems = []
-    if expect_shape is not None and tuple(int(d) for d in expect_shape) != header.shape:
-        problems.append(f"shape {header.shape} != expected {tuple(expect_shape)}")
-    if expect_dtype is not None and resolve_dtype(expect_dtype).name != header.dtype:
-        problems.append(f"dtype {header.dtype} != expected {resolve_dtype(expect_dtype).name}")
-    if expect_codec is not None and expect_codec != header.codec:
-        problems.append(f"codec {header.codec} != expected {expect_codec}")
-    if expect_tokens is not None and expect_tokens != header.tokens:
-        problems.append(f"tokens {header.tokens} != expected {expect_tokens}")
-    if expect_layer_group is not None and LayerGroup(expect_layer_group) is not header.layer_group:
-        problems.append(
-            f"layer group {header.layer_group.name} != expected {LayerGroup(expect_layer_group).name}"
-        )
-    if problems:
-        raise CodecError("blob does not match expectations: " + "; ".join(problems))
-
-
 def open_blob(blob: Buffer) -> tuple[BlobHeader, npt.NDArray[np.uint8]]:
     """Verify header and payload checksums; return the header and a zero-copy view of the payload."""
     view = as_byte_view(blob)
@@ -224,30 +198,17 @@ def open_blob(blob: Buffer) -> tuple[BlobHeader, npt.NDArray[np.uint8]]:
     return header, payload
 
 
-def verify_parts(
-    head: Buffer,
-    payload: Sequence[Buffer],
-    *,
-    expect_shape: Sequence[int],
-    expect_dtype: DTypeArg,
-    expect_tokens: int | None = None,
-    expect_layer_group: LayerGroup | None = None,
-) -> BlobHeader:
+def verify_parts(head: Buffer, payload: Sequence[Buffer], *, expect: Expect) -> BlobHeader:
     """Verify a ``raw`` blob that arrived in pieces: its header in ``head``, its payload spread over
     ``payload`` (the rows of a cache it was received into). Checks what :func:`open_blob` and
-    :func:`check_expectations` check, shape and dtype always: the bytes are already where values of that
+    :meth:`Expect.check` check, shape and dtype always: the bytes are already where values of that
     shape and dtype live, so nothing else may pass."""
+    if expect.shape is None or expect.dtype is None:
+        raise ValueError("verify_parts needs the expected shape and dtype")
     header = read_header(head, partial=True)
     if len(as_byte_view(head)) != header.header_len:
         raise CorruptBlobError(f"{len(head)} bytes of head for a header of {header.header_len}")
-    check_expectations(
-        header,
-        expect_shape=expect_shape,
-        expect_dtype=expect_dtype,
-        expect_codec="raw",
-        expect_tokens=expect_tokens,
-        expect_layer_group=expect_layer_group,
-    )
+    expect.but(codec="raw").check(header)
     if sum(len(memoryview(p).cast("B")) for p in payload) != header.payload_len:
         raise CorruptBlobError(f"payload parts do not add up to the header's {header.payload_len} bytes")
     if checksum_parts(payload) != header.payload_checksum:
@@ -281,28 +242,18 @@ def decode(
     out_dtype: DTypeArg | None = None,
     out: npt.NDArray[Any] | None = None,
     copy: bool = True,
-    expect_shape: Sequence[int] | None = None,
-    expect_dtype: DTypeArg | None = None,
-    expect_codec: str | None = None,
-    expect_tokens: int | None = None,
-    expect_layer_group: LayerGroup | None = None,
+    expect: Expect = NOTHING,
 ) -> tuple[BlobHeader, npt.NDArray[Any]]:
     """Verify and decode one blob into an array of the header's shape.
 
     raw decodes to the blob dtype (bfloat16 as ``uint16`` bits), int8 to float32, unless ``out_dtype``
     asks for another (``"bfloat16"`` gives ``uint16`` bits). ``out`` is a C-contiguous, writable array
     of that shape and storage dtype to decode into. ``copy=False`` lets a raw blob in the blob dtype be
-    returned as a read-only view of ``blob`` (valid only as long as that buffer is).
+    returned as a read-only view of ``blob`` (valid only as long as that buffer is). ``expect`` is what
+    the header must say (:class:`~tierkv.codec.expect.Expect`).
     """
     header, payload = open_blob(blob)
-    check_expectations(
-        header,
-        expect_shape=expect_shape,
-        expect_dtype=expect_dtype,
-        expect_codec=expect_codec,
-        expect_tokens=expect_tokens,
-        expect_layer_group=expect_layer_group,
-    )
+    expect.check(header)
     target = output_storage(header, out_dtype)
     if out is not None:
         check_out(out, header, target)

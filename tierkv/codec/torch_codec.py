@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -22,6 +21,7 @@ import torch
 from tierkv.codec import blob as np_blob
 from tierkv.codec import int8 as int8_codec
 from tierkv.codec.bits import convert
+from tierkv.codec.expect import NOTHING, Expect
 from tierkv.codec.header import (
     FLAG_EXCEPTIONS,
     SCALE_BYTES,
@@ -307,28 +307,14 @@ def _payload_view(payload: npt.NDArray[np.uint8], header: BlobHeader) -> torch.T
     return tensor.view(header.shape)
 
 
-def view_tensor(
-    blob: Buffer,
-    *,
-    expect_shape: Sequence[int] | None = None,
-    expect_dtype: TorchDTypeArg = None,
-    expect_tokens: int | None = None,
-    expect_layer_group: LayerGroup | None = None,
-) -> torch.Tensor:
+def view_tensor(blob: Buffer, *, expect: Expect = NOTHING) -> torch.Tensor:
     """Verify a ``raw`` blob and return its values as a CPU tensor over the blob's own memory.
 
     No copy is made: a hook writes the tensor straight into its cache, so a restored block is copied
     once after it was received, not decoded into a buffer first. The tensor is valid only as long as
     ``blob`` is and must never be written to. Any other codec is a :class:`CodecError`.
     """
-    header, payload = open_checked(
-        blob,
-        expect_shape=expect_shape,
-        expect_dtype=expect_dtype,
-        expect_codec="raw",
-        expect_tokens=expect_tokens,
-        expect_layer_group=expect_layer_group,
-    )
+    header, payload = open_checked(blob, expect=expect.but(codec="raw"))
     return _payload_view(payload, header)
 
 
@@ -338,11 +324,7 @@ def decode_tensor(
     dtype: TorchDTypeArg = None,
     *,
     out: torch.Tensor | None = None,
-    expect_shape: Sequence[int] | None = None,
-    expect_dtype: TorchDTypeArg = None,
-    expect_codec: str | None = None,
-    expect_tokens: int | None = None,
-    expect_layer_group: LayerGroup | None = None,
+    expect: Expect = NOTHING,
 ) -> tuple[BlobHeader, torch.Tensor]:
     """Verify and decode a blob into a tensor on ``device``.
 
@@ -352,14 +334,7 @@ def decode_tensor(
     dequantized on ``device`` (only int8 + scales travel); raw payloads are copied, on CPU straight into
     the tensor's memory.
     """
-    header, payload = open_checked(
-        blob,
-        expect_shape=expect_shape,
-        expect_dtype=expect_dtype,
-        expect_codec=expect_codec,
-        expect_tokens=expect_tokens,
-        expect_layer_group=expect_layer_group,
-    )
+    header, payload = open_checked(blob, expect=expect)
     target = header.dtype if dtype is None else dtype_name(dtype)
     if target not in TORCH_DTYPES:
         raise CodecError(f"{header.dtype} blobs do not decode to torch tensors (float dtypes only)")
@@ -368,26 +343,11 @@ def decode_tensor(
     )
 
 
-def open_checked(
-    blob: Buffer,
-    *,
-    expect_shape: Sequence[int] | None = None,
-    expect_dtype: TorchDTypeArg = None,
-    expect_codec: str | None = None,
-    expect_tokens: int | None = None,
-    expect_layer_group: LayerGroup | None = None,
-) -> tuple[BlobHeader, npt.NDArray[np.uint8]]:
+def open_checked(blob: Buffer, *, expect: Expect = NOTHING) -> tuple[BlobHeader, npt.NDArray[np.uint8]]:
     """Verify a blob (checksums, expectations, an int8 exception table) without decoding it: the header
     and a view of its payload, for :func:`decode_opened`."""
     header, payload = np_blob.open_blob(blob)
-    np_blob.check_expectations(
-        header,
-        expect_shape=expect_shape,
-        expect_dtype=None if expect_dtype is None else dtype_name(expect_dtype),
-        expect_codec=expect_codec,
-        expect_tokens=expect_tokens,
-        expect_layer_group=expect_layer_group,
-    )
+    expect.check(header)
     if header.dtype not in TORCH_DTYPES:
         raise CodecError(f"{header.dtype} blobs do not decode to torch tensors (float dtypes only)")
     if header.codec == "int8":

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from tierkv.codec.expect import NOTHING, Expect
 from tierkv.codec.header import SCALE_BYTES, BlobHeader, Buffer, int8_groups_len
 from tierkv.codec.torch_codec import decode_opened, dtype_name, open_checked, scale_groups
 from tierkv.errors import TierKVError
@@ -29,10 +29,12 @@ _STAGING = threading.local()
 Opened = tuple[BlobHeader, npt.NDArray[np.uint8]]
 
 
-def decode_rows(blobs: Sequence[Buffer], into: torch.Tensor, **expected: Any) -> list[TierKVError | None]:
+def decode_rows(
+    blobs: Sequence[Buffer], into: torch.Tensor, expect: Expect = NOTHING
+) -> list[TierKVError | None]:
     """Verify every blob and decode the n-th good one into ``into[n]``; one verdict per blob (None: good).
 
-    ``expected`` are :func:`~tierkv.codec.torch_codec.open_checked`'s expectations (``expect_shape`` ...).
+    ``expect`` is what every blob's header must say.
     ``into`` holds at least as many rows as there are blobs, each of a blob's shape, in the dtype the
     blobs decode to. Nothing is written for a blob that does not verify.
     """
@@ -40,7 +42,7 @@ def decode_rows(blobs: Sequence[Buffer], into: torch.Tensor, **expected: Any) ->
     good: list[Opened] = []
     for blob in blobs:
         try:
-            good.append(open_checked(blob, **expected))
+            good.append(open_checked(blob, expect=expect))
         except TierKVError as exc:
             verdicts.append(exc)
         else:

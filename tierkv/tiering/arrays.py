@@ -84,11 +84,7 @@ class NumpyArrays:
             blob,
             out=out,
             out_dtype=self.dtype if self.dtype is not None else str(out.dtype),
-            expect_shape=expect.shape,
-            expect_dtype=expect.dtype,
-            expect_codec=expect.codec,
-            expect_tokens=expect.tokens,
-            expect_layer_group=expect.layer_group,
+            expect=expect,
         )
 
     def view(self, blob: Buffer, expect: Expect) -> npt.NDArray[Any]:
@@ -97,11 +93,7 @@ class NumpyArrays:
             blob,
             copy=False,
             out_dtype=self.dtype,
-            expect_shape=expect.shape,
-            expect_dtype=expect.dtype,
-            expect_codec="raw",
-            expect_tokens=expect.tokens,
-            expect_layer_group=expect.layer_group,
+            expect=expect.but(codec="raw"),
         )
         return values
 

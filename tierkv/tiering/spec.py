@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tierkv.codec import LayerGroup
+from tierkv.codec.expect import Expect
 from tierkv.roles import Role, role_for
 
 STATE_CODEC = "raw"
@@ -25,17 +26,6 @@ def codec_for(layer_group: LayerGroup, kv_codec: str) -> str:
     not stay local to one block but carries into every later token.
     """
     return kv_codec if role_for(layer_group) is Role.KV_COLD else STATE_CODEC
-
-
-@dataclass(frozen=True)
-class Expect:
-    """The header a blob must carry: layer group, codec, shape, token count and (when given) dtype name."""
-
-    layer_group: LayerGroup
-    codec: str
-    shape: tuple[int, ...]
-    tokens: int
-    dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,9 +46,9 @@ class StreamSpec:
         """The codec this stream's blobs are written in (see :func:`codec_for`)."""
         return codec_for(self.layer_group, self.kv_codec)
 
-    def expect(self, shape: Sequence[int], tokens: int, dtype: str | None = None) -> Expect:
-        """The header a blob of this stream with ``shape`` and ``tokens`` must carry."""
-        return Expect(self.layer_group, self.codec, tuple(shape), tokens, dtype)
+    def expect(self, shape: Sequence[int] | None, tokens: int | None, dtype: str | None = None) -> Expect:
+        """The header a blob of this stream with ``shape`` and ``tokens`` must carry (None: any)."""
+        return Expect(self.layer_group, self.codec, None if shape is None else tuple(shape), tokens, dtype)
 
     def sibling(self, layer_group: LayerGroup) -> StreamSpec:
         """The stream of ``layer_group`` in the same namespace (e.g. a model's CONV beside its SSM state)."""

@@ -107,7 +107,7 @@ class Target(Generic[A]):
         if self.rows is None:
             return None
         expect = self.nth(i)
-        if expect.codec != "raw" or expect.dtype is None:
+        if expect.codec != "raw" or expect.dtype is None or expect.shape is None:
             return None
         rows = self.rows(i)
         head = header_len(len(expect.shape))
@@ -157,14 +157,7 @@ class _Landed:
         t0 = time.perf_counter()
         target._verdict(
             self.i,
-            lambda: verify_parts(
-                self.buffers[0],
-                self.buffers[1:],
-                expect_shape=expect.shape,
-                expect_dtype=self.dtype,
-                expect_tokens=expect.tokens,
-                expect_layer_group=expect.layer_group,
-            ),
+            lambda: verify_parts(self.buffers[0], self.buffers[1:], expect=expect.but(dtype=self.dtype)),
         )
         with target._lock:
             target.verify_s += time.perf_counter() - t0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
@@ -22,13 +21,13 @@ class TorchArrays:
         return encode_tensor(block, codec=codec, tokens=tokens, layer_group=layer_group)
 
     def decode_into(self, blob: Buffer, out: torch.Tensor, expect: Expect) -> None:
-        decode_tensor(blob, dtype=out.dtype, out=out, **_expected(expect))
+        decode_tensor(blob, dtype=out.dtype, out=out, expect=expect)
 
     def decode_rows(
         self, blobs: Sequence[Buffer], into: torch.Tensor, expect: Expect
     ) -> list[TierKVError | None]:
         """Verify every blob, then decode the n-th good one into ``into[n]`` (int8 runs on CPU at once)."""
-        return decode_rows(blobs, into, **_expected(expect))
+        return decode_rows(blobs, into, expect)
 
     def rows_from(self, into: torch.Tensor, first: int) -> torch.Tensor:
         return into.narrow(0, first, into.shape[0] - first)
@@ -43,24 +42,7 @@ class TorchArrays:
 
     def view(self, blob: Buffer, expect: Expect) -> torch.Tensor:
         """The values of a verified ``raw`` blob as a CPU tensor over the blob's memory (read only)."""
-        return view_tensor(
-            blob,
-            expect_shape=expect.shape,
-            expect_dtype=expect.dtype,
-            expect_tokens=expect.tokens,
-            expect_layer_group=expect.layer_group,
-        )
-
-
-def _expected(expect: Expect) -> dict[str, Any]:
-    """``expect`` as the codec's keyword arguments."""
-    return {
-        "expect_shape": expect.shape,
-        "expect_dtype": expect.dtype,
-        "expect_codec": expect.codec,
-        "expect_tokens": expect.tokens,
-        "expect_layer_group": expect.layer_group,
-    }
+        return view_tensor(blob, expect=expect)
 
 
 __all__ = ["TorchArrays"]

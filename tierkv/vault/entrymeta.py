@@ -22,6 +22,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 
+from tierkv.records import ClassStats
 from tierkv.retention.classes import NEUTRAL_IMPORTANCE
 
 _TAIL = struct.Struct("<dddQIBBH")
@@ -122,22 +123,6 @@ class _Counts:
     window: _Window = dataclasses.field(default_factory=_Window)
 
 
-@dataclasses.dataclass(frozen=True)
-class ClassUsage:
-    """One tenant's figures for one source class (see ``ClassStats`` in the proto)."""
-
-    tenant: str
-    source: str
-    keys: int
-    bytes: int
-    hits: int
-    misses: int
-    expired: int
-    hits_5m: int
-    lookups_5m: int
-    protected_bytes: int
-
-
 class Ghosts:
     """The class of recently evicted or expired entries, so a later miss on them is counted there."""
 
@@ -196,7 +181,7 @@ class ClassBook:
         self,
         tenant_filter: str | None,
         stored: dict[tuple[str, str], tuple[int, int, int]],
-    ) -> list[ClassUsage]:
+    ) -> list[ClassStats]:
         """Every (tenant, class) with lookups or stored entries; ``stored`` maps it to (keys, bytes,
         protected bytes)."""
         now = time.monotonic()
@@ -210,7 +195,7 @@ class ClassBook:
                 keys, nbytes, protected = stored.get((tenant, source), (0, 0, 0))
                 h5, l5 = c.window.totals(now)
                 out.append(
-                    ClassUsage(tenant, source, keys, nbytes, c.hits, c.misses, c.expired, h5, l5, protected)
+                    ClassStats(tenant, source, keys, nbytes, c.hits, c.misses, c.expired, h5, l5, protected)
                 )
         return out
 
@@ -221,7 +206,6 @@ __all__ = [
     "OTHER_CLASS",
     "WINDOW_S",
     "ClassBook",
-    "ClassUsage",
     "EntryMeta",
     "Ghosts",
     "expiry_of",

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, Info, start
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from tierkv.vault.entrymeta import ClassUsage
-from tierkv.vault.store import StoreStats, TenantUsage
+from tierkv.records import ClassStats, TenantStats
+from tierkv.vault.store import StoreStats
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _SIZE_BUCKETS = tuple(float(4**i * 1024) for i in range(0, 12))
@@ -29,8 +29,8 @@ class _StoreCollector(Collector):
     def __init__(
         self,
         stats: Callable[[], StoreStats],
-        tenants: Callable[[], list[TenantUsage]] | None = None,
-        classes: Callable[[], list[ClassUsage]] | None = None,
+        tenants: Callable[[], list[TenantStats]] | None = None,
+        classes: Callable[[], list[ClassStats]] | None = None,
     ) -> None:
         self._stats = stats
         self._tenants = tenants
@@ -76,7 +76,7 @@ class _StoreCollector(Collector):
         )
 
 
-def _tenant_families(usage: list[TenantUsage]) -> Iterator[Family]:
+def _tenant_families(usage: list[TenantStats]) -> Iterator[Family]:
     protected = GaugeMetricFamily(
         "tierkv_vault_protected_bytes", "Bytes stored as protected", labels=["tenant"]
     )
@@ -92,7 +92,7 @@ def _tenant_families(usage: list[TenantUsage]) -> Iterator[Family]:
     yield overflow
 
 
-def _class_families(usage: list[ClassUsage]) -> Iterator[Family]:
+def _class_families(usage: list[ClassStats]) -> Iterator[Family]:
     labels = ["tenant", "source"]
     families: dict[str, Family] = {
         "hits": CounterMetricFamily("tierkv_vault_class_hits", "Blobs found, by source class", labels=labels),
@@ -126,8 +126,8 @@ class VaultMetrics:
         *,
         role: str = "",
         version: str = "",
-        tenants: Callable[[], list[TenantUsage]] | None = None,
-        classes: Callable[[], list[ClassUsage]] | None = None,
+        tenants: Callable[[], list[TenantStats]] | None = None,
+        classes: Callable[[], list[ClassStats]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.build = Info("tierkv_vault_build", "Version and role of this vault", registry=self.registry)

@@ -43,6 +43,7 @@ from tierkv.vault.successors import (
 )
 from tierkv.wire import FrameDecoder, FrameError, pb
 from tierkv.wire.framing import Buffer
+from tierkv.wire.records import to_message
 
 M = TypeVar("M", bound=Message)
 MAX_LISTED_NAMESPACES = 10_000
@@ -220,16 +221,16 @@ class VaultService:
             expired=s.expired,
             protected_bytes=s.protected_bytes,
             protected_overflow=s.protected_overflow,
-            leases=pb.LeaseStats(**dataclasses.asdict(s.leases)),
+            leases=to_message(s.leases, pb.LeaseStats),
         )
         for c in self.store.class_usage(None if who.admin else who.tenant):
-            reply.classes.add(**dataclasses.asdict(c))
+            reply.classes.append(to_message(c, pb.ClassStats))
         if who.admin:
             with self._io_lock:
                 reply.bytes_in, reply.bytes_out = self._bytes_in, self._bytes_out
             reply.path = str(self.store.path)
             for u in self.store.tenant_usage():
-                reply.tenants.add(**dataclasses.asdict(u))
+                reply.tenants.append(to_message(u, pb.TenantStats))
         return reply
 
     def list_namespaces(self, who: Principal, request: pb.ListNamespacesRequest) -> pb.ListNamespacesReply:

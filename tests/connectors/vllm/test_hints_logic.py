@@ -25,7 +25,7 @@ from tierkv.connectors.vllm.hints import HINT_ACTION, RequestLayouts, raw_layout
 from tierkv.connectors.vllm.plan import KV, GroupPlan, StepJobs, StoreJob, make_topology
 from tierkv.connectors.vllm.scheduler import SchedulerSide
 from tierkv.connectors.vllm.stats import Counters
-from tierkv.retention import GENERATION, BlockMeta, Retention, block_meta
+from tierkv.retention import GENERATION, BlockMeta, Retention, as_chunks, block_meta
 from tierkv.tiering import MemoryStorage
 
 BS = 16
@@ -105,6 +105,32 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=20,
 )
+
+
+CHUNK = st.fixed_dictionaries(
+    {"tokens": st.tuples(st.integers(0, 64), st.integers(0, 64)).map(sorted)},
+    optional={
+        "source": st.sampled_from(["axioms", "tools", "docs"]),
+        "priority": st.integers(1, 5),
+        "durability": st.sampled_from(["ephemeral", "session", "persistent", "permanent"]),
+        "protected": st.booleans(),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(CHUNK, max_size=6))
+def test_every_valid_layout_is_taken_whichever_way_it_comes(layout: list[dict[str, object]]) -> None:
+    """The other half of the fuzz below: were every layout rejected, that one would still pass."""
+    counters = Counters()
+    layouts = RequestLayouts(counters)
+    expected = as_chunks(layout)
+    for request in (
+        FakeRequest("r", 1, 1, kv_transfer_params={"tierkv": {"layout": layout}}),
+        FakeRequest("r", 1, 1, kv_hints=hinted(layout)),
+    ):
+        assert layouts.chunks(request) == expected
+    assert counters.totals()["layouts"] == 2 and counters.totals()["layouts_rejected"] == 0
 
 
 @settings(max_examples=200, deadline=None)

@@ -85,6 +85,8 @@ class ManifestBlobs(NumpyBlobs):
 
     def decode_into(self, blob: Buffer, out: npt.NDArray[Any], expect: Expect) -> None:
         super().decode_into(blob, out, expect)
+        if expect.tokens is None:
+            raise ValueError("a manifest is decoded against the tokens it covers")
         parse_manifest(self.layout, out, expect.tokens)
 
 

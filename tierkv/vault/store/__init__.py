@@ -18,7 +18,7 @@ from tierkv.vault.store.env import MAX_TENANTS, DiskFullError, StoreFullError
 from tierkv.vault.store.format import FORMAT_VERSION, StoreFormatError, checksum, full_key, split_full_key
 from tierkv.vault.store.reads import HEAD_BYTES, READ_TXN_MAX_S, EntryReport, Lookup, Reader, ReadTally
 from tierkv.vault.store.scans import SCAN_SLICE, ChainEntry, NamespaceUsage
-from tierkv.vault.store.stats import PutOutcome, StoreStats, TenantUsage
+from tierkv.vault.store.stats import PutOutcome, StoreStats
 from tierkv.vault.store.store import PURGE_BATCH, Item, Store
 from tierkv.vault.store.tenants import DEFAULT_TENANT, UnknownTenantError, check_tenant
 
@@ -43,7 +43,6 @@ __all__ = [
     "StoreFormatError",
     "StoreFullError",
     "StoreStats",
-    "TenantUsage",
     "UnknownTenantError",
     "check_tenant",
     "checksum",

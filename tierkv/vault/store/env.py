@@ -139,9 +139,10 @@ class StoreEnv:
         with self.write_lock, self.rw.shared(), self.env.begin(write=True) as txn:
             yield txn
 
-    def write_retrying(self, attempt: Callable[[], T], *, wanted: int, clock: int) -> T:
+    def write_retrying(self, attempt: Callable[[], T], *, wanted: Callable[[], int], clock: int) -> T:
         """``attempt()`` (which opens its own write transaction, the caller holding the write lock),
-        growing a full map and retrying a full disk once; lmdb errors become :class:`StoreFullError`."""
+        growing a full map and retrying a full disk once; lmdb errors become :class:`StoreFullError`
+        (``wanted()``, the bytes the write needed, only then goes into the message)."""
         retried_disk = False
         for _ in range(MAP_GROWTHS):
             try:
@@ -150,7 +151,7 @@ class StoreEnv:
             except lmdb.MapFullError:
                 self._grow_map()
             except lmdb.Error as exc:
-                full = disk_full_message(self.path, exc, wanted)
+                full = disk_full_message(self.path, exc, wanted())
                 if full is None:
                     raise StoreFullError(f"LMDB write failed: {exc}") from exc
                 if retried_disk:

@@ -40,15 +40,12 @@ class Ranking:
         self.policy = policy
         self.learning = as_learning(policy)
         self.rank_len = len(policy.rank(EntryInfo(clock=0, size=0, priority=0)))
+        self.uses_meta = policy.uses_meta
+        """Every entry gets a retention record (hits, sharing) even when stored untagged."""
 
     @property
     def name(self) -> str:
         return self.policy.name
-
-    @property
-    def uses_meta(self) -> bool:
-        """Every entry gets a retention record (hits, sharing) even when stored untagged."""
-        return self.policy.uses_meta
 
     def rank(self, entry: IndexRecord) -> bytes:
         ext = entry.ext

@@ -6,7 +6,8 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 
-from tierkv.vault.entrymeta import ClassBook, ClassUsage
+from tierkv.records import ClassStats, TenantStats
+from tierkv.vault.entrymeta import ClassBook
 from tierkv.vault.leases import LeaseCounts
 from tierkv.vault.store.tenants import Tenant
 
@@ -34,20 +35,6 @@ class StoreStats:
     leases: LeaseCounts = LeaseCounts()
 
 
-@dataclasses.dataclass(frozen=True)
-class TenantUsage:
-    """One tenant's figures; field for field the proto's ``TenantStats``."""
-
-    tenant: str
-    keys: int
-    used_bytes: int
-    quota_bytes: int
-    evictions: int
-    protected_bytes: int = 0
-    protected_overflow: int = 0
-    expired: int = 0
-
-
 def sum_stats(picked: Sequence[Tenant], limit: int, map_size: int, leases: LeaseCounts) -> StoreStats:
     """The sum of ``picked`` tenants' figures (the caller holds the lock their writers take)."""
     return StoreStats(
@@ -66,16 +53,16 @@ def sum_stats(picked: Sequence[Tenant], limit: int, map_size: int, leases: Lease
     )
 
 
-def tenant_usage(tenants: Sequence[Tenant]) -> list[TenantUsage]:
+def tenant_usage(tenants: Sequence[Tenant]) -> list[TenantStats]:
     return [
-        TenantUsage(t.name, t.count, t.used, t.quota, t.evictions, t.protected, t.overflow, t.expired)
+        TenantStats(t.name, t.count, t.used, t.quota, t.evictions, t.protected, t.overflow, t.expired)
         for t in tenants
     ]
 
 
 def class_usage(
     tenants: Sequence[Tenant], classes: ClassBook, tenant: str | None, lock: threading.Lock
-) -> list[ClassUsage]:
+) -> list[ClassStats]:
     """Per tenant (all, or one) and source class: stored keys and bytes, lookups, 5-minute window.
     Class ``""`` holds untagged entries and misses of unknown class."""
     stored: dict[tuple[str, str], tuple[int, int, int]] = {}
@@ -101,4 +88,4 @@ def class_usage(
     return classes.usage(tenant, stored)
 
 
-__all__ = ["PutOutcome", "StoreStats", "TenantUsage", "class_usage", "sum_stats", "tenant_usage"]
+__all__ = ["PutOutcome", "StoreStats", "class_usage", "sum_stats", "tenant_usage"]

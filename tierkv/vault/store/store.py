@@ -33,8 +33,9 @@ from typing import Any
 
 import lmdb
 
+from tierkv.records import ClassStats, TenantStats
 from tierkv.retention.classes import BlockMeta
-from tierkv.vault.entrymeta import ClassBook, ClassUsage, EntryMeta, Ghosts
+from tierkv.vault.entrymeta import ClassBook, EntryMeta, Ghosts
 from tierkv.vault.files import OnDamage
 from tierkv.vault.leases import LeaseTable
 from tierkv.vault.policy import EvictionPolicy, LRUPolicy
@@ -48,7 +49,7 @@ from tierkv.vault.store.reads import EntryReport, Lookup, Reader, ReadTally, ins
 from tierkv.vault.store.recency import Touches
 from tierkv.vault.store.scans import SCAN_SLICE, ChainEntry, NamespaceUsage, chain_entries, keys_with_prefix
 from tierkv.vault.store.scans import namespaces as scan_namespaces
-from tierkv.vault.store.stats import PutOutcome, StoreStats, TenantUsage, class_usage, sum_stats, tenant_usage
+from tierkv.vault.store.stats import PutOutcome, StoreStats, class_usage, sum_stats, tenant_usage
 from tierkv.vault.store.tenants import DEFAULT_TENANT, Tenant, Tenants
 
 log = logging.getLogger("tierkv.vault.store")
@@ -100,9 +101,7 @@ class Store:
             on_damage=on_damage,
         )
         self._tenants = Tenants(self._env, dict(tenants or {}))
-        self._leases = LeaseTable(
-            self.max_bytes, clock=clock or time.monotonic, tenants=len(self._tenants.names())
-        )
+        self._leases = LeaseTable(self.max_bytes, clock=clock or time.monotonic, tenants=len(self._tenants))
         self._evictor = Evictor(self._ranking, self._entries, self._leases, self._tenants.all, self.max_bytes)
         self._writer = EntryWriter(self._entries, self._evictor, self.max_bytes, max_protected_fraction)
         self.debug = StoreDebug(self._env, self._tenants, self._leases)
@@ -221,7 +220,7 @@ class Store:
             for start, chunk in _chunks(prepared, max(1, self.max_bytes // 16)):
                 outcome = self._env.write_retrying(
                     functools.partial(self._put_txn, owner, chunk),
-                    wanted=sum(len(item[1]) for item in chunk),
+                    wanted=functools.partial(_blob_bytes, chunk),
                     clock=self._clock,
                 )
                 stored, evicted = stored + outcome.stored, evicted + outcome.evicted
@@ -452,11 +451,11 @@ class Store:
         with self._counter_lock:
             return sum_stats(picked, limit, map_size, self._leases.counts(t.name for t in picked))
 
-    def tenant_usage(self) -> list[TenantUsage]:
+    def tenant_usage(self) -> list[TenantStats]:
         with self._counter_lock:
             return tenant_usage(self._tenants.all())
 
-    def class_usage(self, tenant: str | None = None) -> list[ClassUsage]:
+    def class_usage(self, tenant: str | None = None) -> list[ClassStats]:
         """Per tenant (all, or one) and source class: stored keys and bytes, lookups, 5-minute window.
         Class ``""`` holds untagged entries and misses of unknown class."""
         return class_usage(self._tenants.all(), self.classes, tenant, self._counter_lock)
@@ -481,6 +480,10 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _blob_bytes(items: Sequence[Prepared]) -> int:
+    return sum(len(item[1]) for item in items)
 
 
 def _chunks(items: Sequence[Any], limit: int) -> Iterator[tuple[int, Sequence[Any]]]:

@@ -91,6 +91,9 @@ class Tenants:
         except KeyError:
             raise UnknownTenantError(f"no tenant {name!r} in this store") from None
 
+    def __len__(self) -> int:
+        return len(self._by_name)
+
     def __iter__(self) -> Iterator[Tenant]:
         return iter(self._by_name.values())
 

@@ -1,0 +1,120 @@
+"""What a start would trip over, checked before it starts: files, directories, addresses, ports.
+
+These checks touch the machine (they read files, create the data directory, resolve hosts and bind probe
+sockets), which is why they live apart from the schema: loading a config never does any of that.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from tierkv.certs import certificate_problem
+from tierkv.config.schema import (
+    Config,
+)
+from tierkv.errors import ConfigError
+
+
+def check_client_files(cfg: Config) -> None:
+    """The token and TLS files the inference side reads exist and are readable (else a ConfigError)."""
+    cfg.token()
+    tls = cfg.tls
+    if bool(tls.cert_file) != bool(tls.key_file):
+        raise ConfigError(cfg.source, "tls", "a client certificate needs both tls.cert_file and tls.key_file")
+    _check_readable(cfg, ("ca_file", "cert_file", "key_file"))
+
+
+def check_vault_start(cfg: Config, *, ready_file: str | None = None, create: bool = True) -> None:
+    """Everything ``tierkv vault`` would otherwise fail on with a traceback, checked before it starts.
+
+    The TLS files, the data directory (created here if missing and ``create``), the ready file's directory,
+    the bind address (resolvable and local) and the metrics port (free). The token file is read by the
+    vault's own parser (:func:`tierkv.vault.auth.load_tokens`); a taken gRPC port is left to the server,
+    which reports it with its own exit code.
+    """
+    vc = cfg.vault
+    if cfg.tls.enabled:
+        if not (cfg.tls.cert_file and cfg.tls.key_file):
+            raise ConfigError(cfg.source, "tls", "a vault needs both tls.cert_file and tls.key_file")
+        _check_readable(cfg, ("cert_file", "key_file", "ca_file"))
+    _check_data_dir(vc.resolved_path(), cfg.source_of("vault.path"), create=create)
+    if ready_file:
+        parent = Path(ready_file).expanduser().absolute().parent
+        if not parent.is_dir():
+            raise ConfigError("command line", "--ready-file", f"directory {parent} does not exist")
+    _check_local_address(vc.host, cfg.source_of("vault.host"), "vault.host")
+    if vc.metrics_port:
+        key = "vault.metrics_host" if vc.metrics_host else "vault.host"
+        _check_local_address(vc.metrics_host or vc.host, cfg.source_of(key), key)
+        source = cfg.source_of("vault.metrics_port")
+        _check_free_port(vc.metrics_host or vc.host, vc.metrics_port, source, "vault.metrics_port")
+
+
+def _check_readable(cfg: Config, names: Iterable[str]) -> None:
+    """Each named TLS file can be read, then each certificate among them is valid now (a missing file is
+    the first thing to say: a certificate that cannot be parsed is often one whose key is missing too)."""
+    paths = {name: Path(getattr(cfg.tls, name)).expanduser() for name in names if getattr(cfg.tls, name)}
+    for name, path in paths.items():
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(
+                cfg.source, f"tls.{name}", f"cannot read {path}: {exc.strerror or exc}"
+            ) from exc
+    for name, path in paths.items():
+        problem = certificate_problem(path) if name in ("cert_file", "ca_file") else None
+        if problem:
+            raise ConfigError(cfg.source, f"tls.{name}", f"{path}: {problem}")
+
+
+def _check_data_dir(path: Path, source: str, *, create: bool) -> None:
+    if create:
+        try:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the store makes it: 0700
+        except OSError as exc:
+            raise ConfigError(source, "vault.path", f"cannot create {path}: {exc.strerror or exc}") from exc
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(source, "vault.path", f"{existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            source, "vault.path", f"cannot create files in {existing}: not writable by this user"
+        )
+
+
+def _check_local_address(host: str, source: str, key: str) -> None:
+    problem = _bind_problem(host, 0, source, key)
+    if problem:
+        raise ConfigError(source, key, f"cannot bind {host!r}: {problem} (not an address of this machine?)")
+
+
+def _check_free_port(host: str, port: int, source: str, key: str) -> None:
+    problem = _bind_problem(host, port, source, key)
+    if problem:
+        raise ConfigError(
+            source, key, f"port {port} on {host} is taken ({problem}); pick another or 0 for none"
+        )
+
+
+def _bind_problem(host: str, port: int, source: str, key: str) -> str:
+    """Why binding ``host:port`` fails right now ('' if it would not); the probe socket is closed at once."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ConfigError(source, key, f"cannot resolve {host!r}: {exc}") from exc
+    family, kind, proto, _name, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return str(exc.strerror or exc)
+    return ""
+
+
+__all__ = ["check_client_files", "check_vault_start"]
