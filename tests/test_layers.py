@@ -59,12 +59,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "a command-line diagnostic outside the serving path: it asks each vault for health and stats, "
         "which the pipeline's Storage does not expose"
     ),
-    ("tierkv.connectors.hf.hot", "vault"): (
-        "the in-process hot tier ranks entries with the vault's context score; the score moves below "
-        "both with the eviction policy redesign"
-    ),
-    ("tierkv.client._rpc", "vault"): "LeaseCounts moves to the shared stats records with the lease redesign",
-    ("tierkv.client.types", "vault"): "LeaseCounts moves to the shared stats records with the lease redesign",
 }
 """(module, unit) arrows allowed although the module's unit may not import that unit, each with why."""
 

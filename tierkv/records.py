@@ -115,10 +115,25 @@ class TenantStats:
     expired: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class LeaseCounts:
+    """One tenant's (or every tenant's) lease figures."""
+
+    granted: int = 0
+    honoured: int = 0
+    """Times an eviction walked past a leased entry."""
+    expired: int = 0
+    refused: int = 0
+    """Leases not granted: a bound was reached or the entry was evicted while the lookup read."""
+    held: int = 0
+    leased_bytes: int = 0
+
+
 __all__ = [
     "REFUSED",
     "ClassStats",
     "HotChain",
+    "LeaseCounts",
     "PutResult",
     "Rejection",
     "Successor",

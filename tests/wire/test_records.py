@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from tierkv.records import ClassStats, Successor, TenantStats
-from tierkv.vault.leases import LeaseCounts
+from tierkv.records import ClassStats, LeaseCounts, Successor, TenantStats
 from tierkv.wire import pb
 from tierkv.wire.records import from_message, to_message
 

@@ -32,9 +32,8 @@ from tierkv.limits import (
     MAX_HOTTEST_REPLY_BYTES,
     MAX_MESSAGE_BYTES,
 )
-from tierkv.records import ClassStats, HotChain, TenantStats
+from tierkv.records import ClassStats, HotChain, LeaseCounts, TenantStats
 from tierkv.retention.classes import BlockMeta, unpack_tokens
-from tierkv.vault.leases import LeaseCounts
 from tierkv.wire import Blob, FrameDecoder, FrameError, encode_frames, pb
 from tierkv.wire.framing import FOUND, Buffer, encode_frame_parts, read_frame_head, split_body
 from tierkv.wire.records import from_message

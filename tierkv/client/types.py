@@ -6,8 +6,7 @@ import dataclasses
 import enum
 from typing import TYPE_CHECKING
 
-from tierkv.records import ClassStats, TenantStats
-from tierkv.vault.leases import LeaseCounts
+from tierkv.records import ClassStats, LeaseCounts, TenantStats
 
 if TYPE_CHECKING:
     from tierkv.codec.header import BlobHeader

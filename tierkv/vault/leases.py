@@ -25,11 +25,12 @@ transaction in flight at that moment, whose evictions its snapshot may not show 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from tierkv.records import LeaseCounts
 
 MAX_LEASE_MS = 10_000
 """A longer lease asked for is cut to this."""
@@ -41,20 +42,6 @@ EVICTION_HISTORY = 1 << 16
 """Evictions remembered for lookups in flight; a lookup that outlived more grants no lease."""
 
 _Key = tuple[str, bytes]
-
-
-@dataclasses.dataclass(frozen=True)
-class LeaseCounts:
-    """One tenant's (or every tenant's) lease figures."""
-
-    granted: int = 0
-    honoured: int = 0
-    """Times an eviction walked past a leased entry."""
-    expired: int = 0
-    refused: int = 0
-    """Leases not granted: a bound was reached or the entry was evicted while the lookup read."""
-    held: int = 0
-    leased_bytes: int = 0
 
 
 class LeaseTable:

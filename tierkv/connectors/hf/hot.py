@@ -4,7 +4,7 @@ Entries are keyed by their token ids and hold an opaque payload (the engine's KV
 lookup returns the entry sharing the longest token prefix with a prompt, so one stored conversation
 serves every prompt that starts like it. When the byte budget is exceeded entries are handed to
 ``on_evict`` (store-on-evict: the connector ships their blocks to the vaults) in the order the vault's
-``context`` policy would evict them — lowest :func:`~tierkv.vault.policy.context_score` first, from the
+``context`` policy would evict them — lowest :func:`~tierkv.retention.score.context_score` first, from the
 entry's importance, decayed hits, size and age (in turnovers of the tier's own events; prefix sharing
 is 0: entries that share a prefix are merged into one) — and entries holding a protected block last.
 With equal importance and no hits that is least recently used first. Entries whose tokens are a prefix
@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from tierkv.config import ContextWeights
 from tierkv.retention.classes import NEUTRAL_IMPORTANCE
-from tierkv.vault.policy import ContextPolicy, context_score
+from tierkv.retention.score import context_score, decayed_hits
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class HotTier(Generic[T]):
             raise ValueError("capacity_bytes must be >= 0")
         self._capacity = capacity_bytes
         self._on_evict = on_evict
-        self._policy = ContextPolicy(weights)
+        self._weights = weights or ContextWeights()
         self._clock = 0
         self._entries: OrderedDict[int, HotEntry[T]] = OrderedDict()
         self._bytes = 0
@@ -200,13 +200,13 @@ class HotTier(Generic[T]):
 
     def _hits(self, entry: HotEntry[T]) -> float:
         """The entry's hits now, decayed as the vault decays them."""
-        return self._policy.decayed_hits(entry.hits, self._clock - entry.clock, len(self._entries))
+        return decayed_hits(self._weights, entry.hits, self._clock - entry.clock, len(self._entries))
 
     def _rank(self, entry: HotEntry[T]) -> tuple[bool, float, int]:
         """Eviction order, lowest first: unprotected before protected, then the ``context`` score, then
         the older entry."""
         score = context_score(
-            self._policy.weights,
+            self._weights,
             importance=entry.importance,
             hits=self._hits(entry),
             sharing=0,

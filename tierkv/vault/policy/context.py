@@ -7,40 +7,13 @@ ordered index, exact, with no scan and no sampling.
 
 from __future__ import annotations
 
-import math
 import struct
 
 from tierkv.config import ContextWeights
+from tierkv.retention.score import context_score, context_value, decayed_hits, turnover
 from tierkv.vault.policy.base import EntryInfo
 
 _DOUBLE = struct.Struct(">d")
-
-
-def context_value(w: ContextWeights, *, importance: float, hits: float, sharing: int, size: int) -> float:
-    """The part of the score that does not age: what the entry is worth, in turnovers of credit."""
-    return (
-        w.importance * importance
-        + w.hits * math.log2(1.0 + max(0.0, hits))
-        + w.sharing * math.log2(1.0 + max(0, sharing))
-        - w.size * math.log2(max(1, size) / 1024)
-    )
-
-
-def context_score(
-    w: ContextWeights, *, importance: float, hits: float, sharing: int, size: int, age: float
-) -> float:
-    """The ``context`` policy's score (lowest is evicted first)::
-
-        importance·I + hits·log2(1 + H) + sharing·log2(1 + S) − size·log2(bytes / 1 KiB) − age·A
-
-    I: importance in [0, 1] (untagged: 0.5); H: hit count, halved every ``hit_half_life`` turnovers; S:
-    stored children (chains that continue through the block); A: turnovers since the last read or write,
-    one turnover being as many store events as the store holds entries. Each point of score is worth one
-    turnover of age: an entry of importance 1 outlives one of importance 0 stored at the same moment by
-    ``weights.importance`` turnovers.
-    """
-    value = context_value(w, importance=importance, hits=hits, sharing=sharing, size=size)
-    return value - w.age * age
 
 
 class ContextPolicy:
@@ -54,7 +27,7 @@ class ContextPolicy:
 
     def turnover(self, population: int) -> int:
         """Store events in one turnover: the population, at least ``min_turnover``."""
-        return max(1, population, self.weights.min_turnover)
+        return turnover(self.weights, population)
 
     def rank(self, entry: EntryInfo) -> bytes:
         """``clock + turnover · value / w_age``: ordering by it is ordering by the score at any later
@@ -72,8 +45,7 @@ class ContextPolicy:
 
     def decayed_hits(self, hits: float, elapsed: int, population: int) -> float:
         """``hits`` after ``elapsed`` clock ticks: halved every ``hit_half_life`` turnovers."""
-        turns = max(0, elapsed) / (self.turnover(population) * self.weights.hit_half_life)
-        return float(hits * 2.0 ** (-turns))
+        return decayed_hits(self.weights, hits, elapsed, population)
 
 
 def _ordered(value: float) -> bytes:

@@ -6,9 +6,8 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 
-from tierkv.records import ClassStats, TenantStats
+from tierkv.records import ClassStats, LeaseCounts, TenantStats
 from tierkv.vault.entrymeta import ClassBook
-from tierkv.vault.leases import LeaseCounts
 from tierkv.vault.store.tenants import Tenant
 
 
