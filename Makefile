@@ -37,6 +37,10 @@ lint: $(STAMP)
 	@out=$$($(VENV)/bin/radon cc -n D -s -e 'tierkv/wire/_proto/*' tierkv) && \
 	  if [ -n "$$out" ]; then echo "functions above rank C:"; echo "$$out"; exit 1; fi && \
 	  echo "complexity: every function rank C or better"
+	@# no runtime file below maintainability rank B
+	@out=$$($(VENV)/bin/radon mi -n C -s -e 'tierkv/wire/_proto/*' tierkv) && \
+	  if [ -n "$$out" ]; then echo "files below maintainability rank B:"; echo "$$out"; exit 1; fi && \
+	  echo "maintainability: every file rank B or better"
 	@# the import contract: arrows point down only (tests/test_layers.py lists what may import what)
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_layers.py
 
