@@ -12,7 +12,8 @@ in-process :class:`~tierkv.tiering.MemoryStorage` and a real vault process over 
 - (hooks whose lookup and load are separate steps) blocks a lookup reported survive a flood of writes
   until they are loaded: the lookup leased them.
 
-A new hook adds one :class:`HookCase` in ``test_kit.py``; docs/adding-a-hook.md says how.
+A new hook adds one :class:`HookCase` in ``test_kit.py``, or a module of its own here when its engine
+needs its own environment (``suite.py``); docs/adding-a-hook.md says how.
 """
 
 from __future__ import annotations
