@@ -80,7 +80,7 @@ test-mlx: $(STAMP)
 test-llamacpp: $(STAMP)
 	@if [ -x scripts/setup-llamacpp-env.sh ]; then \
 	  scripts/setup-llamacpp-env.sh && \
-	  .venv-llamacpp/bin/python -m pytest -q -p no:cacheprovider -m llamacpp tests/connectors/llamacpp; \
+	  .venv-llamacpp/bin/python -m pytest -q -p no:cacheprovider -m llamacpp tests/connectors/llamacpp tests/conformance; \
 	else echo "llama.cpp tier not present"; fi
 
 test-sglang: $(STAMP)
