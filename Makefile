@@ -74,7 +74,7 @@ test-vllm-compat: $(STAMP)
 
 test-mlx: $(STAMP)
 	@if [ -x scripts/setup-mlx-env.sh ]; then \
-	  scripts/setup-mlx-env.sh && .venv-mlx/bin/python -m pytest -q -p no:cacheprovider -m mlx tests/connectors/mlx tests/connectors/exo tests/docs; \
+	  scripts/setup-mlx-env.sh && .venv-mlx/bin/python -m pytest -q -p no:cacheprovider -m mlx tests/connectors/mlx tests/connectors/exo tests/conformance tests/docs; \
 	else echo "MLX tier not present"; fi
 
 test-llamacpp: $(STAMP)
