@@ -66,6 +66,8 @@ class HookCase(abc.ABC):
     name: str
     block_tokens: int
     splits_lookup = False
+    without_layout: str | None = None
+    """Why the hook never gets a request's layout from its engine, if it does not (the check is skipped)."""
 
     @abc.abstractmethod
     def open(self, storage: Storage) -> Driver: ...
