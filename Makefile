@@ -84,7 +84,7 @@ test-llamacpp: $(STAMP)
 	else echo "llama.cpp tier not present"; fi
 
 test-sglang: $(STAMP)
-	scripts/setup-sglang-env.sh && .venv-sglang/bin/python -m pytest -q -p no:cacheprovider -m "sglang or lmcache" tests/connectors/sglang tests/connectors/lmcache
+	scripts/setup-sglang-env.sh && .venv-sglang/bin/python -m pytest -q -p no:cacheprovider -m "sglang or lmcache" tests/connectors/sglang tests/connectors/lmcache tests/conformance
 
 bench: $(STAMP)
 	$(VENV)/bin/tierkv bench
