@@ -78,17 +78,17 @@ test-vllm-compat: $(STAMP)
 
 test-mlx: $(STAMP)
 	@if [ -x scripts/setup-mlx-env.sh ]; then \
-	  scripts/setup-mlx-env.sh && .venv-mlx/bin/python -m pytest -q -p no:cacheprovider -m mlx tests/connectors/mlx tests/connectors/exo tests/docs; \
+	  scripts/setup-mlx-env.sh && .venv-mlx/bin/python -m pytest -q -p no:cacheprovider -m mlx tests/connectors/mlx tests/connectors/exo tests/conformance tests/docs; \
 	else echo "MLX tier not present"; fi
 
 test-llamacpp: $(STAMP)
 	@if [ -x scripts/setup-llamacpp-env.sh ]; then \
 	  scripts/setup-llamacpp-env.sh && \
-	  .venv-llamacpp/bin/python -m pytest -q -p no:cacheprovider -m llamacpp tests/connectors/llamacpp; \
+	  .venv-llamacpp/bin/python -m pytest -q -p no:cacheprovider -m llamacpp tests/connectors/llamacpp tests/conformance; \
 	else echo "llama.cpp tier not present"; fi
 
 test-sglang: $(STAMP)
-	scripts/setup-sglang-env.sh && .venv-sglang/bin/python -m pytest -q -p no:cacheprovider -m "sglang or lmcache" tests/connectors/sglang tests/connectors/lmcache
+	scripts/setup-sglang-env.sh && .venv-sglang/bin/python -m pytest -q -p no:cacheprovider -m "sglang or lmcache" tests/connectors/sglang tests/connectors/lmcache tests/conformance
 
 bench: $(STAMP)
 	$(VENV)/bin/tierkv bench

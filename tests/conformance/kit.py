@@ -12,7 +12,8 @@ in-process :class:`~tierkv.tiering.MemoryStorage` and a real vault process over 
 - (hooks whose lookup and load are separate steps) blocks a lookup reported survive a flood of writes
   until they are loaded: the lookup leased them.
 
-A new hook adds one :class:`HookCase` in ``test_kit.py``; docs/adding-a-hook.md says how.
+A new hook adds one :class:`HookCase` in ``test_kit.py``, or a module of its own here when its engine
+needs its own environment (``suite.py``); docs/adding-a-hook.md says how.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class HookCase(abc.ABC):
     name: str
     block_tokens: int
     splits_lookup = False
+    without_layout: str | None = None
+    """Why the hook never gets a request's layout from its engine, if it does not (the check is skipped)."""
 
     @abc.abstractmethod
     def open(self, storage: Storage) -> Driver: ...

@@ -37,6 +37,8 @@ from tierkv.connectors.llamacpp import engine
 from tierkv.connectors.llamacpp.state import Envelope, StateLayout, blocks, parse, rebuild
 from tierkv.errors import TierKVError
 from tierkv.keys import Namespace, block_keys
+from tierkv.retention import Retention, chain_meta
+from tierkv.retention.layout import Layout
 from tierkv.tiering.arrays import NumpyArrays
 from tierkv.tiering.background import BoundedWorker
 from tierkv.tiering.pipeline import ColdTier, StoreTally
@@ -95,6 +97,7 @@ class LlamaTier:
         block_size: int = 16,
         tenant: str = "",
         max_inflight: int = 4,
+        retention: Retention | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -102,6 +105,7 @@ class LlamaTier:
         engine.check_model(llm)
         self.llm = llm
         self.block_size = block_size
+        self.retention = retention or Retention()
         probe = engine.probe_layout(llm)
         self.layout: StateLayout = probe.layout
         self.n_stream = probe.n_stream
@@ -214,21 +218,28 @@ class LlamaTier:
 
     # ---------------------------------------------------------------------------------------- store
 
-    def store(self) -> bool:
+    def store(self, layout: Layout | None = None) -> bool:
         """Copy the sequence's state now and ship its full blocks the vaults lack in the background
-        (False: the worker is closed). :meth:`flush` waits for it."""
+        (False: the worker is closed), tagged from the request's prompt ``layout`` (source class,
+        importance) by ``retention``. :meth:`flush` waits for it."""
         llm = self.llm
         tokens = np.array(llm.input_ids[: llm.n_tokens], np.int64)
         data = engine.seq_state(llm.ctx, SEQ)
-        return self.worker.submit(lambda: self._ship(tokens, data, SEQ))
+        return self.worker.submit(lambda: self._ship(tokens, data, SEQ, layout))
 
-    def store_state(self, tokens: Sequence[int] | npt.NDArray[Any], state: bytes) -> bool:
+    def store_state(
+        self, tokens: Sequence[int] | npt.NDArray[Any], state: bytes, layout: Layout | None = None
+    ) -> bool:
         """Ship a whole-context state (``Llama.save_state().llama_state``) holding ``tokens``."""
         ids = np.array(tokens, np.int64)
-        return self.worker.submit(lambda: self._ship(ids, state, None))
+        return self.worker.submit(lambda: self._ship(ids, state, None, layout))
 
     def _ship(
-        self, tokens: npt.NDArray[np.int64], data: bytes | npt.NDArray[np.uint8], seq: int | None
+        self,
+        tokens: npt.NDArray[np.int64],
+        data: bytes | npt.NDArray[np.uint8],
+        seq: int | None,
+        layout: Layout | None,
     ) -> None:
         try:
             state = parse(data, seq_id=seq)
@@ -243,8 +254,11 @@ class LlamaTier:
         keys = self.keys(tokens, full)
         have = self.tier.lookup(self.spec, keys)
         cut = blocks(state, self.block_size, have, full)
+        meta = chain_meta(keys, self.block_size, self.retention, layout=layout, tokens=tokens.tolist())
         tally = self.tier.store(
-            self.spec, ((keys[i], b, self.block_size) for i, b in zip(range(have, full), cut, strict=True))
+            self.spec,
+            ((keys[i], b, self.block_size) for i, b in zip(range(have, full), cut, strict=True)),
+            meta,
         )
         with self._lock:
             self.stored.add(tally)
