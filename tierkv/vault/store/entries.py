@@ -64,14 +64,16 @@ class Entries:
 
     def adjust_sharing(
         self, txn: lmdb.Transaction, ledger: Ledger, owner: Tenant, parent: bytes, delta: int
-    ) -> None:
-        """A stored child of ``parent`` came or went: count it in the parent (if stored) and re-rank it."""
+    ) -> bool:
+        """A stored child of ``parent`` came or went: count it in the parent and re-rank it; False when
+        the parent is not stored."""
         entry = self.unranked(txn, owner, parent)
         if entry is None:
-            return
+            return False
         entry.ext = entry.ext or EntryMeta()
         entry.ext.sharing = max(0, entry.ext.sharing + delta)
         self.write_index(txn, ledger, owner, parent, entry)
+        return True
 
     def drop(
         self, txn: lmdb.Transaction, ledger: Ledger, owner: Tenant, fkey: bytes, *, ordered: bool = True
@@ -128,6 +130,10 @@ class EntryWriter:
         if proven:
             entry.ext = entry.ext or EntryMeta()
             entry.ext.proven = True
+        children = ledger.orphans.pop((owner.name, fkey), 0)
+        if children:
+            entry.ext = entry.ext or EntryMeta()
+            entry.ext.sharing += children
         txn.put(fkey, data, db=owner.data)
         if tokens:
             txn.put(fkey, tokens, db=owner.tokens)
@@ -136,7 +142,9 @@ class EntryWriter:
             txn.put(expiry_key(entry.ext.expiry, fkey), b"", db=owner.expiry)
         ledger.add(owner.name, entry)
         if entry.ext is not None and entry.ext.parent:
-            self.entries.adjust_sharing(txn, ledger, owner, parent_key(fkey, entry.ext.parent), 1)
+            parent = parent_key(fkey, entry.ext.parent)
+            if not self.entries.adjust_sharing(txn, ledger, owner, parent, 1):
+                ledger.orphans[(owner.name, parent)] += 1
         return True
 
     def _admitted(

@@ -38,6 +38,10 @@ class Ledger:
         self.overflow: Counter[str] = Counter()
         self.ghosts: list[tuple[str, bytes, str]] = []
         self.dropped: list[tuple[str, bytes]] = []
+        self.orphans: Counter[tuple[str, bytes]] = Counter()
+        """(tenant, parent full key): children this transaction wrote while the parent was not stored. A
+        leaf-first policy writes a Put's chain deepest first, so a parent written later in the same
+        transaction starts with these children counted."""
         self.past_leases: dict[tuple[str, bytes], bytes] = {}
         """Per tenant and start of the walk, the order key eviction reached after walking past leased
         entries in this transaction: the next eviction starts there instead of walking past them again."""
