@@ -48,10 +48,9 @@ class Geometry:
     """Device pool size in tokens; the host pool holds twice as many."""
 
 
-def host_pool(layout: str, geo: Geometry = Geometry()) -> tuple[Any, Any]:
-    """A device pool on CPU and its host pool in ``layout``."""
-    device = MHATokenToKVPool(geo.tokens, geo.page, geo.dtype, geo.heads, geo.dim, geo.layers, "cpu", False)
-    host = MHATokenToKVPoolHost(
+def _host(cls: Any, device: Any, layout: str, geo: Geometry, **extra: Any) -> Any:
+    """SGLang host pool ``cls`` over ``device``'s buffers in ``layout``: on CPU, unpinned, twice its size."""
+    return cls(
         device.get_device_pool_infos()[0].buffer_info,
         2.0,
         0,
@@ -62,27 +61,21 @@ def host_pool(layout: str, geo: Geometry = Geometry()) -> tuple[Any, Any]:
         device_capacity_tokens=device.size,
         start_layer=device.start_layer,
         end_layer=device.end_layer,
-        write_back_staging=device.hicache_write_back_staging,
+        **extra,
     )
-    return device, host
+
+
+def host_pool(layout: str, geo: Geometry = Geometry()) -> tuple[Any, Any]:
+    """A device pool on CPU and its host pool in ``layout``."""
+    device = MHATokenToKVPool(geo.tokens, geo.page, geo.dtype, geo.heads, geo.dim, geo.layers, "cpu", False)
+    staging = device.hicache_write_back_staging
+    return device, _host(MHATokenToKVPoolHost, device, layout, geo, write_back_staging=staging)
 
 
 def mla_host_pool(layout: str, geo: Geometry = Geometry()) -> Any:
     """An MLA host pool (latent KV of rank 32 plus 8 rope dims per token and layer) in ``layout``."""
     device = MLATokenToKVPool(geo.tokens, geo.page, geo.dtype, 32, 8, geo.layers, "cpu", False)
-    return MLATokenToKVPoolHost(
-        device.get_device_pool_infos()[0].buffer_info,
-        2.0,
-        0,
-        geo.page,
-        layout,
-        pin_memory=False,
-        device="cpu",
-        device_capacity_tokens=device.size,
-        start_layer=device.start_layer,
-        end_layer=device.end_layer,
-        target_layer_num=geo.layers,
-    )
+    return _host(MLATokenToKVPoolHost, device, layout, geo, target_layer_num=geo.layers)
 
 
 def mamba_host_pool(layers: int = 2, slots: int = 9) -> Any:
