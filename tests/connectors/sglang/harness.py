@@ -24,6 +24,7 @@ import torch.distributed as dist  # noqa: E402
 from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
@@ -99,6 +100,32 @@ def tierkv_extra(vaults: list[str], *, v1: bool, timeout: float = 2.0, **tierkv:
         "hicache_storage_pass_prefix_keys": True,
         "tierkv": {"kv_cold": ",".join(vaults), "timeout": timeout, "lookup_lease_ms": 0, **tierkv},
     }
+
+
+def storage_config(
+    extra: dict[str, Any],
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    mla: bool = False,
+    page_first: bool = False,
+    metrics: bool = False,
+    model: str = "tiny-test-model",
+) -> Any:
+    """SGLang's ``HiCacheStorageConfig`` for one rank (no pipeline or context parallelism)."""
+    return HiCacheStorageConfig(
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=mla,
+        enable_storage_metrics=metrics,
+        is_page_first_layout=page_first,
+        model_name=model,
+        extra_config=extra,
+    )
 
 
 def page_hashes(tokens: list[int], page: int) -> list[str]:
