@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tierkv.vault.launcher import VaultProcess
+from tierkv.vault.launcher import VaultProcess, terminate
 
 
 def free_port() -> int:
@@ -68,9 +68,4 @@ def running_server(cmd: list[str], port: int, log: Path, stop_s: float) -> Itera
                 time.sleep(0.5)
         yield proc
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(stop_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc, stop_s, signal.SIGINT)
