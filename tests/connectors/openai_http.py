@@ -46,26 +46,36 @@ def completion_text(port: int, body: dict[str, Any]) -> str:
 
 
 @contextmanager
-def running_server(cmd: list[str], port: int, log: Path, stop_s: float) -> Iterator[subprocess.Popen[bytes]]:
-    """``cmd`` started with its output appended to ``log``, once ``/v1/models`` answers on ``port``.
+def running_server(
+    cmd: list[str],
+    ready_url: str,
+    log: Path,
+    *,
+    env: dict[str, str],
+    stop_s: float,
+    stop_signal: int = signal.SIGINT,
+    start_s: float = 120.0,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``cmd`` (with ``env`` over this process's environment), its output appended to ``log``, once
+    ``ready_url`` answers; a server that exits or is not up within ``start_s`` fails the test.
 
-    It is stopped with SIGINT (the server shuts down as on Ctrl-C, so the tier ships what is queued),
-    and killed if it is still running ``stop_s`` later.
+    It is stopped with ``stop_signal`` (SIGINT: the server shuts down as on Ctrl-C, so the tier ships
+    what is queued), and killed if it is still running ``stop_s`` later.
     """
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ | {"PYTHONPATH": "."}
+            cmd, env=os.environ | env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + start_s
         while True:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).close()
+                urllib.request.urlopen(ready_url, timeout=2).close()
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"server did not start:\n{log.read_text()[-3000:]}")
+                    pytest.fail(f"server did not start (exit {proc.returncode}):\n{log.read_text()[-3000:]}")
                 time.sleep(0.5)
         yield proc
     finally:
-        terminate(proc, stop_s, signal.SIGINT)
+        terminate(proc, stop_s, stop_signal)

@@ -36,7 +36,8 @@ def _server(model: Path, config: Path, log: Path) -> Iterator[int]:
     port = free_port()
     cmd = [sys.executable, "-m", "tierkv", "llama-serve", "--tierkv-config", str(config)]
     cmd += ["--model", str(model), "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "512"]
-    with running_server(cmd, port, log, stop_s=30):
+    ready = f"http://127.0.0.1:{port}/v1/models"
+    with running_server(cmd, ready, log, env={"PYTHONPATH": "."}, stop_s=30):
         yield port
 
 

@@ -46,7 +46,8 @@ def server(tmp_path: Path, vault_factory: VaultFactory) -> Iterator[_Server]:
     cmd = [sys.executable, "-m", "tierkv.connectors.mlx.serve", "--tierkv-config"]
     cmd += [str(config), "--model", str(model_dir)]
     cmd += ["--port", str(port), "--prompt-cache-size", "1", "--log-level", "INFO"]
-    with running_server(cmd, port, log, stop_s=15):
+    ready = f"http://127.0.0.1:{port}/v1/models"
+    with running_server(cmd, ready, log, env={"PYTHONPATH": "."}, stop_s=15):
         yield _Server(port, log)
 
 
