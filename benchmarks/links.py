@@ -37,6 +37,7 @@ import redis
 from rich.console import Console
 
 from benchmarks.interleave import interleaved
+from benchmarks.raw_tcp import server_command, tcp_pull
 from tierkv import VaultClient, __version__
 from tierkv.bench.link import LinkSpec, link_emulator, parse_link
 from tierkv.bench.shapes import parse_shape
@@ -45,20 +46,6 @@ from tierkv.bench.vaults import VaultSettings
 from tierkv.config import config_from_dict
 from tierkv.vault.launcher import VaultProcess
 
-TCP_SERVER = r"""
-import socket, struct, sys
-chunk = memoryview(bytearray(4 << 20))
-srv = socket.socket(); srv.bind((sys.argv[1], 0)); srv.listen(1)
-print(srv.getsockname()[1], flush=True)
-while True:
-    conn, _ = srv.accept()
-    left = struct.unpack("!Q", conn.recv(8, socket.MSG_WAITALL))[0]
-    if not left:
-        break
-    while left:
-        n = min(left, len(chunk)); conn.sendall(chunk[:n]); left -= n
-    conn.close()
-"""
 REDIS_PORT = 6391
 READS = {
     "get_buffers_vs_mget": ("tierkv_get_buffers", "redis_mget"),
@@ -85,26 +72,6 @@ def started(args: list[str], prefix: Sequence[str]) -> Iterator[subprocess.Popen
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def tcp_pull(host: str, port: int, rtt: Callable[[], None]) -> Callable[[int], None]:
-    import socket
-    import struct
-
-    buf = memoryview(bytearray(4 << 20))
-
-    def pull(nbytes: int) -> None:
-        rtt()
-        with socket.create_connection((host, port)) as s:
-            s.sendall(struct.pack("!Q", nbytes))
-            left = nbytes
-            while left:
-                got = s.recv_into(buf, min(left, len(buf)))
-                if not got:
-                    raise RuntimeError("tcp server closed early")
-                left -= got
-
-    return pull
 
 
 def measure_reads(
@@ -200,7 +167,7 @@ def one_link(text: str, args: argparse.Namespace) -> dict[str, Any]:
             host, prefix, engine = link.vault_host, link.vault_prefix, link.engine_side()
         rtt = spec.round_trip if spec is not None else (lambda: None)
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tierkv-links-")))
-        tcp = stack.enter_context(started([sys.executable, "-c", TCP_SERVER, host], prefix))
+        tcp = stack.enter_context(started(server_command(host), prefix))
         assert tcp.stdout is not None
         tcp_port = int(tcp.stdout.readline())
         redis_args = [

@@ -18,20 +18,17 @@ import json
 import multiprocessing
 import os
 import statistics
-import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from benchmarks.two_builds import alternated, two_builds
 from tierkv import VaultClient
 from tierkv.vault.launcher import VaultProcess
 from tierkv.wire import SERVICE, pb
-
-TOKENS = "tok-admin ops admin\ntok-a alpha user\ntok-b beta user\n"
 
 
 def _ident(b: bytes) -> bytes:
@@ -132,32 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     results: dict[str, list[dict[str, object]]] = {"old": [], "new": []}
-    with tempfile.TemporaryDirectory(prefix="tierkv-flood-") as tmp:
-        (Path(tmp) / "tokens").write_text(TOKENS)
-        (Path(tmp) / "vault.toml").write_text(
-            f'[vault]\nworkers = {args.workers}\n[auth]\ntoken_file = "{Path(tmp) / "tokens"}"\n'
-        )
-        vaults = {
-            name: VaultProcess(
-                Path(tmp) / name,
-                max_bytes="256MiB",
-                sync="fast",
-                extra_args=["--config", str(Path(tmp) / "vault.toml")],
-                env={"PYTHONPATH": str(Path(tree).resolve())},
-            ).start()
-            for name, tree in (("old", args.old), ("new", args.new))
-        }
-        try:
-            for v in vaults.values():
-                with VaultClient(v.address, token="tok-a", timeout=30) as alpha:
-                    alpha.put(b"ns", {b"%06d" % i: b"x" for i in range(args.keys)})
-            names = list(vaults)
-            for rep in range(args.repeats):
-                for name in names[rep % 2 :] + names[: rep % 2]:
-                    results[name].append(sitting(vaults[name], args))
-        finally:
-            for v in vaults.values():
-                v.stop()
+    vault_toml = f"[vault]\nworkers = {args.workers}\n"
+    with two_builds(args.old, args.new, max_bytes="256MiB", vault_toml=vault_toml) as vaults:
+        for v in vaults.values():
+            with VaultClient(v.address, token="tok-a", timeout=30) as alpha:
+                alpha.put(b"ns", {b"%06d" % i: b"x" for i in range(args.keys)})
+        for _, name in alternated(args.repeats):
+            results[name].append(sitting(vaults[name], args))
     if args.json:
         print(json.dumps(results, indent=1))
         return 0

@@ -16,19 +16,17 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import grpc
 
+from benchmarks.two_builds import alternated, two_builds
 from tierkv import VaultClient
 from tierkv.retention import BlockMeta
 from tierkv.vault.launcher import VaultProcess
 from tierkv.wire import SERVICE, pb
 
-TOKENS = "tok-admin ops admin\ntok-a alpha user\ntok-b beta user\n"
 NS = b"shapes"
 
 
@@ -116,30 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depth", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="tierkv-shapes-") as tmp:
-        (Path(tmp) / "tokens").write_text(TOKENS)
-        (Path(tmp) / "vault.toml").write_text(f'[auth]\ntoken_file = "{Path(tmp) / "tokens"}"\n')
-        vaults = {
-            name: VaultProcess(
-                Path(tmp) / name,
-                max_bytes="1GiB",
-                sync="fast",
-                extra_args=["--config", str(Path(tmp) / "vault.toml")],
-                env={"PYTHONPATH": str(Path(tree).resolve())},
-            ).start()
-            for name, tree in (("old", args.old), ("new", args.new))
-        }
-        try:
-            for v in vaults.values():
-                setup(v, args)
-            names = list(vaults)
-            for rep in range(args.repeats):
-                for name in names[rep % 2 :] + names[: rep % 2]:
-                    print(f"{name} children: {children(vaults[name], args, rep)}", flush=True)
-                    print(f"{name} Hottest(limit=1024): {hottest(vaults[name])}", flush=True)
-        finally:
-            for v in vaults.values():
-                v.stop()
+    with two_builds(args.old, args.new, max_bytes="1GiB") as vaults:
+        for v in vaults.values():
+            setup(v, args)
+        for rep, name in alternated(args.repeats):
+            print(f"{name} children: {children(vaults[name], args, rep)}", flush=True)
+            print(f"{name} Hottest(limit=1024): {hottest(vaults[name])}", flush=True)
     return 0
 
 

@@ -25,7 +25,6 @@ import platform
 import shutil
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from typing import Any
 import redis
 
 from benchmarks.interleave import interleaved
+from benchmarks.raw_tcp import server_command, stop_server, tcp_pull
 from tierkv import VaultClient, __version__
 from tierkv.vault.launcher import VaultProcess
 
@@ -50,21 +50,6 @@ RATIOS = {
     "get_vs_tcp": ("tierkv_get", "tcp"),
 }
 
-TCP_SERVER = r"""
-import socket, struct, sys
-chunk = memoryview(bytearray(4 << 20))
-srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
-print(srv.getsockname()[1], flush=True)
-while True:
-    conn, _ = srv.accept()
-    left = struct.unpack("!Q", conn.recv(8, socket.MSG_WAITALL))[0]
-    if not left:
-        break
-    while left:
-        n = min(left, len(chunk)); conn.sendall(chunk[:n]); left -= n
-    conn.close()
-"""
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -75,26 +60,13 @@ def free_port() -> int:
 @contextlib.contextmanager
 def tcp_server() -> Iterator[Callable[[int], None]]:
     """A process that sends N bytes to whoever asks; yields ``pull(N)``, the raw-TCP contender."""
-    proc = subprocess.Popen([sys.executable, "-c", TCP_SERVER], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(server_command("127.0.0.1"), stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     port = int(proc.stdout.readline())
-    buf = memoryview(bytearray(4 << 20))
-
-    def pull(nbytes: int) -> None:
-        with socket.create_connection(("127.0.0.1", port)) as s:
-            s.sendall(struct.pack("!Q", nbytes))
-            left = nbytes
-            while left:
-                got = s.recv_into(buf, min(left, len(buf)))
-                if not got:
-                    raise RuntimeError("tcp server closed early")
-                left -= got
-
     try:
-        yield pull
+        yield tcp_pull("127.0.0.1", port)
     finally:
-        with socket.create_connection(("127.0.0.1", port)) as s:
-            s.sendall(struct.pack("!Q", 0))
+        stop_server("127.0.0.1", port)
         proc.wait(10)
 
 

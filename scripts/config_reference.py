@@ -132,6 +132,16 @@ def _default(f: dataclasses.Field[Any]) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
+def key_table(cls: type, default_title: str = "default") -> Iterator[str]:
+    """The keys of ``cls`` as a table: key, type, default, allowed values."""
+    yield f"| key | type | {default_title} | allowed |"
+    yield "|---|---|---|---|"
+    for _, f, hint in _rows(cls, ""):
+        row = (f"`{f.name}`", type_name(hint), default_text(_default(f)), bounds_text(f.metadata))
+        yield "| " + " | ".join(_cell(c) for c in row) + " |"
+    yield ""
+
+
 def section_tables(cls: type, name: str, keys: dict[str, str], sections: dict[str, str]) -> Iterator[str]:
     """Markdown for ``[name]`` and its sub-tables, depth first."""
     rows: list[str] = []
@@ -185,11 +195,7 @@ def endpoint_table(name: str, sections: dict[str, str]) -> Iterator[str]:
         yield ""
     yield f"Default: {default_text(default)}. Each vault is a table of:"
     yield ""
-    yield "| key | type | default | allowed |"
-    yield "|---|---|---|---|"
-    for _, f, hint in _rows(Endpoint, ""):
-        yield f"| `{f.name}` | {type_name(hint)} | {default_text(f.default)} | {bounds_text(f.metadata)} |"
-    yield ""
+    yield from key_table(Endpoint)
 
 
 def class_table(name: str, sections: dict[str, str]) -> Iterator[str]:
@@ -199,11 +205,7 @@ def class_table(name: str, sections: dict[str, str]) -> Iterator[str]:
     if doc:
         yield doc
         yield ""
-    yield "| key | type | default (a new class) | allowed |"
-    yield "|---|---|---|---|"
-    for _, f, hint in _rows(ClassSettings, ""):
-        yield f"| `{f.name}` | {type_name(hint)} | {default_text(f.default)} | {bounds_text(f.metadata)} |"
-    yield ""
+    yield from key_table(ClassSettings, "default (a new class)")
     yield "The built-in classes:"
     yield ""
     yield "| class | importance | durability | protected |"
@@ -218,14 +220,7 @@ def hook_table(title: str, cls: type, intro: str) -> Iterator[str]:
     yield ""
     yield intro
     yield ""
-    yield "| key | type | default | allowed |"
-    yield "|---|---|---|---|"
-    for _, f, hint in _rows(cls, ""):
-        if f.name == "config":
-            continue
-        row = (f"`{f.name}`", type_name(hint), default_text(_default(f)), bounds_text(f.metadata))
-        yield "| " + " | ".join(_cell(c) for c in row) + " |"
-    yield ""
+    yield from key_table(cls)
 
 
 def render() -> str:

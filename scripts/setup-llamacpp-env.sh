@@ -15,7 +15,6 @@ set -euo pipefail
 
 LLAMA_CPP_PYTHON_VERSION="0.3.36"
 GGUF_VERSION="0.19.0"
-PYTEST_REQS=("pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100")
 
 # shellcheck source=lib/engine-venv.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/engine-venv.sh"

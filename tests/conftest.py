@@ -37,6 +37,16 @@ def run_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def token_file_args(tmp_path: Path, lines: str) -> list[str]:
+    """A vault's ``extra_args`` for a config whose ``[auth]`` names a token file (mode 0600) of ``lines``."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(lines)
+    tokens.chmod(0o600)
+    cfg = tmp_path / "tokens.toml"
+    cfg.write_text(f'[auth]\ntoken_file = "{tokens}"\n')
+    return ["--config", str(cfg)]
+
+
 @pytest.fixture
 def vault_factory(tmp_path: Path) -> Iterator[VaultFactory]:
     """Start real ``tierkv vault`` processes; every one still running is stopped (by PID) at teardown."""

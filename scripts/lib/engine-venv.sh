@@ -2,7 +2,10 @@
 #
 # engine_venv DEFAULT_DIR [VENV_DIR]: sets `repo`, `venv` (VENV_DIR or <repo>/DEFAULT_DIR), `pip` (an array
 # running that venv's pip) and the `installed NAME VERSION` test; creates the venv on first use.
-# PYTHON chooses the interpreter (default python3.11, else python3).
+# PYTHON chooses the interpreter (default python3.11, else python3). PYTEST_REQS: what every tier's tests
+# need on top of the engine.
+
+PYTEST_REQS=("pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100")
 
 engine_venv() {
     repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

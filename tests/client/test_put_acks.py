@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.client.test_garbage_peers import Answering, grpc_peer
-from tests.conftest import VaultFactory
+from tests.conftest import VaultFactory, token_file_args
 from tests.processes import stopped
 from tierkv import VaultClient
 from tierkv.client.cluster import Cluster
@@ -60,12 +60,9 @@ def test_a_blob_larger_than_the_vault_is_rejected_not_counted(
 
 
 def test_a_tenant_quota_refusal_is_a_rejection(vault_factory: VaultFactory, tmp_path: Path) -> None:
-    tokens = tmp_path / "tokens"
-    tokens.write_text("tok-a alpha user 1MiB\ntok-b beta user\n")
-    tokens.chmod(0o600)
-    cfg = tmp_path / "tenants.toml"
-    cfg.write_text(f'[auth]\ntoken_file = "{tokens}"\n')
-    v = vault_factory(max_bytes="16MiB", extra_args=["--config", str(cfg)])
+    v = vault_factory(
+        max_bytes="16MiB", extra_args=token_file_args(tmp_path, "tok-a alpha user 1MiB\ntok-b beta user\n")
+    )
     blob = os.urandom(MiB + MiB // 2)
     with Cluster({"kv_cold": [v.address]}, timeout=10, token="tok-a") as alpha:
         assert alpha.put(b"ns", {b"k": blob}).rejected == 1
@@ -176,12 +173,7 @@ def test_the_vllm_worker_counts_refused_blocks(vault_factory: VaultFactory, tmp_
     pytest.importorskip("torch")
     from tests.connectors.vllm.test_worker_logic import kv_caches, kv_view, make_worker, refs, store
 
-    tokens = tmp_path / "tokens"
-    tokens.write_text("tok-tiny tiny user 1KiB\n")
-    tokens.chmod(0o600)
-    cfg = tmp_path / "tiny.toml"
-    cfg.write_text(f'[auth]\ntoken_file = "{tokens}"\n')
-    v = vault_factory(extra_args=["--config", str(cfg)])
+    v = vault_factory(extra_args=token_file_args(tmp_path, "tok-tiny tiny user 1KiB\n"))
     cluster = functools.partial(Cluster, token="tok-tiny")
     worker = make_worker(v.address, {0: [kv_view(kv_caches())]}, cluster=cluster)  # type: ignore[arg-type]
     try:

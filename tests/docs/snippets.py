@@ -37,54 +37,37 @@ PRELUDE = r"""
 set -euo pipefail
 cleanup() { for p in $(jobs -p); do kill "$p" 2>/dev/null || true; done; wait || true; }
 trap cleanup EXIT
-wait_port() {
-  python - "$1" "${2:-120}" <<'PYEOF'
-import socket, sys, time
-port, limit = int(sys.argv[1]), float(sys.argv[2])
-deadline = time.monotonic() + limit
-while True:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        break
-    except OSError:
-        if time.monotonic() > deadline:
-            sys.exit(f"nothing listens on port {port} after {limit:.0f} s")
-        time.sleep(0.2)
-PYEOF
-}
-wait_vault() {
-  python - "$1" "${2:-120}" <<'PYEOF'
-import sys, time
-from tierkv import VaultClient
-from tierkv.errors import TierKVError
-port, limit = int(sys.argv[1]), float(sys.argv[2])
-deadline = time.monotonic() + limit
-while True:
-    try:
-        with VaultClient(f"127.0.0.1:{port}", timeout=5.0) as client:
+wait_for() {
+  python - "$1" "$2" "${3:-120}" <<'PYEOF'
+import socket, sys, time, urllib.request
+kind, target, limit = sys.argv[1], sys.argv[2], float(sys.argv[3])
+
+
+def ready() -> bool:
+    if kind == "port":
+        socket.create_connection(("127.0.0.1", int(target)), timeout=1).close()
+        return True
+    if kind == "vault":
+        from tierkv import VaultClient
+        with VaultClient(f"127.0.0.1:{target}", timeout=5.0) as client:
             client.stats()
-        break
-    except TierKVError:
-        if time.monotonic() > deadline:
-            sys.exit(f"no vault answers on port {port} after {limit:.0f} s")
-        time.sleep(0.2)
-PYEOF
-}
-wait_http() {
-  python - "$1" "${2:-120}" <<'PYEOF'
-import sys, time, urllib.request
-url, limit = sys.argv[1], float(sys.argv[2])
+        return True
+    with urllib.request.urlopen(target, timeout=2) as reply:
+        return bool(reply.status == 200)
+
+
+from tierkv.errors import TierKVError
+missing = {"port": f"nothing listens on port {target}", "vault": f"no vault answers on port {target}"}
 deadline = time.monotonic() + limit
 while True:
     try:
-        with urllib.request.urlopen(url, timeout=2) as reply:
-            if reply.status == 200:
-                break
-    except OSError:
+        if ready():
+            break
+    except (OSError, TierKVError):
         pass
     if time.monotonic() > deadline:
-        sys.exit(f"{url} did not answer 200 after {limit:.0f} s")
-    time.sleep(1)
+        sys.exit(f"{missing.get(kind, f'{target} did not answer 200')} after {limit:.0f} s")
+    time.sleep(1 if kind == "http" else 0.2)
 PYEOF
 }
 expect() {
@@ -135,10 +118,8 @@ def script(page: Path) -> str:
             verb, _, arg = directive.partition(" ")
             if verb == "after":
                 parts.append(script(page.parent / arg))
-            elif verb in ("wait-port", "wait-vault"):
-                parts.append(f"{verb.replace('-', '_')} {arg}")
-            elif verb == "wait-http":
-                parts.append(f"wait_http {arg}")
+            elif verb in ("wait-port", "wait-vault", "wait-http"):
+                parts.append(f"wait_for {verb.removeprefix('wait-')} {arg}")
             elif verb == "expect":
                 quoted = len(arg) > 1 and arg[0] == arg[-1] == '"'
                 expect = arg[1:-1].replace('\\"', '"') if quoted else arg

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.conftest import VaultFactory
+from tests.conftest import VaultFactory, token_file_args
 from tests.vault.rawcalls import Ident, code_of, unary
 from tests.vault.test_tenancy import TOKENS
 from tierkv.client import VaultClient
@@ -104,11 +104,7 @@ def test_chain_ends_prefer_the_longest_reused_prefix() -> None:
 
 
 def test_hottest_is_confined_to_the_callers_tenant(vault_factory: VaultFactory, tmp_path: Path) -> None:
-    token_file = tmp_path / "tokens"
-    token_file.write_text(TOKENS)
-    cfg = tmp_path / "tenants.toml"
-    cfg.write_text(f'[auth]\ntoken_file = "{token_file}"\n')
-    v = vault_factory(max_bytes="16MiB", extra_args=["--config", str(cfg)])
+    v = vault_factory(max_bytes="16MiB", extra_args=token_file_args(tmp_path, TOKENS))
     with VaultClient(v.address, token="tok-a") as alpha, VaultClient(v.address, token="tok-b") as beta:
         blobs, meta = chain(b"a", 2)
         alpha.put(b"ns", blobs, meta=meta)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import VaultFactory
+from tests.conftest import VaultFactory, token_file_args
 from tests.vault.rawcalls import code_of, unary
 from tierkv.client import VaultClient
 from tierkv.retention import BlockMeta
@@ -92,11 +92,7 @@ def test_co_accessed_chains_are_suggested_by_how_often(vault_factory: VaultFacto
 
 
 def test_a_tenant_sees_only_its_own_successors(vault_factory: VaultFactory, tmp_path: Path) -> None:
-    tokens = tmp_path / "tokens"
-    tokens.write_text("tok-a alpha user\ntok-b beta user\n")
-    cfg = tmp_path / "t.toml"
-    cfg.write_text(f'[auth]\ntoken_file = "{tokens}"\n')
-    v = vault_factory(extra_args=["--config", str(cfg)])
+    v = vault_factory(extra_args=token_file_args(tmp_path, "tok-a alpha user\ntok-b beta user\n"))
     with (
         VaultClient(v.address, timeout=10, token="tok-a") as a,
         VaultClient(v.address, timeout=10, token="tok-b") as b,

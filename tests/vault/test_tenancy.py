@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.conftest import VaultFactory
+from tests.conftest import VaultFactory, token_file_args
 from tests.vault.rawcalls import code_of, get, put, stats, unary
 from tierkv.client.vault import VaultClient
 from tierkv.vault.launcher import VaultProcess
@@ -25,11 +25,7 @@ tok-b         beta    user
 
 @pytest.fixture
 def tenant_vault(vault_factory: VaultFactory, tmp_path: Path) -> VaultProcess:
-    token_file = tmp_path / "tokens"
-    token_file.write_text(TOKENS)
-    cfg = tmp_path / "tenants.toml"
-    cfg.write_text(f'[auth]\ntoken_file = "{token_file}"\n')
-    return vault_factory(max_bytes="16MiB", extra_args=["--config", str(cfg)])
+    return vault_factory(max_bytes="16MiB", extra_args=token_file_args(tmp_path, TOKENS))
 
 
 def test_a_tenant_cannot_read_overwrite_delete_or_flush_another(tenant_vault: VaultProcess) -> None:
@@ -95,11 +91,7 @@ def test_quota_holds_under_tenfold_overfill_and_spares_other_tenants(tenant_vaul
 def test_a_single_bare_token_is_the_admin_of_the_default_tenant(
     vault_factory: VaultFactory, tmp_path: Path
 ) -> None:
-    token_file = tmp_path / "token"
-    token_file.write_text("just-one-token\n")
-    cfg = tmp_path / "one.toml"
-    cfg.write_text(f'[auth]\ntoken_file = "{token_file}"\n')
-    v = vault_factory(extra_args=["--config", str(cfg)])
+    v = vault_factory(extra_args=token_file_args(tmp_path, "just-one-token\n"))
     with grpc.insecure_channel(v.address) as ch:
         put(ch, b"ns", {b"k": b"v"}, token="just-one-token")
         s = stats(ch, "just-one-token")
@@ -108,11 +100,7 @@ def test_a_single_bare_token_is_the_admin_of_the_default_tenant(
 
 
 def test_a_bad_token_file_line_is_a_clear_start_up_error(vault_factory: VaultFactory, tmp_path: Path) -> None:
-    token_file = tmp_path / "tokens"
-    token_file.write_text("tok-a alpha owner\n")
-    cfg = tmp_path / "bad.toml"
-    cfg.write_text(f'[auth]\ntoken_file = "{token_file}"\n')
-    v = vault_factory(extra_args=["--config", str(cfg)], start=False)
+    v = vault_factory(extra_args=token_file_args(tmp_path, "tok-a alpha owner\n"), start=False)
     with pytest.raises(RuntimeError, match=r"tokens:1: the role must be admin or user"):
         v.start(timeout=20)
     assert "Traceback" not in v.log_tail(100)
@@ -124,12 +112,7 @@ def test_a_full_vault_with_a_token_file_keeps_storing(
 ) -> None:
     """One `user` line makes two tenants (it and `default`): a Put that needs room must evict, not be
     refused (before the fix: 31 of 80 stored here, then nothing, evictions 0)."""
-    token_file = tmp_path / "tokens"
-    token_file.write_text("tok-u  solo  user\n")
-    token_file.chmod(0o600)
-    cfg = tmp_path / "one-user.toml"
-    cfg.write_text(f'[auth]\ntoken_file = "{token_file}"\n')
-    v = vault_factory(max_bytes="4MiB", extra_args=["--config", str(cfg)])
+    v = vault_factory(max_bytes="4MiB", extra_args=token_file_args(tmp_path, "tok-u  solo  user\n"))
     blob = b"z" * (128 * 1024)
     stored = 0
     if transport == "grpc":

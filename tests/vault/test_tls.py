@@ -21,6 +21,23 @@ def openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
+def key_and_request(d: Path, name: str) -> None:
+    """``name.key`` (RSA, unencrypted) and a signing request ``name.csr`` for ``CN=name``, in ``d``."""
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        f"/CN={name}",
+        cwd=d,
+    )
+
+
 @pytest.fixture
 def pki(tmp_path: Path) -> Path:
     d = tmp_path / "pki"
@@ -42,19 +59,7 @@ def pki(tmp_path: Path) -> Path:
         cwd=d,
     )
     for name in ("server", "client"):
-        openssl(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.csr",
-            "-subj",
-            f"/CN={name}",
-            cwd=d,
-        )
+        key_and_request(d, name)
         (d / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
         openssl(
             "x509",
@@ -106,19 +111,7 @@ def expired_certificate(d: Path) -> Path:
     )
     (d / "index.txt").write_text("")
     (d / "serial").write_text("01\n")
-    openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "old.key",
-        "-out",
-        "old.csr",
-        "-subj",
-        "/CN=old",
-        cwd=d,
-    )
+    key_and_request(d, "old")
     openssl(
         "ca", "-config", "ca.cnf", "-selfsign", "-keyfile", "old.key", "-in", "old.csr", "-batch",
         "-startdate", "20200101000000Z", "-enddate", "20200102000000Z", "-out", "old.crt", cwd=d,

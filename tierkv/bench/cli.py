@@ -399,7 +399,7 @@ def mlx(
 ) -> None:
     """Prefill vs hot hit vs cold restore TTFT with a random-weight mlx-lm model (needs tierkv[mlx])."""
     from tierkv.bench import runner
-    from tierkv.bench.vaults import watched_vaults
+    from tierkv.bench.vaults import measured_on
 
     def measure(cfg: Config, console: Console) -> BenchResult:
         try:
@@ -418,13 +418,7 @@ def mlx(
             seed=seed,
         )
         where = runner.vault_settings(vaults, use_config_vaults, state_dir, vault_max_bytes, vault_sync)
-        record: dict[str, object] = {}
-        warnings: list[str] = []
-        with watched_vaults(cfg, where, need_ssm=True, record=record, warnings=warnings) as found:
-            result = run_mlx(found.cluster, settings, console)
-        result.vaults.update(record)
-        result.warnings.extend(warnings)
-        return result
+        return measured_on(cfg, where, need_ssm=True, run=lambda cluster: run_mlx(cluster, settings, console))
 
     _run(config, verbose, json_out, measure)
 
@@ -455,7 +449,7 @@ def llamacpp(
 ) -> None:
     """Prefill vs hot hit vs cold restore TTFT with a random-weight llama.cpp model (tierkv[llamacpp])."""
     from tierkv.bench import runner
-    from tierkv.bench.vaults import watched_vaults
+    from tierkv.bench.vaults import measured_on
 
     def measure(cfg: Config, console: Console) -> BenchResult:
         try:
@@ -478,13 +472,9 @@ def llamacpp(
             seed=seed,
         )
         where = runner.vault_settings(vaults, use_config_vaults, state_dir, vault_max_bytes, vault_sync)
-        record: dict[str, object] = {}
-        warnings: list[str] = []
-        with watched_vaults(cfg, where, need_ssm=False, record=record, warnings=warnings) as found:
-            result = run_llamacpp(found.cluster, settings, console)
-        result.vaults.update(record)
-        result.warnings.extend(warnings)
-        return result
+        return measured_on(
+            cfg, where, need_ssm=False, run=lambda cluster: run_llamacpp(cluster, settings, console)
+        )
 
     _run(config, verbose, json_out, measure)
 

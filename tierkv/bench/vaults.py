@@ -18,9 +18,9 @@ import contextlib
 import dataclasses
 import logging
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from tierkv.bench import BenchError
 from tierkv.client.cluster import Cluster
@@ -231,6 +231,26 @@ def watched_vaults(
         warnings.extend(vaults.warnings)
 
 
+class _CarriesVaults(Protocol):
+    vaults: dict[str, Any]
+    warnings: list[str]
+
+
+R = TypeVar("R", bound=_CarriesVaults)
+
+
+def measured_on(config: Config, settings: VaultSettings, *, need_ssm: bool, run: Callable[[Cluster], R]) -> R:
+    """``run`` on the vaults of ``settings`` (:func:`watched_vaults`); its result's ``vaults`` gets their
+    counters and its ``warnings`` theirs."""
+    record: dict[str, Any] = {}
+    warnings: list[str] = []
+    with watched_vaults(config, settings, need_ssm=need_ssm, record=record, warnings=warnings) as found:
+        result = run(found.cluster)
+    result.vaults.update(record)
+    result.warnings.extend(warnings)
+    return result
+
+
 @contextlib.contextmanager
 def _local_vaults(
     settings: VaultSettings, need_ssm: bool, warnings: list[str], cluster_timeout: float
@@ -279,6 +299,7 @@ __all__ = [
     "VaultSet",
     "VaultSettings",
     "counter_delta",
+    "measured_on",
     "open_vaults",
     "parse_vaults",
     "watched_vaults",

@@ -29,10 +29,10 @@ TIERKV_COMMAND = (
 ``sys.path``) taken off the import path before tierkv is imported."""
 
 
-def terminate(proc: subprocess.Popen[bytes], timeout: float) -> int:
-    """SIGTERM a child started here and wait; SIGKILL after ``timeout``. Its exit status."""
+def terminate(proc: subprocess.Popen[bytes], timeout: float, sig: int = signal.SIGTERM) -> int:
+    """``sig`` (SIGTERM) to a child started here and wait; SIGKILL after ``timeout``. Its exit status."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:

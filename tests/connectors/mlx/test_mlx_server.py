@@ -7,14 +7,7 @@ a full prefill gives, and the server's log must say the prompt came back from th
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,41 +19,20 @@ pytest.importorskip(
 
 from tests.conftest import VaultFactory
 from tests.connectors.mlx.models import as_text, prompt, run, save_model, tiny_model
-from tierkv.vault.launcher import VaultProcess
+from tests.connectors.openai_http import completion_text, free_port, running_server, write_config
 
 pytestmark = pytest.mark.mlx
 
 NEW = 8
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _config(path: Path, kv: VaultProcess, ssm: VaultProcess) -> Path:
-    lines = ["[cluster]", 'role = "inference"', "timeout = 2.0"]
-    for role, vault in (("kv_cold", kv), ("ssm_cold", ssm)):
-        host, port = vault.address.rsplit(":", 1)
-        lines += [f"[cluster.{role}]", f'host = "{host}"', f"port = {port}"]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 class _Server:
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
-        self.proc, self.port, self.log = proc, port, log
+    def __init__(self, port: int, log: Path) -> None:
+        self.port, self.log = port, log
 
     def complete(self, tokens: list[int]) -> list[int]:
         body = {"prompt": as_text(tokens), "max_tokens": NEW, "temperature": 0.0}
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/v1/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            text = json.loads(resp.read())["choices"][0]["text"]
+        text = completion_text(self.port, body)
         return [int(w[1:-1]) for w in text.split()]
 
 
@@ -68,33 +40,15 @@ class _Server:
 def server(tmp_path: Path, vault_factory: VaultFactory) -> Iterator[_Server]:
     kv, ssm = vault_factory("kv", role="kv_cold"), vault_factory("ssm", role="ssm_cold")
     model_dir = save_model("llama", tmp_path / "model")
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "server.log"
+    config = write_config(tmp_path / "tierkv.toml", {"kv_cold": kv, "ssm_cold": ssm})
     cmd = [sys.executable, "-m", "tierkv.connectors.mlx.serve", "--tierkv-config"]
-    cmd += [str(_config(tmp_path / "tierkv.toml", kv, ssm)), "--model", str(model_dir)]
+    cmd += [str(config), "--model", str(model_dir)]
     cmd += ["--port", str(port), "--prompt-cache-size", "1", "--log-level", "INFO"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ | {"PYTHONPATH": "."}
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"server did not start:\n{log.read_text()[-3000:]}")
-                time.sleep(0.5)
-        yield _Server(proc, port, log)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    ready = f"http://127.0.0.1:{port}/v1/models"
+    with running_server(cmd, ready, log, env={"PYTHONPATH": "."}, stop_s=15):
+        yield _Server(port, log)
 
 
 def test_evicted_prompt_comes_back_from_the_vault_with_identical_output(server: _Server) -> None:

@@ -24,6 +24,7 @@ import torch.distributed as dist  # noqa: E402
 from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
@@ -48,10 +49,9 @@ class Geometry:
     """Device pool size in tokens; the host pool holds twice as many."""
 
 
-def host_pool(layout: str, geo: Geometry = Geometry()) -> tuple[Any, Any]:
-    """A device pool on CPU and its host pool in ``layout``."""
-    device = MHATokenToKVPool(geo.tokens, geo.page, geo.dtype, geo.heads, geo.dim, geo.layers, "cpu", False)
-    host = MHATokenToKVPoolHost(
+def _host(cls: Any, device: Any, layout: str, geo: Geometry, **extra: Any) -> Any:
+    """SGLang host pool ``cls`` over ``device``'s buffers in ``layout``: on CPU, unpinned, twice its size."""
+    return cls(
         device.get_device_pool_infos()[0].buffer_info,
         2.0,
         0,
@@ -62,27 +62,21 @@ def host_pool(layout: str, geo: Geometry = Geometry()) -> tuple[Any, Any]:
         device_capacity_tokens=device.size,
         start_layer=device.start_layer,
         end_layer=device.end_layer,
-        write_back_staging=device.hicache_write_back_staging,
+        **extra,
     )
-    return device, host
+
+
+def host_pool(layout: str, geo: Geometry = Geometry()) -> tuple[Any, Any]:
+    """A device pool on CPU and its host pool in ``layout``."""
+    device = MHATokenToKVPool(geo.tokens, geo.page, geo.dtype, geo.heads, geo.dim, geo.layers, "cpu", False)
+    staging = device.hicache_write_back_staging
+    return device, _host(MHATokenToKVPoolHost, device, layout, geo, write_back_staging=staging)
 
 
 def mla_host_pool(layout: str, geo: Geometry = Geometry()) -> Any:
     """An MLA host pool (latent KV of rank 32 plus 8 rope dims per token and layer) in ``layout``."""
     device = MLATokenToKVPool(geo.tokens, geo.page, geo.dtype, 32, 8, geo.layers, "cpu", False)
-    return MLATokenToKVPoolHost(
-        device.get_device_pool_infos()[0].buffer_info,
-        2.0,
-        0,
-        geo.page,
-        layout,
-        pin_memory=False,
-        device="cpu",
-        device_capacity_tokens=device.size,
-        start_layer=device.start_layer,
-        end_layer=device.end_layer,
-        target_layer_num=geo.layers,
-    )
+    return _host(MLATokenToKVPoolHost, device, layout, geo, target_layer_num=geo.layers)
 
 
 def mamba_host_pool(layers: int = 2, slots: int = 9) -> Any:
@@ -106,6 +100,32 @@ def tierkv_extra(vaults: list[str], *, v1: bool, timeout: float = 2.0, **tierkv:
         "hicache_storage_pass_prefix_keys": True,
         "tierkv": {"kv_cold": ",".join(vaults), "timeout": timeout, "lookup_lease_ms": 0, **tierkv},
     }
+
+
+def storage_config(
+    extra: dict[str, Any],
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    mla: bool = False,
+    page_first: bool = False,
+    metrics: bool = False,
+    model: str = "tiny-test-model",
+) -> Any:
+    """SGLang's ``HiCacheStorageConfig`` for one rank (no pipeline or context parallelism)."""
+    return HiCacheStorageConfig(
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=mla,
+        enable_storage_metrics=metrics,
+        is_page_first_layout=page_first,
+        model_name=model,
+        extra_config=extra,
+    )
 
 
 def page_hashes(tokens: list[int], page: int) -> list[str]:

@@ -13,7 +13,6 @@ import pytest
 pytest.importorskip("sglang", reason="SGLang is not installed here (make test-sglang builds .venv-sglang)")
 
 import torch
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 from sglang.srt.mem_cache.storage import StorageBackendFactory
 from sglang.srt.mem_cache.utils import get_hash_str, storage_namespace_seed
 
@@ -25,6 +24,7 @@ from tests.connectors.sglang.harness import (
     mla_host_pool,
     page_bits,
     page_hashes,
+    storage_config,
     tierkv_extra,
 )
 from tests.processes import stopped
@@ -161,20 +161,8 @@ def test_a_hung_vault_never_holds_the_threads_past_the_deadline(
     assert node.prefetch(TOKENS)[1:] == (len(TOKENS), len(TOKENS)), "served again once it resumes"
 
 
-def storage_config(tp_rank: int, address: str, *, mla: bool = False) -> Any:
-    return HiCacheStorageConfig(
-        tp_rank=tp_rank,
-        tp_size=2,
-        pp_rank=0,
-        pp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
-        is_mla_model=mla,
-        enable_storage_metrics=False,
-        is_page_first_layout=False,
-        model_name="tiny-test-model",
-        extra_config=tierkv_extra([address], v1=True),
-    )
+def vault_config(tp_rank: int, address: str, *, mla: bool = False) -> Any:
+    return storage_config(tierkv_extra([address], v1=True), tp_rank=tp_rank, tp_size=2, mla=mla)
 
 
 def test_tp_ranks_keep_their_own_pages(vault: VaultProcess) -> None:
@@ -182,7 +170,7 @@ def test_tp_ranks_keep_their_own_pages(vault: VaultProcess) -> None:
     ranks = []
     for rank in (0, 1):
         _, host = host_pool("page_first")
-        backend = StorageBackendFactory.create_backend("dynamic", storage_config(rank, vault.address), host)
+        backend = StorageBackendFactory.create_backend("dynamic", vault_config(rank, vault.address), host)
         backend.register_mem_pool_host(host)
         ranks.append((backend, host))
     keys = page_hashes(TOKENS, 4)
@@ -211,7 +199,7 @@ def test_mla_pages_are_one_copy_for_every_tp_rank(layout: str, vault: VaultProce
     ranks = []
     for rank in (0, 1):
         host = mla_host_pool(layout)
-        config = storage_config(rank, vault.address, mla=True)
+        config = vault_config(rank, vault.address, mla=True)
         assert config.is_storage_writer == (rank == 0)
         backend = StorageBackendFactory.create_backend("dynamic", config, host)
         backend.register_mem_pool_host(host)
@@ -233,7 +221,7 @@ def test_mla_pages_are_one_copy_for_every_tp_rank(layout: str, vault: VaultProce
 
 def test_the_factory_refuses_a_bad_setting() -> None:
     _, host = host_pool("page_first")
-    config = storage_config(0, "127.0.0.1:1")
+    config = vault_config(0, "127.0.0.1:1")
     config.extra_config["tierkv"]["lookup_lease_ms"] = 60_000
     with pytest.raises(Exception, match="tierkv: lookup_lease_ms"):
         StorageBackendFactory.create_backend("dynamic", config, host)

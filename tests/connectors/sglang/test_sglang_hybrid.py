@@ -12,7 +12,6 @@ pytest.importorskip("sglang", reason="SGLang is not installed here (make test-sg
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import (
-    HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
     PoolHitPolicy,
     PoolName,
@@ -21,7 +20,14 @@ from sglang.srt.mem_cache.hicache_storage import (
 from sglang.srt.mem_cache.storage import StorageBackendFactory
 
 from tests.conftest import VaultFactory
-from tests.connectors.sglang.harness import fill_random, host_pool, mamba_host_pool, page_hashes, tierkv_extra
+from tests.connectors.sglang.harness import (
+    fill_random,
+    host_pool,
+    mamba_host_pool,
+    page_hashes,
+    storage_config,
+    tierkv_extra,
+)
 from tests.processes import stopped
 from tierkv.vault.launcher import VaultProcess
 
@@ -38,19 +44,7 @@ class Hybrid:
     def __init__(self, kv_cold: VaultProcess, ssm_cold: VaultProcess) -> None:
         self.ssm_vault = ssm_cold
         extra = tierkv_extra([kv_cold.address], v1=True, timeout=0.5, ssm_cold=ssm_cold.address)
-        config = HiCacheStorageConfig(
-            tp_rank=0,
-            tp_size=1,
-            pp_rank=0,
-            pp_size=1,
-            attn_cp_rank=0,
-            attn_cp_size=1,
-            is_mla_model=False,
-            enable_storage_metrics=False,
-            is_page_first_layout=True,
-            model_name="tiny-hybrid",
-            extra_config=extra,
-        )
+        config = storage_config(extra, page_first=True, model="tiny-hybrid")
         _, self.kv_host = host_pool("page_first")
         self.mamba = mamba_host_pool()
         self.backend = StorageBackendFactory.create_backend("dynamic", config, self.kv_host)

@@ -11,7 +11,7 @@ pytest.importorskip("sglang", reason="SGLang is not installed here (make test-sg
 
 import torch
 
-from tests.connectors.sglang.harness import LAYOUTS, fill_random, host_pool, page_bits
+from tests.connectors.sglang.harness import LAYOUTS, fill_random, host_pool, page_bits, storage_config
 from tierkv.connectors.sglang import TierKVStorage
 from tierkv.connectors.sglang.pages import PagePool, Ranks, byte_rows, page_keys, page_namespace
 from tierkv.errors import ConfigError
@@ -20,31 +20,20 @@ from tierkv.tiering import MemoryStorage
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(600)]
 
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
-    HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
     PoolName,
 )
 
 
-def storage_config(tp_rank: int = 0, tp_size: int = 1, *, mla: bool = False, **tierkv: Any) -> Any:
-    return HiCacheStorageConfig(
-        tp_rank=tp_rank,
-        tp_size=tp_size,
-        pp_rank=0,
-        pp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
-        is_mla_model=mla,
-        enable_storage_metrics=bool(tierkv.pop("metrics", False)),
-        is_page_first_layout=False,
-        model_name="tiny-test-model",
-        extra_config={"interface_v1": 1, "tierkv": {"kv_cold": "127.0.0.1:1", **tierkv}},
-    )
+def pages_config(tp_rank: int = 0, tp_size: int = 1, *, mla: bool = False, **tierkv: Any) -> Any:
+    metrics = bool(tierkv.pop("metrics", False))
+    extra = {"interface_v1": 1, "tierkv": {"kv_cold": "127.0.0.1:1", **tierkv}}
+    return storage_config(extra, tp_rank=tp_rank, tp_size=tp_size, mla=mla, metrics=metrics)
 
 
 def backend(layout: str, storage: MemoryStorage, **config: Any) -> tuple[TierKVStorage, Any]:
     _, host = host_pool(layout)
-    b = TierKVStorage(storage_config(**config), {}, storage=storage)
+    b = TierKVStorage(pages_config(**config), {}, storage=storage)
     b.register_mem_pool_host(host)
     return b, host
 
@@ -141,7 +130,7 @@ def test_state_pools_tierkv_does_not_store_are_refused_with_a_clear_message() ->
 
 def test_bad_settings_name_the_key() -> None:
     with pytest.raises(ConfigError, match="hicache-storage-backend-extra-config: tierkv: codex: unknown key"):
-        TierKVStorage(storage_config(codex="raw"), {}, storage=MemoryStorage())
+        TierKVStorage(pages_config(codex="raw"), {}, storage=MemoryStorage())
 
 
 def test_get_stats_reports_verified_pages_then_drains() -> None:

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import socket
-import subprocess
+import signal
 import sys
 import time
 import urllib.request
@@ -22,6 +20,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm builds .venv-vllm)")
 
 from tests.conftest import VaultFactory
+from tests.connectors.openai_http import free_port, running_server
 from tests.connectors.vllm.engine import BLOCK_SIZE, MAX_MODEL_LEN, transfer_config, write_tiny_llama
 from tierkv.client.vault import VaultClient
 from tierkv.config import load_config
@@ -32,12 +31,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 MODEL = "tiny-tierkv"
 PROMPT = " ".join(f"t{(i * 37) % 997 + 3}" for i in range(300))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def post(url: str, body: dict[str, Any] | None = None) -> Any:
@@ -101,35 +94,15 @@ def serve(model: Path, toml: Path, log: Path) -> Iterator[str]:
         json.dumps(transfer),
     ]
     env = {
-        **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_SERVER_DEV_MODE": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",  # scheduler and worker connectors in separate processes
     }
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{http_port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "vLLM server did not come up"
-            time.sleep(1)
+    with running_server(
+        args, f"{base}/health", log, env=env, stop_s=60, stop_signal=signal.SIGTERM, start_s=300
+    ):
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_server_with_connector_passes_the_smoke_test_and_restores(

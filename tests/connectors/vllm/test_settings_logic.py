@@ -6,10 +6,12 @@ import ast
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tierkv.connectors import vault_settings
 from tierkv.connectors.vllm import settings as settings_module
 from tierkv.connectors.vllm.identity import TIERKV, Identity, KeyBook, choose_hash_scheme, make_identity
 from tierkv.connectors.vllm.plan import KV, GroupPlan, make_topology
@@ -93,14 +95,19 @@ def test_defaults_are_the_schema_and_ipv6_addresses_parse(
 
 
 def test_the_settings_reach_the_vaults_through_the_storage_seam_only() -> None:
-    source = Path(settings_module.__file__).read_text()
-    imported = {
-        node.module
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.ImportFrom) and node.module is not None
-    }
-    assert not any(m.startswith("tierkv.client") for m in imported), imported
-    assert "tierkv.tiering.storage" in imported
+    """The connector's settings open their vaults through the plugin settings they extend."""
+
+    def imported(module: ModuleType) -> set[str]:
+        return {
+            node.module
+            for node in ast.walk(ast.parse(Path(str(module.__file__)).read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module is not None
+        }
+
+    for module in (settings_module, vault_settings):
+        assert not any(m.startswith("tierkv.client") for m in imported(module)), imported(module)
+    assert "tierkv.connectors.vault_settings" in imported(settings_module)
+    assert "tierkv.tiering.storage" in imported(vault_settings)
 
 
 def identity(**overrides: Any) -> Identity:

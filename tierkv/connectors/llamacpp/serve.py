@@ -16,7 +16,6 @@ server stops.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -25,20 +24,12 @@ from typing import Any
 from llama_cpp.server import __main__ as server_main
 from llama_cpp.server.model import LlamaProxy
 
-from tierkv.config import load_config
+from tierkv.connectors.launcher_flags import launcher_parser, parse_launcher_args
 from tierkv.connectors.llamacpp.hook import LlamaTier
-from tierkv.errors import ConfigError, UnsupportedStateError
+from tierkv.errors import UnsupportedStateError
 from tierkv.tiering.storage import LazyStorage, Storage, open_cluster
 
 log = logging.getLogger(__name__)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--tierkv-config", default=None, help="tierkv.toml (default: the usual search)")
-    p.add_argument("--tierkv-block-size", type=int, default=16)
-    p.add_argument("--tierkv-tenant", default="")
-    return p
 
 
 def install(storage: Storage, *, block_size: int = 16, tenant: str = "") -> list[LlamaTier]:
@@ -65,15 +56,7 @@ def install(storage: Storage, *, block_size: int = 16, tenant: str = "") -> list
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ours, rest = _parser().parse_known_args(argv)
-    try:
-        config = load_config(ours.tierkv_config)
-    except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    if ours.tierkv_block_size < 1:
-        print(f"error: --tierkv-block-size must be >= 1, got {ours.tierkv_block_size}", file=sys.stderr)
-        raise SystemExit(2)
+    ours, rest, config = parse_launcher_args(launcher_parser(), argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     storage = LazyStorage(lambda: open_cluster(config))
     tiers = install(storage, block_size=ours.tierkv_block_size, tenant=ours.tierkv_tenant)

@@ -23,21 +23,17 @@ from typing import Any
 
 import mlx_lm.server as mlx_server
 
-from tierkv.config import load_config
+from tierkv.connectors.launcher_flags import launcher_parser, parse_launcher_args
 from tierkv.connectors.mlx.hook import MlxTier
 from tierkv.connectors.mlx.server import TieredPromptCache
-from tierkv.errors import ConfigError
 from tierkv.tiering.storage import LazyStorage, Storage, open_cluster
 
 log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--tierkv-config", default=None, help="tierkv.toml (default: the usual search)")
-    p.add_argument("--tierkv-block-size", type=int, default=16)
+    p = launcher_parser()
     p.add_argument("--tierkv-codec", choices=("raw", "int8"), default="raw")
-    p.add_argument("--tierkv-tenant", default="")
     return p
 
 
@@ -67,12 +63,7 @@ def install(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ours, rest = _parser().parse_known_args(argv)
-    try:
-        config = load_config(ours.tierkv_config)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    ours, rest, config = parse_launcher_args(_parser(), argv)
     storage = LazyStorage(lambda: open_cluster(config))
     install(storage, block_size=ours.tierkv_block_size, codec=ours.tierkv_codec, tenant=ours.tierkv_tenant)
     sys.argv = ["mlx_lm.server", *rest]

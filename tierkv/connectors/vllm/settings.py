@@ -18,12 +18,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from tierkv.codec import CODECS
-from tierkv.config import Addresses, ClusterConfig, Config, load_config, setting, settings_from_dict
+from tierkv.config import setting
+from tierkv.connectors.vault_settings import VaultSettings
 from tierkv.connectors.vllm.legacy import migrate_extra
-from tierkv.errors import ConfigError
-from tierkv.roles import Role
-from tierkv.tiering.storage import Storage, open_cluster
 
 SOURCE = "kv_connector_extra_config"
 HashMode = Literal["auto", "engine", "tierkv"]
@@ -33,8 +30,10 @@ StoreMode = Literal["finish", "eviction"]
 
 
 @dataclasses.dataclass(frozen=True)
-class ConnectorSettings:
-    """Everything the connector reads from its extra config, validated once at start-up.
+class ConnectorSettings(VaultSettings):
+    """Everything the connector reads from its extra config, validated once at start-up: the vaults,
+    codec and identity every engine plugin has (:class:`~tierkv.connectors.vault_settings.VaultSettings`),
+    then vLLM's own keys.
 
     ``kv_cold``, ``ssm_cold`` and ``timeout`` come from tierkv.toml unless given inline; ``config`` is
     that file (token from ``[auth]``, TLS from ``[tls]``). ``gpu_protect_fraction`` caps the GPU blocks
@@ -57,13 +56,6 @@ class ConnectorSettings:
     state only).
     """
 
-    config_path: str = ""
-    kv_cold: Addresses = Addresses()
-    ssm_cold: Addresses = Addresses()
-    codec: str = setting("raw", choices=CODECS)
-    timeout: float = setting(ClusterConfig.timeout, minimum=0.001)
-    namespace: str = ""
-    model_id: str = ""
     hash: HashMode = "auto"
     load_mode: LoadMode = "async"
     max_inflight_stores: int = setting(2, minimum=1)
@@ -79,32 +71,13 @@ class ConnectorSettings:
     store: StoreMode = "finish"
     evict_lookahead: int = setting(0, minimum=0)
     evict_remember: int = setting(1 << 16, minimum=1)
-    lookup_lease_ms: int = setting(2000, minimum=0, maximum=10_000)
     lookup_wait_ms: float = setting(10.0, minimum=0.0, maximum=1000.0)
     lookup_on_arrival: bool = True
-    config: Config = dataclasses.field(default=Config(), metadata={"internal": True})
 
     @classmethod
-    def from_extra(cls, extra: Mapping[str, Any]) -> ConnectorSettings:
-        extra = migrate_extra(extra, SOURCE)
-        given = settings_from_dict(cls, extra, SOURCE)
-        config = load_config(given.config_path or None)
-        cluster = config.cluster
-        from_file: dict[str, Any] = {
-            "kv_cold": Addresses(cluster.addresses(Role.KV_COLD)),
-            "ssm_cold": Addresses(cluster.addresses(Role.SSM_COLD)),
-            "timeout": cluster.timeout,
-        }
-        inherited = {k: v for k, v in from_file.items() if k not in extra}
-        settings = dataclasses.replace(given, config=config, **inherited)
-        if not settings.kv_cold:
-            raise ConfigError(SOURCE, "kv_cold", "at least one kv_cold vault is needed")
-        return settings
-
-    def cluster(self) -> Storage:
-        """The vaults of these settings (token from ``[auth]``, TLS from ``[tls]`` of the TOML)."""
-        roles = {Role.KV_COLD.value: self.kv_cold, Role.SSM_COLD.value: self.ssm_cold}
-        return open_cluster(self.config, roles=roles, timeout=self.timeout)
+    def from_extra(cls, extra: Mapping[str, Any], source: str = SOURCE) -> ConnectorSettings:
+        """``extra`` with tierkv 0.1's keys mapped to today's, then read as any engine plugin's."""
+        return super().from_extra(migrate_extra(extra, source), source)
 
 
 def load_failure_policy(load_failure: LoadFailure, configured: str) -> str:
