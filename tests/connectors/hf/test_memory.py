@@ -53,5 +53,5 @@ def test_a_corrupt_block_is_deleted_and_counted() -> None:
 def test_the_hot_tier_scores_with_the_weights_given() -> None:
     weights = ContextWeights(importance=1.0, hits=2.0)
     session = TieredSession(tiny_model("llama"), MemoryStorage(), block_size=16, weights=weights)
-    assert session.hot._policy.weights == weights
-    assert TieredSession(tiny_model("llama"), None, block_size=16).hot._policy.weights == ContextWeights()
+    assert session.hot.weights == weights
+    assert TieredSession(tiny_model("llama"), None, block_size=16).hot.weights == ContextWeights()

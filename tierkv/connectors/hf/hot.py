@@ -198,6 +198,11 @@ class HotTier(Generic[T]):
         self._hand_over(evicted)
         return entry
 
+    @property
+    def weights(self) -> ContextWeights:
+        """The ``context`` weights this tier scores entries with (the vault's, so both agree)."""
+        return self._weights
+
     def _hits(self, entry: HotEntry[T]) -> float:
         """The entry's hits now, decayed as the vault decays them."""
         return decayed_hits(self._weights, entry.hits, self._clock - entry.clock, len(self._entries))
