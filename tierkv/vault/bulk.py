@@ -93,11 +93,17 @@ def connection_cap(requested: int) -> int:
 
 
 class _Conn:
-    """One accepted connection; ``idle_since`` is set while it waits for the next request."""
+    """One accepted connection: whether a request is in progress, and when the last one began.
+
+    The longest-idle connection is the one whose last request began first. That time is taken when the
+    request's head arrives, before its answer is sent, so a client that sees the answer and opens another
+    connection always finds the first one older (a time taken when the serving thread next waits would
+    race with the client)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.idle_since: float | None = time.monotonic()
+        self.busy = False
+        self.last_request = time.monotonic()
 
 
 class BulkServer:
@@ -158,12 +164,12 @@ class BulkServer:
                 sock.close()
                 return False
             if len(self._connections) >= self.max_connections:
-                idle = [c for c in self._connections.values() if c.idle_since is not None]
+                idle = [c for c in self._connections.values() if not c.busy]
                 if not idle:
                     _refuse(sock, f"all {self.max_connections} bulk connections are busy")
                     self.service.calls.rejects.note("BulkConnect", Status.RESOURCE_EXHAUSTED, "busy")
                     return False
-                oldest = min(idle, key=lambda c: c.idle_since or 0.0)
+                oldest = min(idle, key=lambda c: c.last_request)
                 del self._connections[oldest.sock]
                 _quiet_shutdown(oldest.sock)
             self._connections[sock] = _Conn(sock)
@@ -186,7 +192,9 @@ class BulkServer:
             conn = self._connections.get(sock)
             if conn is None:
                 return False
-            conn.idle_since = time.monotonic() if idle else None
+            conn.busy = not idle
+            if not idle:
+                conn.last_request = time.monotonic()
             return True
 
     def _one_request(self, sock: socket.socket) -> bool:
