@@ -33,11 +33,18 @@ if ! installed vllm "$VLLM_VERSION"; then
 fi
 purelib() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 echo "$(purelib "$base")" >"$(purelib "$venv")/zz-vllm-cpu-tier.pth"
+# tierkv itself, editable: a .pth file's directory is not a site directory, so the CPU tier's editable
+# install of tierkv is not seen from here, and the vault processes the tests start would not find it
+if ! (cd / && "$venv/bin/python" -c 'import tierkv') >/dev/null 2>&1; then
+    "${pip[@]}" install --quiet --no-deps -e "$repo"
+fi
 
-"$venv/bin/python" - <<PY
+# from / so that the repository in the working directory cannot stand in for the installed tierkv
+(cd / && "$venv/bin/python" - <<PY
 import importlib.metadata as m
-import vllm, torch, pytest  # noqa: F401 - import check is the point
+import vllm, torch, pytest, tierkv  # noqa: F401 - import check is the point
 assert vllm.__version__.startswith("$VLLM_VERSION"), vllm.__version__
 assert vllm.__file__.startswith("$venv"), vllm.__file__
 print("vllm", vllm.__version__, "(Python code) | torch", torch.__version__, "| transformers", m.version("transformers"))
 PY
+)
