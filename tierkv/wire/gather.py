@@ -26,7 +26,12 @@ def _wait_for(sock: socket.socket, n: int) -> int:
     """Have ``sock`` wake its reader only once ``n`` bytes are there (``SO_RCVLOWAT``: Linux's ``poll``
     and receive honour it for TCP, capping it at half the receive buffer), so a reply arriving over a
     link at line rate costs a wake-up per ``n`` bytes instead of one per few packets; ``n``, so that the
-    caller does not ask again for the same. Elsewhere, and where it is refused, it stays at 1."""
+    caller does not ask again for the same. Elsewhere, and where it is refused, it stays at 1.
+
+    Linux grows the receive buffer to hold ``n`` and clamps the window to it for the moment; receive
+    autotuning raises both past it as the transfer goes on (Linux 6.18, loopback: an 8.6 MB window after
+    64 MiB, 1.7 MB without the option), so the window of a link with a long round trip is not held
+    there."""
     if _LOWAT and sock.type == socket.SOCK_STREAM:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
