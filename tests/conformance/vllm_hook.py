@@ -130,7 +130,7 @@ class KitEngine:
     def finish(self, req_id: str) -> tuple[Output, int]:
         """Step the engine until the request is done and its stores are acknowledged: its output and the
         tokens it took from the cold tier."""
-        done = []
+        done: list[Any] = []
         while self.llm.llm_engine.has_unfinished_requests():
             done += [out for out in self.llm.llm_engine.step() if out.finished]
         (out,) = done
