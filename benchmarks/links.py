@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from rich.console import Console
 
 from benchmarks import mooncake_store as mooncake
 from benchmarks.interleave import interleaved
+from benchmarks.processes import started
 from benchmarks.raw_tcp import server_command, tcp_pull
 from tierkv import VaultClient, __version__
 from tierkv.bench.link import LinkSpec, link_emulator, parse_link
@@ -66,21 +67,6 @@ def ratios(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
     """Median, min and max of the per-repetition ratios ``a / b``."""
     each = [x / y for x, y in zip(a, b, strict=True)]
     return {"median": statistics.median(each), "min": min(each), "max": max(each)}
-
-
-@contextlib.contextmanager
-def started(args: list[str], prefix: Sequence[str]) -> Iterator[subprocess.Popen[str]]:
-    """A server process started here (by PID, SIGTERM, on the way out)."""
-    proc = subprocess.Popen([*prefix, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def measure_reads(
@@ -237,7 +223,7 @@ def one_link(text: str, args: argparse.Namespace) -> dict[str, Any]:
             )
         rtt = spec.round_trip if spec is not None else (lambda: None)
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tierkv-links-")))
-        tcp = stack.enter_context(started(server_command(host), prefix))
+        tcp = stack.enter_context(started([*prefix, *server_command(host)]))
         assert tcp.stdout is not None
         tcp_port = int(tcp.stdout.readline())
         redis_args = [
@@ -253,7 +239,7 @@ def one_link(text: str, args: argparse.Namespace) -> dict[str, Any]:
             "--protected-mode",
             "no",  # reachable only inside the namespace (or on loopback)
         ]
-        stack.enter_context(started([*redis_args, "--dir", str(work)], prefix))
+        stack.enter_context(started([*prefix, *redis_args, "--dir", str(work)]))
         vault_proc = VaultProcess(work / "vault", host=host, max_bytes="2GiB", sync="fast", prefix=prefix)
         stack.enter_context(vault_proc)
         durable_proc = VaultProcess(

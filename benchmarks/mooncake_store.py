@@ -15,6 +15,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from benchmarks.processes import started
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = ROOT / ".venv-mooncake" / "bin" / "python"
 PEER = Path(__file__).with_name("mooncake_peer.py")
@@ -52,30 +54,6 @@ def _ready(proc: subprocess.Popen[str], what: str) -> None:
     line = proc.stdout.readline().strip()
     if line != "ready":
         raise MooncakeError(f"{what}: {line or 'exited before it was ready'}")
-
-
-@contextlib.contextmanager
-def _process(args: Sequence[str], *, stdin: bool) -> Iterator[subprocess.Popen[str]]:
-    """A child started here and stopped by its PID on the way out."""
-    proc = subprocess.Popen(
-        list(args),
-        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        yield proc
-    finally:
-        if proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class MooncakeClient:
@@ -118,12 +96,12 @@ def mooncake_store(
         f"--metrics_port={metrics_port}",
     ]
     with contextlib.ExitStack() as stack:
-        proc = stack.enter_context(_process([*vault_prefix, *master_args], stdin=False))
+        proc = stack.enter_context(started([*vault_prefix, *master_args], stdin=False))
         _wait_listening(vault_host, metadata_port, proc)
         server = [str(python), str(PEER), "server", vault_host, metadata, master, str(segment_mib)]
-        _ready(stack.enter_context(_process([*vault_prefix, *server], stdin=True)), "Mooncake segment")
+        _ready(stack.enter_context(started([*vault_prefix, *server], stdin=True)), "Mooncake segment")
         client = stack.enter_context(
-            _process([str(python), str(PEER), "client", engine_host, metadata, master], stdin=True)
+            started([str(python), str(PEER), "client", engine_host, metadata, master], stdin=True)
         )
         _ready(client, "Mooncake client")
         yield MooncakeClient(client)
