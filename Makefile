@@ -63,7 +63,7 @@ proto-check: $(STAMP)
 
 test-vllm: $(STAMP)
 	@if [ -x scripts/setup-vllm-env.sh ]; then \
-	  scripts/setup-vllm-env.sh && .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/connectors/vllm tests/routing tests/bench/test_engine_vllm.py tests/docs; \
+	  scripts/setup-vllm-env.sh && .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/connectors/vllm tests/conformance/test_vllm.py tests/routing tests/bench/test_engine_vllm.py tests/docs; \
 	else echo "vLLM tier not present"; fi
 
 # the connector's tests that need vLLM's Python code but no engine, against vLLM 0.33 (Python code over

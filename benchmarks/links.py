@@ -6,8 +6,11 @@ network namespace, this side in another, a veth shaped with htb between them; lo
 measures, and tears it down, so every link starts from fresh namespaces and fresh gRPC threads. In it:
 
 - reads of ``--round-mib`` MiB in blobs of each ``--blob-kib`` size, interleaved per repetition: tierkv
-  ``get_buffers`` (one BatchGet over the bulk port), Redis ``MGET`` (redis-py with hiredis) and a bare TCP
-  transfer of the same bytes (the wire's ceiling on this machine), each after one round trip of the link;
+  ``get_buffers`` (one BatchGet over the bulk port), Redis ``MGET`` (redis-py with hiredis), Mooncake
+  Store's ``batch_get_into`` (where ``benchmarks/setup-mooncake.sh`` built it) and a bare TCP transfer of
+  the same bytes (the wire's ceiling on this machine), each after one round trip of the link;
+- writes of the same rounds in blobs of each ``--put-blob-kib`` size, fresh keys every call: tierkv Puts
+  into a durable vault (fsync before the answer) and a fast one, and Mooncake's ``put_batch`` (RAM);
 - ``tierkv bench synthetic`` restores (raw; int8 decoded while the rest arrives; int8 decoded after each
   batch arrived), interleaved per repetition, at ``--tokens`` prompt lengths.
 
@@ -29,14 +32,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import redis
 from rich.console import Console
 
+from benchmarks import mooncake_store as mooncake
 from benchmarks.interleave import interleaved
+from benchmarks.processes import started
 from benchmarks.raw_tcp import server_command, tcp_pull
 from tierkv import VaultClient, __version__
 from tierkv.bench.link import LinkSpec, link_emulator, parse_link
@@ -49,7 +54,12 @@ from tierkv.vault.launcher import VaultProcess
 REDIS_PORT = 6391
 READS = {
     "get_buffers_vs_mget": ("tierkv_get_buffers", "redis_mget"),
+    "get_buffers_vs_mooncake": ("tierkv_get_buffers", "mooncake_get_into"),
     "get_buffers_vs_tcp": ("tierkv_get_buffers", "tcp"),
+}
+WRITES = {
+    "durable_vs_mooncake": ("tierkv_put_durable", "mooncake_put_batch"),
+    "fast_vs_mooncake": ("tierkv_put_fast", "mooncake_put_batch"),
 }
 
 
@@ -57,21 +67,6 @@ def ratios(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
     """Median, min and max of the per-repetition ratios ``a / b``."""
     each = [x / y for x, y in zip(a, b, strict=True)]
     return {"median": statistics.median(each), "min": min(each), "max": max(each)}
-
-
-@contextlib.contextmanager
-def started(args: list[str], prefix: Sequence[str]) -> Iterator[subprocess.Popen[str]]:
-    """A server process started here (by PID, SIGTERM, on the way out)."""
-    proc = subprocess.Popen([*prefix, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def measure_reads(
@@ -82,11 +77,13 @@ def measure_reads(
     r: redis.Redis,
     pull: Callable[[int], None],
     rtt: Callable[[], None],
+    mc: mooncake.MooncakeClient | None,
 ) -> dict[str, Any]:
     n = max(1, round_bytes // size)
     keys = [f"blk{i:06d}".encode() for i in range(n)]
     blobs = {k: os.urandom(size) for k in keys}
-    vault.put(b"bench", blobs)
+    if vault.put(b"bench", blobs) != n:
+        raise SystemExit(f"the vault stored fewer than {n} blobs of {size} bytes")
     r.mset(blobs)
 
     def timed(fn: Callable[[], object]) -> Callable[[], object]:
@@ -101,6 +98,9 @@ def measure_reads(
         "redis_mget": timed(lambda: r.mget(keys)),
         "tcp": lambda: pull(n * size),
     }
+    if mc is not None:
+        mc.call("load", size, n)
+        contenders["mooncake_get_into"] = timed(lambda: mc.call("get", size, n))
     rates = interleaved(contenders, n * size, repeats)
     assert [bytes(b) for b in vault.get_buffers(b"bench", keys[:3]) if b is not None] == [
         blobs[k] for k in keys[:3]
@@ -108,9 +108,60 @@ def measure_reads(
     assert r.mget(keys[:3]) == [blobs[k] for k in keys[:3]]
     vault.delete(b"bench", keys)
     r.flushall()
+    if mc is not None:
+        mc.call("check", size, n)
+        mc.call("clear")
+    return _row(size, n, rates, READS)
+
+
+def measure_writes(
+    size: int,
+    round_bytes: int,
+    repeats: int,
+    vaults: dict[str, VaultClient],
+    rtt: Callable[[], None],
+    mc: mooncake.MooncakeClient | None,
+) -> dict[str, Any]:
+    """Puts of fresh keys every call (what an engine storing new blocks does), counted by what was stored."""
+    n = max(1, round_bytes // size)
+    payload = [os.urandom(size) for _ in range(n)]
+    calls = iter(range(1 << 30))
+
+    def put(vault: VaultClient) -> Callable[[], object]:
+        def call() -> object:
+            c = next(calls)
+            rtt()
+            stored = vault.put(b"bench", {f"p{c}-{i:06d}".encode(): b for i, b in enumerate(payload)})
+            if stored != n:
+                raise SystemExit(f"a Put stored {stored} of {n} blobs of {size} bytes")
+            return stored
+
+        return call
+
+    contenders: dict[str, Callable[[], object]] = {f"tierkv_put_{k}": put(v) for k, v in vaults.items()}
+    if mc is not None:
+        mc.call("load", size, n)
+
+        def mooncake_put() -> object:
+            rtt()
+            mc.call("put", size, n)
+            return n
+
+        contenders["mooncake_put_batch"] = mooncake_put
+    rates = interleaved(contenders, n * size, repeats)
+    for v in vaults.values():
+        v.flush(b"bench")
+    if mc is not None:
+        mc.call("clear")
+    return _row(size, n, rates, WRITES)
+
+
+def _row(
+    size: int, n: int, rates: dict[str, list[float]], pairs: dict[str, tuple[str, str]]
+) -> dict[str, Any]:
     row: dict[str, Any] = {"blob_bytes": size, "round_bytes": n * size, "runs": rates}
     row |= {name: statistics.median(v) for name, v in rates.items()}
-    row |= {name: ratios(rates[a], rates[b]) for name, (a, b) in READS.items()}
+    row |= {name: ratios(rates[a], rates[b]) for name, (a, b) in pairs.items() if a in rates and b in rates}
     return row
 
 
@@ -161,13 +212,18 @@ def one_link(text: str, args: argparse.Namespace) -> dict[str, Any]:
     spec = None if text == "loopback" else parse_link(text)
     with contextlib.ExitStack() as stack:
         if spec is None:
-            host, prefix, engine = "127.0.0.1", (), contextlib.nullcontext()
+            host, engine_host, prefix, engine = "127.0.0.1", "127.0.0.1", (), contextlib.nullcontext()
         else:
             link = stack.enter_context(link_emulator(spec))
-            host, prefix, engine = link.vault_host, link.vault_prefix, link.engine_side()
+            host, engine_host, prefix, engine = (
+                link.vault_host,
+                link.engine_host,
+                link.vault_prefix,
+                link.engine_side(),
+            )
         rtt = spec.round_trip if spec is not None else (lambda: None)
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tierkv-links-")))
-        tcp = stack.enter_context(started(server_command(host), prefix))
+        tcp = stack.enter_context(started([*prefix, *server_command(host)]))
         assert tcp.stdout is not None
         tcp_port = int(tcp.stdout.readline())
         redis_args = [
@@ -183,11 +239,19 @@ def one_link(text: str, args: argparse.Namespace) -> dict[str, Any]:
             "--protected-mode",
             "no",  # reachable only inside the namespace (or on loopback)
         ]
-        stack.enter_context(started([*redis_args, "--dir", str(work)], prefix))
+        stack.enter_context(started([*prefix, *redis_args, "--dir", str(work)]))
         vault_proc = VaultProcess(work / "vault", host=host, max_bytes="2GiB", sync="fast", prefix=prefix)
         stack.enter_context(vault_proc)
+        durable_proc = VaultProcess(
+            work / "durable", host=host, max_bytes="2GiB", sync="durable", prefix=prefix
+        )
+        stack.enter_context(durable_proc)
         stack.enter_context(engine)
         vault = stack.enter_context(VaultClient(vault_proc.address, timeout=120))
+        durable = stack.enter_context(VaultClient(durable_proc.address, timeout=120))
+        mc = (
+            stack.enter_context(mooncake.mooncake_store(host, engine_host, prefix)) if args.mooncake else None
+        )
         r = redis.Redis(host=host, port=REDIS_PORT, socket_timeout=120)
         for _ in range(200):
             with contextlib.suppress(redis.ConnectionError):
@@ -196,32 +260,66 @@ def one_link(text: str, args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(0.05)
         pull = tcp_pull(host, tcp_port, rtt)
         reads = [
-            measure_reads(int(kib) * 1024, args.round_mib << 20, args.repeats, vault, r, pull, rtt)
+            measure_reads(int(kib) * 1024, args.round_mib << 20, args.repeats, vault, r, pull, rtt, mc)
             for kib in args.blob_kib.split(",")
+        ]
+        vaults = {"durable": durable, "fast": vault}
+        writes = [
+            measure_writes(int(kib) * 1024, args.round_mib << 20, args.repeats, vaults, rtt, mc)
+            for kib in args.put_blob_kib.split(",")
+            if kib
         ]
         with contextlib.suppress(OSError):
             pull(0)
         restores = synthetic(spec, host, prefix, args) if args.tokens else {}
-    return {"link": text if spec is None else spec.as_dict(), "reads": reads, "synthetic": restores}
+    return {
+        "link": text if spec is None else spec.as_dict(),
+        "reads": reads,
+        "writes": writes,
+        "synthetic": restores,
+    }
 
 
 def _x(r: dict[str, float] | None) -> str:
     return "—" if not r else f"{r['median']:.2f}× ({r['min']:.2f}–{r['max']:.2f})"
 
 
+def _blob(row: dict[str, Any]) -> str:
+    size = int(row["blob_bytes"])
+    return f"{size // 1024} KiB" if size < 1 << 20 else f"{size >> 20} MiB"
+
+
+def _gbps(row: dict[str, Any], name: str) -> str:
+    return f"{row[name]:.3f} GB/s" if name in row else "—"
+
+
 def print_tables(doc: dict[str, Any]) -> None:
     link = doc["link"]
     label = link if isinstance(link, str) else link["label"]
     print(f"\n### {label}\n")
-    print("| blob | tierkv BatchGet | Redis MGET | bare TCP | BatchGet / MGET | BatchGet / TCP |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| blob | tierkv BatchGet | Redis MGET | Mooncake batch_get_into | bare TCP "
+        "| BatchGet / MGET | BatchGet / Mooncake | BatchGet / TCP |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for row in doc["reads"]:
-        size = row["blob_bytes"]
-        blob = f"{size // 1024} KiB" if size < 1 << 20 else f"{size >> 20} MiB"
         print(
-            f"| {blob} | {row['tierkv_get_buffers']:.3f} GB/s | {row['redis_mget']:.3f} GB/s | {row['tcp']:.3f} GB/s "
-            f"| {_x(row['get_buffers_vs_mget'])} | {_x(row['get_buffers_vs_tcp'])} |"
+            f"| {_blob(row)} | {_gbps(row, 'tierkv_get_buffers')} | {_gbps(row, 'redis_mget')} "
+            f"| {_gbps(row, 'mooncake_get_into')} | {_gbps(row, 'tcp')} | {_x(row.get('get_buffers_vs_mget'))} "
+            f"| {_x(row.get('get_buffers_vs_mooncake'))} | {_x(row.get('get_buffers_vs_tcp'))} |"
         )
+    if doc.get("writes"):
+        print(
+            "\n| blob | tierkv Put durable | tierkv Put fast | Mooncake put_batch (RAM) "
+            "| durable / Mooncake | fast / Mooncake |"
+        )
+        print("|---|---|---|---|---|---|")
+        for row in doc["writes"]:
+            print(
+                f"| {_blob(row)} | {_gbps(row, 'tierkv_put_durable')} | {_gbps(row, 'tierkv_put_fast')} "
+                f"| {_gbps(row, 'mooncake_put_batch')} | {_x(row.get('durable_vs_mooncake'))} "
+                f"| {_x(row.get('fast_vs_mooncake'))} |"
+            )
     rows = doc["synthetic"].get("rows", [])
     if not rows:
         return
@@ -274,6 +372,15 @@ def main() -> None:
     )
     parser.add_argument("--round-mib", type=int, default=16, help="bytes per read round")
     parser.add_argument("--blob-kib", default="256,1024", help="blob sizes of the read rounds")
+    parser.add_argument(
+        "--put-blob-kib", default="256,1024,4096", help="blob sizes of the write rounds ('' to skip)"
+    )
+    parser.add_argument(
+        "--mooncake",
+        action=argparse.BooleanOptionalAction,
+        default=mooncake.available(),
+        help="measure Mooncake Store too (default: where benchmarks/setup-mooncake.sh built .venv-mooncake)",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions")
     parser.add_argument("--tokens", default="1k,4k,16k,32k", help="synthetic restore lengths ('' to skip)")
     parser.add_argument("--shape", default="qwen2.5-0.5b")
@@ -291,6 +398,10 @@ def main() -> None:
         return
     if not shutil.which("redis-server"):
         sys.exit("redis-server not found: run benchmarks/setup-redis.sh first")
+    if args.mooncake and not mooncake.available():
+        sys.exit(f"Mooncake Store not found at {mooncake.PYTHON}: run benchmarks/setup-mooncake.sh first")
+    if not args.mooncake:
+        print("Mooncake Store not measured (benchmarks/setup-mooncake.sh builds it)", file=sys.stderr)
     docs = []
     for text in args.links:
         with tempfile.NamedTemporaryFile(suffix=".json") as out:

@@ -23,12 +23,17 @@ time of an offline request for one output token. Run from the repository root wi
 (scripts/setup-vllm-env.sh):
 
     .venv-vllm/bin/python -m benchmarks.vllm_restore_ttft [--model small|medium] [--runs 5]
-        [--lengths 256,960,2048] [--load-mode async|sync] [--codec raw|int8]
+        [--lengths 256,960,2048] [--load-mode async|sync] [--codec raw|int8] [--link 5gbe]
+
+``--link`` (root) puts the vault behind an emulated link (:mod:`tierkv.bench.link`: the vault in one
+network namespace, the engine in another, a veth shaped to the rate between them). Only a rate is
+emulated here: the connector's requests do not wait a round trip, so ``RATE,RTT`` is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import statistics
@@ -48,6 +53,8 @@ from tests.connectors.vllm.engine import (
     timed,
     write_tiny_llama,
 )
+from tierkv.bench.link import LinkSpec, link_emulator, parse_link
+from tierkv.errors import BenchError
 from tierkv.vault.launcher import VaultProcess
 
 MODELS: dict[str, dict[str, int]] = {
@@ -203,6 +210,18 @@ def summarize(length: int, samples: dict[str, list[float]]) -> dict[str, Any]:
     }
 
 
+def _rate_only(text: str) -> LinkSpec:
+    try:
+        spec = parse_link(text)
+    except BenchError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if spec.rtt_s:
+        raise argparse.ArgumentTypeError(
+            "only a rate is emulated for an engine (its requests wait no round trip)"
+        )
+    return spec
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -212,28 +231,36 @@ def main() -> None:
     parser.add_argument("--lengths", default="256,960")
     parser.add_argument("--load-mode", choices=["async", "sync"], default="async")
     parser.add_argument("--codec", choices=["raw", "int8"], default="raw")
+    parser.add_argument("--link", type=_rate_only, help="a link preset or RATE (1gbe, 5gbit); needs root")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     shape = MODELS[args.model]
-    with tempfile.TemporaryDirectory() as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        host, prefix = "127.0.0.1", ()
+        if args.link is not None:
+            link = stack.enter_context(link_emulator(args.link))
+            host, prefix = link.vault_host, link.vault_prefix
         max_len = max(lengths) + 64
         model = write_tiny_llama(Path(tmp) / "model", **shape, max_positions=max_len)
-        vault = VaultProcess(Path(tmp) / "vault", max_bytes="1GiB").start()
+        vault = stack.enter_context(
+            VaultProcess(Path(tmp) / "vault", host=host, max_bytes="1GiB", prefix=prefix)
+        )
+        if args.link is not None:
+            stack.enter_context(link.engine_side())  # the engine, its threads and the wire client
         wire = Wire(vault.address, shape, args.codec)
+        stack.callback(wire.close)
+        extra = {"kv_cold": vault.address, "load_mode": args.load_mode, "codec": args.codec}
+        llm = make_llm(model, extra, max_model_len=max_len)
         try:
-            extra = {"kv_cold": vault.address, "load_mode": args.load_mode, "codec": args.codec}
-            llm = make_llm(model, extra, max_model_len=max_len)
-            try:
-                rows = measure(llm, wire, lengths, args.runs)
-                totals = connector_totals(llm)
-            finally:
-                shutdown(llm)
+            rows = measure(llm, wire, lengths, args.runs)
+            totals = connector_totals(llm)
         finally:
-            wire.close()
-            vault.stop()
+            shutdown(llm)
     if args.json:
         report = {"model": args.model, "load_mode": args.load_mode, "codec": args.codec, "shape": shape}
+        report["link"] = args.link.as_dict() if args.link is not None else "loopback"
         report["rows"] = rows
         print(json.dumps({**report, "counters": totals}))
         return
@@ -245,6 +272,7 @@ def print_report(
 ) -> None:
     kib = kv_bytes_per_token(shape) * BLOCK_SIZE / 1024
     print(f"model {args.model} {shape}, block {BLOCK_SIZE} tokens = {kib:.0f} KiB of float32 KV")
+    print(f"vault over {args.link.label() if args.link is not None else 'loopback'}")
     print(
         f"{args.load_mode} loads, {args.codec} blobs, medians of {args.runs} runs; bound = local + 1.5 x wire"
     )

@@ -112,6 +112,19 @@ def test_restore_decodes_into_the_callers_slots() -> None:
     np.testing.assert_array_equal(out, np.stack(data))
 
 
+def test_lookup_all_is_the_run_every_stream_holds_and_stops_at_a_miss() -> None:
+    storage, tier, _ = stored(4)
+    rank1 = StreamSpec(hashlib.sha256(b"rank 1").digest(), LayerGroup.ATTENTION)
+    rank2 = StreamSpec(hashlib.sha256(b"rank 2").digest(), LayerGroup.ATTENTION)
+    store(tier, rank1, keys(2), blocks(2))
+    assert tier.lookup_all([RAW, rank1], keys(4), lease_ms=1000) == 2
+    assert tier.lookup_all([rank1, RAW], keys(4)) == 2
+    asked = storage.calls["lookup"]
+    assert tier.lookup_all([rank2, RAW, rank1], keys(4)) == 0
+    assert storage.calls["lookup"] == asked + 1, "a miss on the first stream asks no other"
+    assert tier.lookup_all([RAW], []) == 0 and tier.lookup_all([], keys(4)) == 4
+
+
 def test_missing_blocks_are_reported_and_leading_only_stops_at_the_first() -> None:
     storage, tier, data = stored(4)
     del storage.blobs[("kv_cold", NS)][keys(4)[1]]

@@ -18,7 +18,6 @@ same time — so a hung replica costs a hedge delay, not a timeout, and two hung
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
@@ -31,15 +30,15 @@ from typing import Any, Generic, TypeVar
 
 from tierkv.client._rpc import BlobSink, Items, Metas, as_bytes
 from tierkv.client.breaker import CircuitBreaker
+from tierkv.client.member import FAILED, Failed, Member, Work
 from tierkv.client.metrics import ClusterMetrics
-from tierkv.client.puts import PutTally
+from tierkv.client.puts import PutReport, PutTally
 from tierkv.client.sharding import Rendezvous
 from tierkv.client.types import PutAck, VaultStats
 from tierkv.client.vault import VaultClient
 from tierkv.codec.landing import Landing, LandingSink
 from tierkv.config import Config, TLSConfig
 from tierkv.errors import VaultError
-from tierkv.logs import Throttle
 from tierkv.records import HotChain, PutResult, Successor
 from tierkv.roles import COLD_ROLE_NAMES, Role, role_for
 from tierkv.wire.framing import Buffer
@@ -51,26 +50,8 @@ R = TypeVar("R")
 KV_COLD = Role.KV_COLD
 """Kept importable from here for older callers; the role lives in :mod:`tierkv.roles`."""
 SSM_COLD = Role.SSM_COLD
-PUT_LOG_INTERVAL_S = 10.0
-"""Refused, failed and lagging puts are logged at most once per this many seconds (and counted always)."""
 DEFAULT_HOTTEST = 32
 """Chains :meth:`Cluster.hottest` returns when not told (the vault's own default)."""
-Work = Callable[[VaultClient, float | None], T]
-"""One vault's share of a call: given its client and the seconds left (None: the client's own deadline)."""
-
-
-class _Failed(enum.Enum):
-    FAILED = 0
-
-
-FAILED = _Failed.FAILED
-
-
-class _Member:
-    def __init__(self, address: str, client: VaultClient, breaker: CircuitBreaker) -> None:
-        self.address = address
-        self.client = client
-        self.breaker = breaker
 
 
 class Cluster:
@@ -99,17 +80,18 @@ class Cluster:
         self.timeout = timeout
         self.hedge_after_s = timeout / 4 if hedge_after_s is None else hedge_after_s
         self.metrics = ClusterMetrics()
-        self._members: dict[Role, list[_Member]] = {}
+        self._members: dict[Role, list[Member]] = {}
         self._rings: dict[Role, Rendezvous] = {}
         make_client = client_factory or (
             lambda a: VaultClient(a, timeout=timeout, token=token, tls=tls, **client_options)
         )
         for role, addresses in _cold_roles(roles).items():
             self._members[role] = [
-                _Member(
+                Member(
                     a,
                     make_client(a),
                     CircuitBreaker(threshold=breaker_threshold, backoff_s=breaker_backoff_s, clock=clock),
+                    self.metrics,
                 )
                 for a in addresses
             ]
@@ -121,7 +103,7 @@ class Cluster:
             max_workers=max(4, 2 * size * self.replication), thread_name_prefix="tierkv-cluster"
         )
         self._fallback_logged = threading.Event()
-        self._put_log = Throttle(PUT_LOG_INTERVAL_S)
+        self._put_report = PutReport(self.metrics)
 
     @classmethod
     def from_config(
@@ -165,42 +147,19 @@ class Cluster:
 
     # -- fan-out -----------------------------------------------------------------------------------
 
-    def _call(self, member: _Member, method: str, fn: Work[T], deadline: float | None) -> T | _Failed:
-        """One vault's share, as a miss (FAILED) when it fails, its breaker is open or no time is left."""
-        timeout = None if deadline is None else deadline - time.monotonic()
-        if timeout is not None and timeout <= 0:
-            return FAILED
-        if not member.breaker.allow():
-            self.metrics.skipped.labels(member.address).inc()
-            return FAILED
-        start = time.perf_counter()
-        try:
-            result = fn(member.client, timeout)
-        except VaultError as exc:
-            member.breaker.failure()
-            self.metrics.failures.labels(member.address, method).inc()
-            log.warning("%s on %s failed, treating as miss: %s", method, member.address, exc)
-            return FAILED
-        finally:
-            self.metrics.breaker.labels(member.address).set(int(member.breaker.state))
-        member.breaker.success()
-        self.metrics.breaker.labels(member.address).set(0)
-        self.metrics.latency.labels(member.address, method).observe(time.perf_counter() - start)
-        return result
-
     def _submit(
         self, role: Role, method: str, vault: int, fn: Work[T], deadline: float | None
     ) -> Future[Any]:
-        return self._pool.submit(self._call, self._members[role][vault], method, fn, deadline)
+        return self._pool.submit(self._members[role][vault].call, method, fn, deadline)
 
     def _fan_out(
         self, role: Role, method: str, work: Mapping[int, Work[T]], deadline: float | None
-    ) -> dict[int, T | _Failed]:
+    ) -> dict[int, T | Failed]:
         """Every vault's share in parallel (in the caller's thread when there is one); a share still out
         at ``deadline`` is FAILED."""
         if len(work) == 1:
             ((v, fn),) = work.items()
-            return {v: self._call(self._members[role][v], method, fn, deadline)}
+            return {v: self._members[role][v].call(method, fn, deadline)}
         futures = {v: self._submit(role, method, v, fn, deadline) for v, fn in work.items()}
         wait(futures.values(), timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         return {v: f.result() if f.done() else FAILED for v, f in futures.items()}
@@ -255,7 +214,7 @@ class Cluster:
         for v, nbytes in tally.bytes_out(pairs).items():
             self.metrics.bytes.labels(self._members[resolved][v].address, "out").inc(nbytes)
         result = tally.result([m.address for m in self._members[resolved]])
-        self._note_put(resolved, result)
+        self._put_report.note(resolved, result)
         return result
 
     def _put_replicated(self, role: Role, tally: PutTally, work: Mapping[int, Work[PutAck]]) -> None:
@@ -273,35 +232,6 @@ class Cluster:
                 tally.take(pending.pop(f), None if ack is FAILED else ack)
             if grace_ends is None and tally.settled():
                 grace_ends = time.monotonic() + self.hedge_after_s
-
-    def _note_put(self, role: Role, result: PutResult) -> None:
-        """The put's outcome in the metrics, and in a log line at most once per interval when a vault
-        refused, failed or lagged."""
-        outcomes = {
-            "stored": result.stored,
-            "rejected": result.rejected,
-            "failed": result.failed,
-            "lagging": result.lagging,
-        }
-        for outcome, n in outcomes.items():
-            if n:
-                self.metrics.put_keys.labels(role, outcome).inc(n)
-        del outcomes["stored"]
-        due = self._put_log.add(outcomes)
-        if due is None:
-            return
-        counts, span = due
-        first = f" ({result.rejections[0].vault}: {result.rejections[0].reason})" if result.rejections else ""
-        log.warning(
-            "%s puts in the last %.0f s: %d blobs refused%s, %d unacknowledged (no usable answer), %d stored "
-            "with fewer copies than owners",
-            role,
-            span,
-            counts["rejected"],
-            first,
-            counts["failed"],
-            counts["lagging"],
-        )
 
     def get_buffers(
         self, namespace: bytes, keys: Sequence[bytes], role: str = KV_COLD, *, timeout: float | None = None
@@ -526,7 +456,7 @@ class _Read(ABC, Generic[R]):
     def size(self, item: R) -> int:
         """Bytes a found key's result stands for."""
 
-    def take(self, answers: Iterable[tuple[int, list[int], list[R | None] | _Failed]]) -> list[int]:
+    def take(self, answers: Iterable[tuple[int, list[int], list[R | None] | Failed]]) -> list[int]:
         """Record (vault, key indices, its answer) triples; returns the keys they did not deliver."""
         missed: list[int] = []
         with self._cond:

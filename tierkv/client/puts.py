@@ -1,18 +1,29 @@
-"""One put over the vaults that own its keys, tallied as their replies come in (:meth:`Cluster.put`).
+"""One put over the vaults that own its keys, tallied as their replies come in (:meth:`Cluster.put`),
+and what its outcome tells operators.
 
 A key counts as stored once one owner's reply says so; a refusal is kept with its vault; an owner that
 failed, answered what does not add up or had not answered when the put returned adds no copy, so a stored
-key with fewer copies than owners is *lagging*.
+key with fewer copies than owners is *lagging*. Every outcome is counted in the cluster's metrics; refused,
+failed and lagging ones are also logged, at most once per interval (:class:`PutReport`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Sequence
 
+from tierkv.client.metrics import ClusterMetrics
 from tierkv.client.types import PutAck
+from tierkv.logs import Throttle
 from tierkv.records import PutResult, Rejection
 from tierkv.wire.framing import Buffer
+
+log = logging.getLogger("tierkv.client.cluster")
+"""The cluster's logger: its put warnings are the cluster's, whichever module words them."""
+
+PUT_LOG_INTERVAL_S = 10.0
+"""Refused, failed and lagging puts are logged at most once per this many seconds (and counted always)."""
 
 
 class PutTally:
@@ -66,4 +77,40 @@ class PutTally:
         )
 
 
-__all__ = ["PutTally"]
+class PutReport:
+    """Each put's outcome in the cluster's metrics, and in a log line at most once per interval when a
+    vault refused, failed or lagged (the counts of the whole interval, and the first refusal's reason)."""
+
+    def __init__(self, metrics: ClusterMetrics, interval_s: float = PUT_LOG_INTERVAL_S) -> None:
+        self.metrics = metrics
+        self._throttle = Throttle(interval_s)
+
+    def note(self, role: str, result: PutResult) -> None:
+        outcomes = {
+            "stored": result.stored,
+            "rejected": result.rejected,
+            "failed": result.failed,
+            "lagging": result.lagging,
+        }
+        for outcome, n in outcomes.items():
+            if n:
+                self.metrics.put_keys.labels(role, outcome).inc(n)
+        del outcomes["stored"]
+        due = self._throttle.add(outcomes)
+        if due is None:
+            return
+        counts, span = due
+        first = f" ({result.rejections[0].vault}: {result.rejections[0].reason})" if result.rejections else ""
+        log.warning(
+            "%s puts in the last %.0f s: %d blobs refused%s, %d unacknowledged (no usable answer), %d stored "
+            "with fewer copies than owners",
+            role,
+            span,
+            counts["rejected"],
+            first,
+            counts["failed"],
+            counts["lagging"],
+        )
+
+
+__all__ = ["PUT_LOG_INTERVAL_S", "PutReport", "PutTally"]

@@ -165,6 +165,17 @@ class ColdTier(Generic[A]):
             spec.namespace, keys[held:], role=spec.role, lease_ms=lease_ms
         )
 
+    def lookup_all(self, specs: Iterable[StreamSpec], keys: Sequence[bytes], *, lease_ms: int = 0) -> int:
+        """How many leading ``keys`` every stream of ``specs`` holds (a hit that needs them all, e.g. one
+        namespace per tensor/pipeline-parallel rank): one :meth:`lookup` per stream, each only of the
+        keys every stream before it held, so a miss anywhere ends it without asking the rest."""
+        hits = len(keys)
+        for spec in specs:
+            if hits == 0:
+                break
+            hits = min(hits, self.lookup(spec, keys[:hits], lease_ms=lease_ms))
+        return hits
+
     def store(
         self,
         spec: StreamSpec,

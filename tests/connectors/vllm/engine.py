@@ -130,24 +130,33 @@ def write_word_tokenizer(path: Path) -> None:
     (path / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def transfer_config(extra: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's ``kv_transfer_config`` that runs TierKVConnector in both roles with ``extra``.
+def transfer_config(
+    extra: dict[str, Any], connector: tuple[str, str] = (CONNECTOR_NAME, MODULE_PATH)
+) -> dict[str, Any]:
+    """vLLM's ``kv_transfer_config`` that runs TierKVConnector (or ``connector``: a subclass's name and
+    module) in both roles with ``extra``.
 
     ``kv_load_failure_policy`` is left at vLLM's default (``fail``): the tests of failed loads prove that
     the connector turns them into recomputes by itself.
     """
+    name, module = connector
     return {
-        "kv_connector": CONNECTOR_NAME,
-        "kv_connector_module_path": MODULE_PATH,
+        "kv_connector": name,
+        "kv_connector_module_path": module,
         "kv_role": "kv_both",
         "kv_connector_extra_config": extra,
     }
 
 
 def make_llm(
-    model: Path, extra: dict[str, Any] | None = None, max_model_len: int = MAX_MODEL_LEN, **engine: Any
+    model: Path,
+    extra: dict[str, Any] | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
+    connector: tuple[str, str] = (CONNECTOR_NAME, MODULE_PATH),
+    **engine: Any,
 ) -> Any:
-    """An in-process engine; with ``extra`` it runs TierKVConnector with that extra config.
+    """An in-process engine; with ``extra`` it runs TierKVConnector (or ``connector``, see
+    :func:`transfer_config`) with that extra config.
 
     ``engine`` overrides vLLM engine arguments (dtype, block_size, mamba_cache_mode ...). The engine
     core runs in this process (so tests reach both connector halves) with a 1 GiB CPU KV cache; these
@@ -159,7 +168,7 @@ def make_llm(
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
-    transfer = None if extra is None else KVTransferConfig(**transfer_config(extra))
+    transfer = None if extra is None else KVTransferConfig(**transfer_config(extra, connector))
     args: dict[str, Any] = {
         "load_format": "safetensors",
         "skip_tokenizer_init": True,
@@ -221,20 +230,32 @@ def write_tiny_qwen3_next(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def generate(llm: Any, prompts: list[list[int]], max_tokens: int = 8) -> list[Output]:
+def sampling(max_tokens: int = 8, kv_transfer_params: dict[str, Any] | None = None) -> Any:
+    """Greedy sampling with the chosen token's logprob; ``kv_transfer_params`` as the OpenAI server
+    passes a request body's field of that name."""
     from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=1)
+    if kv_transfer_params is not None:
+        params.extra_args = {"kv_transfer_params": kv_transfer_params}
+    return params
+
+
+def output_of(out: Any) -> Output:
+    """The greedy tokens and their logprobs of one ``RequestOutput``."""
+    completion = out.outputs[0]
+    chosen = [lp[t].logprob for t, lp in zip(completion.token_ids, completion.logprobs or [], strict=True)]
+    return list(completion.token_ids), chosen
+
+
+def generate(
+    llm: Any, prompts: list[list[int]], max_tokens: int = 8, kv_transfer_params: dict[str, Any] | None = None
+) -> list[Output]:
+    from vllm.inputs import TokensPrompt
+
+    params = sampling(max_tokens, kv_transfer_params)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    results: list[Output] = []
-    for out in outs:
-        completion = out.outputs[0]
-        chosen = [
-            lp[t].logprob for t, lp in zip(completion.token_ids, completion.logprobs or [], strict=True)
-        ]
-        results.append((list(completion.token_ids), chosen))
-    return results
+    return [output_of(out) for out in outs]
 
 
 def timed(llm: Any, prompt: list[int]) -> float:

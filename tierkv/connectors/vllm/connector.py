@@ -67,6 +67,7 @@ from tierkv.connectors.vllm.stats import Counters
 from tierkv.connectors.vllm.versions import check_vllm
 from tierkv.connectors.vllm.worker import GroupView, WorkerSide
 from tierkv.errors import ConfigError
+from tierkv.tiering import Storage
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_events import KVCacheEvent
@@ -237,7 +238,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             self._scheduler = SchedulerSide(
                 self.topology,
                 {s: self.identity.all_ranks(s) for s in self.topology.streams},
-                self.settings.cluster,
+                self.open_storage,
                 self.keybook.keys,
                 forget=self.keybook.forget,
                 restores=transfer.is_kv_consumer,
@@ -306,6 +307,15 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             tenant=self.settings.namespace,
         )
 
+    def open_storage(self) -> Storage:
+        """The vaults of this connector's settings; each half calls it on first use, in its own process.
+
+        The one place the connector gets its storage. A subclass, loaded by vLLM through
+        ``kv_connector_module_path`` as this class is, may return another (the conformance kit hands it
+        an in-process storage with faults, or a cluster of its own); how users configure the connector
+        does not change."""
+        return self.settings.cluster()
+
     @property
     def scheduler(self) -> SchedulerSide:
         if self._scheduler is None:
@@ -357,7 +367,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             self.topology,
             views,
             {s: self.identity.stream_namespace(s, tp_rank, pp_rank) for s in self.topology.streams},
-            self.settings.cluster,
+            self.open_storage,
             codec=self.settings.codec,
             max_inflight_stores=self.settings.max_inflight_stores,
             max_queued_stores=self.settings.max_queued_stores,

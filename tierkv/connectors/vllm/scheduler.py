@@ -10,9 +10,10 @@ idle engine, steps later on a busy one) the answer is in or on its way; the firs
 ``get_num_new_matched_tokens`` answers from it when it covers the blocks past vLLM's local hit, and
 otherwise starts a lookup of those. Either is waited for while the step's wait budget (``lookup_wait_s``)
 lasts; a lookup that did not finish in time answers ``None`` ("ask again") and later calls answer from it
-once it has. Each lookup is one
-``prefix_lookup`` per stored stream (and TP/PP rank) plus, for hybrid models, a few single-key probes for
-the recurrent state at the hit's last block. A vault that is down answers "nothing" within its deadline.
+once it has. Each lookup is the pipeline's ``lookup_all`` over the stored streams of every TP/PP rank
+(one leased prefix lookup per stream and rank, each of the keys the ones before it held) plus, for hybrid
+models, a few single-key probes for the recurrent state at the hit's last block. A vault that is down
+answers "nothing" within its deadline.
 
 A request's prompt layout (:mod:`tierkv.connectors.vllm.hints`) is read once, when the request arrives,
 and turned into block metadata (parents = the request's chain of keys) in each of its store jobs.
@@ -26,6 +27,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from tierkv.connectors.vllm.hints import RequestLayouts
 from tierkv.connectors.vllm.plan import (
@@ -46,7 +49,7 @@ from tierkv.connectors.vllm.plan import (
 )
 from tierkv.connectors.vllm.stats import Counters
 from tierkv.retention import BlockMeta, Chunk, Retention
-from tierkv.tiering import LazyStorage, Storage
+from tierkv.tiering import ColdTier, LazyStorage, NumpyArrays, Storage, StreamSpec
 
 if TYPE_CHECKING:
     from tierkv.connectors.vllm.events import ColdEvents
@@ -156,6 +159,10 @@ class SchedulerSide:
         self.counters = counters or Counters()
         self.layouts = RequestLayouts(self.counters, retention)
         self._storage = LazyStorage(storage_factory)
+        self._tier: ColdTier[np.ndarray] = ColdTier(self._storage, NumpyArrays())  # lookups only
+        specs = [(s, StreamSpec(ns, s.layer_group)) for s, nss in self.namespaces.items() for ns in nss]
+        self._kv_specs = [spec for s, spec in specs if s.kind == KV]
+        self._state_specs = [spec for s, spec in specs if s.kind != KV]
         self._pool = ThreadPoolExecutor(lookup_threads, thread_name_prefix="tierkv-lookup")
         self._lookups: dict[str, _Lookup] = {}
         self._requests: dict[str, Any] = {}
@@ -274,25 +281,12 @@ class SchedulerSide:
 
     def _kv_hits(self, keys: list[bytes], lease_ms: int = 0) -> int:
         """``lease_ms`` only for a lookup the engine may load from (the audit takes no lease)."""
-        hits = len(keys)
-        for stream, namespaces in self.namespaces.items():
-            if stream.kind != KV:
-                continue
-            for ns in namespaces:
-                found = self.storage.prefix_lookup(ns, keys[:hits], role=stream.role, lease_ms=lease_ms)
-                hits = min(hits, found)
-                if hits == 0:
-                    return 0
-        return hits
+        return self._tier.lookup_all(self._kv_specs, keys, lease_ms=lease_ms)
 
     def _state_hits(self, keys: list[bytes], window: Window, kv_hits: int) -> int:
-        states = [(s, ns) for s, nss in self.namespaces.items() if s.kind != KV for ns in nss]
         for blocks in state_candidates(Window(0, window.size), kv_hits, self.max_state_probes):
-            key = keys[blocks - 1]
-            lease = self.lookup_lease_ms
-            if all(
-                self.storage.prefix_lookup(ns, [key], role=s.role, lease_ms=lease) == 1 for s, ns in states
-            ):
+            last = keys[blocks - 1 : blocks]
+            if self._tier.lookup_all(self._state_specs, last, lease_ms=self.lookup_lease_ms):
                 return blocks
         return 0
 

@@ -1,0 +1,32 @@
+"""Server processes a benchmark starts for itself and stops by their PID on the way out."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator, Sequence
+
+
+@contextlib.contextmanager
+def started(args: Sequence[str], *, stdin: bool = False) -> Iterator[subprocess.Popen[str]]:
+    """``args`` running with its stdout piped (and its stdin, when it is driven a line at a time); on the
+    way out its stdin is closed, then SIGTERM, then SIGKILL after 10 s."""
+    proc = subprocess.Popen(
+        list(args),
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

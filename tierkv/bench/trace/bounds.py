@@ -1,0 +1,126 @@
+"""How far admission alone could take an online policy, and what a vault could predict it from.
+
+The optimum with bypass wins by not storing blocks that will not be looked up soon. Two measurements say
+how much of that an online policy could hope for:
+
+- :class:`OracleAdmission` wraps any simulated cache and stores only the blocks the trace will look up
+  again, ever or within ``horizon`` requests: the hit rate a policy with a perfect admission predictor
+  would reach, evicting as the wrapped cache does.
+- :func:`arrival_rates` measures how well what a vault sees when a block arrives predicts "looked up
+  again within one LRU lifetime": the rate per class of stored block (the last block of a put, a put of
+  one block) and, for blocks hit, per time since their last use.
+
+``scripts/retention_bounds.py`` prints both for every trace of docs/performance/retention.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+
+from tierkv.bench.trace.simulate import NEVER, Cache, LRUCache, Stream, next_uses, replay
+
+
+class OracleAdmission:
+    """``cache`` with an oracle for admission: a block is stored only if the trace looks it up again
+    within ``horizon`` requests (None: ever). Driven by :func:`~.simulate.replay`, which reads and then
+    stores once per request, so the stores count the requests."""
+
+    def __init__(self, cache: Cache, stream: Stream, horizon: int | None) -> None:
+        self.cache = cache
+        self._stream = stream
+        self._uses = next_uses(stream)
+        self._horizon = NEVER - 1 if horizon is None else horizon
+        self._request = 0
+
+    @property
+    def evictions(self) -> int:
+        return self.cache.evictions
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def holds(self, block: int) -> bool:
+        return self.cache.holds(block)
+
+    def read(self, blocks: Sequence[int]) -> None:
+        self.cache.read(blocks)
+
+    def store(self, blocks: Sequence[int]) -> None:
+        t = self._request
+        self._request += 1
+        ids, _ = self._stream.requests[t]
+        first = len(ids) - len(blocks)
+        uses = self._uses[t]
+        kept = [b for i, b in enumerate(blocks, first) if uses[i] != NEVER and uses[i] - t <= self._horizon]
+        self.cache.store(kept)
+
+
+def lru_lifetime(stream: Stream, capacity: int) -> int:
+    """Requests a block stays in an LRU cache of ``capacity`` blocks: the capacity over the blocks it
+    evicts per request (the trace's length when it evicts none)."""
+    cache = LRUCache(capacity)
+    replay(stream, cache)
+    requests = len(stream.requests)
+    return requests if not cache.evictions else max(1, capacity * requests // cache.evictions)
+
+
+@dataclasses.dataclass
+class ArrivalRates:
+    """Share of blocks looked up again within ``horizon`` requests, per class: ``counts[c]`` blocks,
+    ``soon[c]`` of them looked up again in time."""
+
+    horizon: int
+    counts: Counter[str] = dataclasses.field(default_factory=Counter)
+    soon: Counter[str] = dataclasses.field(default_factory=Counter)
+
+    def add(self, cls: str, soon: bool) -> None:
+        self.counts[cls] += 1
+        self.soon[cls] += soon
+
+    def rate(self, cls: str) -> float | None:
+        return self.soon[cls] / self.counts[cls] if self.counts[cls] else None
+
+
+NEW: str = "new"
+LAST_OF_PUT: str = "new: last block of its put"
+SINGLE_PUT: str = "new: a put of one block"
+HIT_RECENT: str = "hit: last used within a quarter lifetime"
+HIT_STALE: str = "hit: last used a lifetime or more ago"
+CLASSES: tuple[str, ...] = (NEW, LAST_OF_PUT, SINGLE_PUT, HIT_RECENT, HIT_STALE)
+
+
+def arrival_rates(stream: Stream, horizon: int) -> ArrivalRates:
+    """Rates of "looked up again within ``horizon`` requests" per class, in an unbounded cache (every
+    block is stored on its first appearance; a lookup hits the leading blocks seen before)."""
+    uses = next_uses(stream)
+    last: dict[int, int] = {}
+    out = ArrivalRates(horizon)
+    for t, (ids, lookable) in enumerate(stream.requests):
+        hit = 0
+        while hit < lookable and ids[hit] in last:
+            hit += 1
+        for i, block in enumerate(ids):
+            soon = uses[t][i] != NEVER and uses[t][i] - t <= horizon
+            if i < hit:
+                since = t - last[block]
+                if 4 * since <= horizon or since >= horizon:
+                    out.add(HIT_RECENT if 4 * since <= horizon else HIT_STALE, soon)
+            elif block not in last:
+                out.add(NEW, soon)
+                if i == len(ids) - 1:
+                    out.add(LAST_OF_PUT, soon)
+                if len(ids) - hit == 1:
+                    out.add(SINGLE_PUT, soon)
+            last[block] = t
+    return out
+
+
+__all__ = [
+    "CLASSES",
+    "ArrivalRates",
+    "OracleAdmission",
+    "arrival_rates",
+    "lru_lifetime",
+]
