@@ -1,9 +1,9 @@
 """The vault's bulk read path, two builds side by side against bare TCP: wall time and CPU time per round.
 
-Each build (``--old``, ``--new``: source trees) runs in a worker process of its own that imports tierkv
-from that tree and starts its own vault from it, so a change on either end of the wire (client or vault)
-is measured. The driver sends the workers one round at a time, contenders rotated per repetition
-(:mod:`benchmarks.interleave`), and collects per round:
+Each build (``--old``, ``--new``: source trees) gets a vault started from that tree and a worker process
+that imports tierkv's client from it, so a change on either end of the wire (client or vault) is
+measured. The driver sends the workers one round at a time, contenders rotated per repetition (as
+:mod:`benchmarks.interleave` does), and collects per round:
 
 - wall seconds of the round;
 - CPU seconds of the worker process (the client: every thread) and of its vault (every thread, from
@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import functools
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -60,96 +63,91 @@ def process_cpu(pid: int) -> float:
 
 
 def worker() -> None:
-    """Serve the driver's commands (one JSON object per line) with this tree's client and vault."""
-    import numpy as np
-
+    """Serve the driver's commands (one JSON object per line) with this tree's client, against the vault
+    the driver started from the same tree (its address and PID in ``TIERKV_BULK_READ_VAULT``)."""
     from tierkv import VaultClient
     from tierkv.client.cluster import Cluster
+
+    vault = json.loads(os.environ["TIERKV_BULK_READ_VAULT"])
+    with (
+        VaultClient(vault["address"], timeout=120) as client,
+        Cluster({"kv_cold": [vault["address"]]}, timeout=120) as cluster,
+    ):
+        rounds: dict[str, Callable[[], object]] = {}
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            if cmd["op"] == "setup":
+                rounds[f"get{cmd['blob']}"] = _get_round(client, cmd["blob"], cmd["count"])
+                reply: dict[str, Any] = {"ok": True}
+            elif cmd["op"] == "setup_restore":
+                rounds["restore"] = restore = _restore_round(cluster, cmd["blocks"])
+                reply = {"ok": restore() == cmd["blocks"]}
+            else:
+                reply = _timed(rounds[cmd["name"]], vault["pid"])
+            print(json.dumps(reply), flush=True)
+
+
+def _timed(fn: Callable[[], object], vault_pid: int) -> dict[str, float]:
+    """One round: its wall time and the CPU time of this process and of the vault meanwhile."""
+    v0, c0, t0 = process_cpu(vault_pid), time.process_time(), time.perf_counter()
+    fn()
+    t1, c1, v1 = time.perf_counter(), time.process_time(), process_cpu(vault_pid)
+    return {"wall": t1 - t0, "client_cpu": c1 - c0, "vault_cpu": v1 - v0}
+
+
+def _get_round(client: Any, size: int, count: int) -> Callable[[], object]:
+    """Store ``count`` random blobs of ``size`` bytes; the round reads them back in one BatchGet."""
+    rng = random.Random(size)
+    keys = [f"{size}-{i:06d}".encode() for i in range(count)]
+    for i in range(0, count, 64):
+        client.put(b"get", {k: rng.randbytes(size) for k in keys[i : i + 64]})
+    return lambda: client.get_buffers(b"get", keys)
+
+
+def _restore_round(cluster: Any, blocks: int) -> Callable[[], int]:
+    """Store ``blocks`` raw bf16 KV blocks; the round restores them as ``bench synthetic`` does (lookup,
+    16 MiB gets, each blob verified and viewed), returning how many came back."""
+    import numpy as np
+
     from tierkv.codec import Expect, decode, encode
-    from tierkv.vault.launcher import VaultProcess
 
     rng = np.random.default_rng(0)
-    where = json.loads(os.environ.get("TIERKV_BULK_READ_VAULT", "{}"))
-    host, prefix = where.get("host", "127.0.0.1"), where.get("prefix", [])
-    with tempfile.TemporaryDirectory(prefix="tierkv-bulkread-") as tmp:
-        vault = VaultProcess(Path(tmp) / "v", host=host, max_bytes="2GiB", sync="fast", prefix=prefix).start()
-        assert vault.proc is not None
-        vpid = vault.proc.pid
-        client = VaultClient(vault.address, timeout=120)
-        cluster = Cluster({"kv_cold": [vault.address]}, timeout=120)
-        rounds: dict[str, Callable[[], object]] = {}
-        try:
-            for line in sys.stdin:
-                cmd = json.loads(line)
-                if cmd["op"] == "setup":
-                    size, count = cmd["blob"], cmd["count"]
-                    keys = [f"{size}-{i:06d}".encode() for i in range(count)]
-                    blobs = {k: rng.bytes(size) for k in keys}
-                    for i in range(0, count, 64):
-                        client.put(b"get", {k: blobs[k] for k in keys[i : i + 64]})
-                    rounds[f"get{size}"] = lambda keys=keys: client.get_buffers(b"get", keys)
-                    reply: dict[str, Any] = {"ok": True}
-                elif cmd["op"] == "setup_restore":
-                    pool = [rng.integers(0, 1 << 16, size=BLOCK_SHAPE, dtype=np.uint16) for _ in range(8)]
-                    encoded = [encode(a, "raw", tokens=16, dtype="bfloat16") for a in pool]
-                    rkeys = [f"r{i:06d}".encode() for i in range(cmd["blocks"])]
-                    per = max(1, ROUND_BATCH // len(encoded[0]))
-                    for i in range(0, len(rkeys), per):
-                        batch = {k: encoded[(i + j) % 8] for j, k in enumerate(rkeys[i : i + per])}
-                        cluster.put(b"restore", batch, role="kv_cold")
-                    expect = Expect(None, "raw", BLOCK_SHAPE, 16)
+    pool = [
+        encode(
+            rng.integers(0, 1 << 16, size=BLOCK_SHAPE, dtype=np.uint16), "raw", tokens=16, dtype="bfloat16"
+        )
+        for _ in range(8)
+    ]
+    keys = [f"r{i:06d}".encode() for i in range(blocks)]
+    per = max(1, ROUND_BATCH // len(pool[0]))
+    for i in range(0, blocks, per):
+        cluster.put(
+            b"restore", {k: pool[(i + j) % 8] for j, k in enumerate(keys[i : i + per])}, role="kv_cold"
+        )
+    expect = Expect(None, "raw", BLOCK_SHAPE, 16)
 
-                    def restore(keys: list[bytes] = rkeys, per: int = per, expect: Expect = expect) -> int:
-                        present = cluster.prefix_lookup(b"restore", keys, role="kv_cold")
-                        done = 0
-                        for i in range(0, present, per):
-                            got = cluster.get_buffers(
-                                b"restore", keys[i : min(i + per, present)], role="kv_cold"
-                            )
-                            for blob in got:
-                                if blob is None:
-                                    return done
-                                decode(blob, out_dtype="bfloat16", expect=expect, copy=False)
-                                done += 1
-                        return done
+    def restore() -> int:
+        present = cluster.prefix_lookup(b"restore", keys, role="kv_cold")
+        done = 0
+        for i in range(0, present, per):
+            for blob in cluster.get_buffers(b"restore", keys[i : min(i + per, present)], role="kv_cold"):
+                if blob is None:
+                    return done
+                decode(blob, out_dtype="bfloat16", expect=expect, copy=False)
+                done += 1
+        return done
 
-                    rounds["restore"] = restore
-                    reply = {"ok": restore() == len(rkeys)}
-                elif cmd["op"] == "round":
-                    fn = rounds[cmd["name"]]
-                    v0, c0, t0 = process_cpu(vpid), time.process_time(), time.perf_counter()
-                    fn()
-                    t1, c1, v1 = time.perf_counter(), time.process_time(), process_cpu(vpid)
-                    reply = {"wall": t1 - t0, "client_cpu": c1 - c0, "vault_cpu": v1 - v0}
-                else:
-                    break
-                print(json.dumps(reply), flush=True)
-        finally:
-            client.close()
-            cluster.close()
-            vault.stop()
+    return restore
 
 
 # --- the driver ---------------------------------------------------------------------------------------
 
 
 class Worker:
-    """One build's client, in a process of its own (on the engine side of a link: ``prefix``), with its
-    own vault (on the far side: ``vault``, the host and command prefix it starts there)."""
+    """One build's client in a process of its own, driven a JSON line at a time."""
 
-    def __init__(self, tree: str, prefix: Sequence[str] = (), vault: dict[str, Any] | None = None) -> None:
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(Path(tree).resolve()),
-            "TIERKV_BULK_READ_VAULT": json.dumps(vault or {}),
-        }
-        self.proc = subprocess.Popen(
-            [*prefix, sys.executable, str(Path(__file__).resolve()), "--worker"],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
 
     def ask(self, **cmd: Any) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -160,14 +158,18 @@ class Worker:
             raise RuntimeError(f"worker exited with {self.proc.wait()}")
         return dict(json.loads(line))
 
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+
+def worker_command(
+    tree: str, prefix: Sequence[str], vault: dict[str, Any]
+) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of a worker that imports tierkv from ``tree`` (on the engine side of
+    a link: ``prefix``) and reads from the vault ``vault`` names (address and PID)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(tree).resolve()),
+        "TIERKV_BULK_READ_VAULT": json.dumps(vault),
+    }
+    return [*prefix, sys.executable, str(Path(__file__).resolve()), "--worker"], env
 
 
 TCP_ROUND_SERVER = r"""
@@ -187,24 +189,17 @@ while True:
 """
 
 
+@dataclasses.dataclass(frozen=True)
 class TcpServer:
-    """A bare TCP sender (``raw_tcp``'s, or the round-sized one) in a child process."""
+    """A bare TCP sender (``raw_tcp``'s, or the round-sized one) that printed its port."""
 
-    def __init__(self, command: list[str], host: str) -> None:
-        self.host = host
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    proc: subprocess.Popen[str]
+    host: str
+
+    @functools.cached_property
+    def port(self) -> int:
         assert self.proc.stdout is not None
-        self.port = int(self.proc.stdout.readline())
-
-    def close(self) -> None:
-        from benchmarks.raw_tcp import stop_server
-
-        try:
-            stop_server(self.host, self.port)
-            self.proc.wait(10)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
+        return int(self.proc.stdout.readline())
 
 
 def round_pull(host: str, port: int, nbytes: int) -> Callable[[], None]:
@@ -334,8 +329,10 @@ def main() -> None:
     if args.worker:
         worker()
         return
+    from benchmarks.processes import started
     from benchmarks.raw_tcp import server_command
     from tierkv.bench.link import link_emulator, parse_link
+    from tierkv.vault.launcher import VaultProcess
 
     with contextlib.ExitStack() as stack:
         if args.link:
@@ -344,24 +341,39 @@ def main() -> None:
             stack.enter_context(link.engine_side())  # also while everything below is stopped
         else:
             host, vault_prefix, engine_prefix = "127.0.0.1", [], ()
-        vault = {"host": host, "prefix": vault_prefix}
         builds = {"new": args.new, **({"old": args.old} if args.old else {})}
-        workers = {name: Worker(tree, engine_prefix, vault) for name, tree in builds.items()}
-        for w in workers.values():
-            stack.callback(w.close)
-        tcp = TcpServer([*vault_prefix, *server_command(host)], host)
-        stack.callback(tcp.close)
-        round_bytes = args.round_mib << 20
-        tcp_round = TcpServer(
-            [*vault_prefix, sys.executable, "-c", TCP_ROUND_SERVER, host, str(round_bytes)], host
-        )
-        stack.callback(tcp_round.close)
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tierkv-bulkread-")))
+        workers = {}
+        for name, tree in builds.items():
+            vault = VaultProcess(
+                tmp / name,
+                host=host,
+                max_bytes="2GiB",
+                sync="fast",
+                prefix=vault_prefix,
+                env={"PYTHONPATH": str(Path(tree).resolve())},
+            ).start()
+            stack.callback(vault.stop)
+            assert vault.proc is not None
+            command, env = worker_command(
+                tree, engine_prefix, {"address": vault.address, "pid": vault.proc.pid}
+            )
+            workers[name] = Worker(stack.enter_context(started(command, stdin=True, env=env)))
+        tcp = TcpServer(stack.enter_context(started([*vault_prefix, *server_command(host)])), host)
+        round_server = [
+            *vault_prefix,
+            sys.executable,
+            "-c",
+            TCP_ROUND_SERVER,
+            host,
+            str(args.round_mib << 20),
+        ]
+        tcp_round = TcpServer(stack.enter_context(started(round_server)), host)
         doc = run(args, workers, tcp, tcp_round)
     doc["link"] = args.link or "loopback"
     doc["load_after"] = os.getloadavg()
-    print(
-        f"\nload average {doc['load_before'][0]:.1f} before, {doc['load_after'][0]:.1f} after; {os.cpu_count()} cores"
-    )
+    before, after = doc["load_before"][0], doc["load_after"][0]
+    print(f"\nload average {before:.1f} before, {after:.1f} after; {os.cpu_count()} cores")
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1))
 
