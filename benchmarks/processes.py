@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 
 @contextlib.contextmanager
-def started(args: Sequence[str], *, stdin: bool = False) -> Iterator[subprocess.Popen[str]]:
-    """``args`` running with its stdout piped (and its stdin, when it is driven a line at a time); on the
-    way out its stdin is closed, then SIGTERM, then SIGKILL after 10 s."""
+def started(
+    args: Sequence[str], *, stdin: bool = False, env: Mapping[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """``args`` running with its stdout piped (and its stdin, when it is driven a line at a time; ``env``
+    its whole environment, where given); on the way out its stdin is closed, then SIGTERM, then SIGKILL
+    after 10 s."""
     proc = subprocess.Popen(
         list(args),
         stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        env=None if env is None else dict(env),
     )
     try:
         yield proc

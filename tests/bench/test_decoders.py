@@ -99,3 +99,14 @@ def test_a_ring_decode_puts_key_i_in_row_i_mod_rows_even_when_a_run_wraps(dtype:
     errors = torch_dec.decode_ring([(6, bad)], "int8")
     assert len(errors) == 1 and "checksum" in errors[0]
     assert numpy_dec.decode_ring([(6, bad), (5, blobs[5])], "int8") == errors
+
+
+def test_a_raw_blob_in_the_models_dtype_is_verified_and_viewed_not_copied() -> None:
+    (array,) = blocks(1, "bfloat16")
+    (blob,) = blobs_of([array], "raw", "bfloat16")
+    assert blob is not None
+    (values,), errors = NumpyDecoder(SHAPE, "bfloat16", TOKENS).decode([blob], "raw")
+    assert errors == [] and np.array_equal(values, array)
+    assert np.shares_memory(values, np.frombuffer(blob, np.uint8)), "the restore copied a raw blob"
+    blob[-1] ^= 1  # and it was verified: a flipped payload bit is rejected
+    assert NumpyDecoder(SHAPE, "bfloat16", TOKENS).decode([blob], "raw")[0] == [None]

@@ -65,7 +65,7 @@ def test_gather_lists_carry_the_same_bytes_as_joined_frames() -> None:
 
 def test_recv_all_fills_many_small_buffers_in_order_and_reports_progress() -> None:
     whole = os.urandom(300_000)
-    sizes = [0, 7, 1, 4096] * 700  # more than IOV_MAX buffers
+    sizes = [0, 7, 1, 64] * 2000  # more than IOV_MAX buffers, and more than IOV_MAX of them hold
     buffers, pos = [], 0
     for wanted in sizes:
         n = min(wanted, len(whole) - pos)
@@ -91,3 +91,37 @@ def test_recv_all_reports_a_peer_that_closes_mid_message_and_what_came_before() 
     with right, pytest.raises(ConnectionResetError):
         gather.recv_all(right, [memoryview(bytearray(2)), memoryview(bytearray(5))], progress=seen.append)
     assert sum(seen) == 3
+
+
+def test_a_receive_over_tcp_wakes_once_a_large_piece_is_there_not_per_packet() -> None:
+    """SO_RCVLOWAT: with the first kilobyte of a 1 MiB message there and the rest coming 0.2 s later,
+    the first receive hands over (at least) RCVLOWAT_MAX bytes, not the kilobyte; a message shorter than
+    that is woken for once it is whole."""
+    if not gather._LOWAT:
+        pytest.skip("SO_RCVLOWAT is used on Linux only")
+    whole = os.urandom(1 << 20)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        left = socket.create_connection(server.getsockname()[:2])
+        right, _ = server.accept()
+    rest_may_go = threading.Event()
+
+    def send() -> None:
+        with left:
+            left.sendall(whole[:1024])
+            rest_may_go.wait(0.2)  # a reader woken by the first kilobyte lets the rest go at once
+            left.sendall(whole[1024:])
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    seen: list[int] = []
+
+    def progress(n: int) -> None:
+        seen.append(n)
+        rest_may_go.set()
+
+    buf = memoryview(bytearray(len(whole)))
+    with right:
+        gather.recv_all(right, [buf], before=lambda: right.settimeout(10), progress=progress)
+    sender.join(30)
+    assert bytes(buf) == whole
+    assert seen[0] >= gather.RCVLOWAT_MAX, f"woken for {seen[0]} bytes"

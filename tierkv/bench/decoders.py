@@ -24,7 +24,8 @@ Decoded = tuple[list[Any | None], list[str]]
 
 
 class NumpyDecoder:
-    """Blob by blob with the numpy codec, into a fresh array each (a raw blob: a view of its bytes)."""
+    """Blob by blob with the numpy codec, into a fresh array each (a raw blob in the model's dtype: a
+    read-only view of its bytes, valid as long as the blob is)."""
 
     name = "numpy"
 
@@ -33,7 +34,8 @@ class NumpyDecoder:
 
     def one(self, blob: Buffer, codec: str) -> Any:
         """One blob's values; raises :class:`~tierkv.errors.TierKVError` when it does not verify."""
-        _, array = decode(blob, out_dtype=self.dtype, expect=Expect(None, codec, self.shape, self.tokens))
+        expect = Expect(None, codec, self.shape, self.tokens)
+        _, array = decode(blob, out_dtype=self.dtype, expect=expect, copy=False)
         return array
 
     def decode(self, blobs: Sequence[Buffer | None], codec: str) -> Decoded:

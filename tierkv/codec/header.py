@@ -86,6 +86,11 @@ class Codec(enum.IntEnum):
 
 CODECS: Final[Mapping[str, Codec]] = MappingProxyType({c.name.lower(): c for c in Codec})
 """Codec name (as passed to ``encode``) -> wire id."""
+_CODEC_NAMES: Final = {c: name for name, c in CODECS.items()}
+_CODEC_BY_ID: Final = {int(c): c for c in Codec}
+_GROUP_BY_ID: Final = {int(g): g for g in LayerGroup}
+_SHAPES: Final = tuple(struct.Struct(f"<{n}Q") for n in range(MAX_NDIM + 1))
+"""The shape field of a header of each dimension count, compiled once (a header is read per blob)."""
 
 
 @dataclass(frozen=True)
@@ -265,7 +270,7 @@ def read_header(blob: Buffer, *, partial: bool = False) -> BlobHeader:
     (_, version, header_len, codec_id, dtype_id, ndim, layer_group, flags, reserved) = fields[:9]
     group_size, tokens, value_count, payload_len, payload_checksum = fields[9:]
     codec, dtype, group = _known_ids(codec_id, dtype_id, layer_group, flags, reserved)
-    shape = struct.unpack_from(f"<{ndim}Q", view, _FIXED.size)
+    shape = _SHAPES[ndim].unpack_from(view, _FIXED.size)
     if math.prod(shape) != value_count:
         raise CorruptBlobError(f"value count {value_count} does not match shape {shape}")
     _check_payload_len(codec, dtype, group_size, flags, value_count, payload_len)
@@ -274,9 +279,9 @@ def read_header(blob: Buffer, *, partial: bool = False) -> BlobHeader:
             f"blob length {len(view)} != header {header_len} + payload {payload_len} (truncated or padded)"
         )
     return BlobHeader(
-        codec=codec.name.lower(),
+        codec=_CODEC_NAMES[codec],
         dtype=dtype.name,
-        shape=tuple(shape),
+        shape=shape,
         group_size=group_size,
         value_count=value_count,
         tokens=tokens,
@@ -313,8 +318,8 @@ def _known_ids(
 ) -> tuple[Codec, DTypeInfo, LayerGroup]:
     """Codec, dtype and layer group of a header; a :class:`CodecError` for ids a newer writer made."""
     try:
-        ids = Codec(codec_id), _DTYPE_BY_ID[dtype_id], LayerGroup(layer_group)
-    except (ValueError, KeyError) as exc:
+        ids = _CODEC_BY_ID[codec_id], _DTYPE_BY_ID[dtype_id], _GROUP_BY_ID[layer_group]
+    except KeyError as exc:
         raise CodecError(
             f"unknown codec/dtype/layer group ids {codec_id}/{dtype_id}/{layer_group}; newer writer?"
         ) from exc

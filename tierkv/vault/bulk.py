@@ -6,8 +6,9 @@ as gRPC (so validation, auth, metrics and rejection logging are shared), and onl
 unauthenticated peer never gets a body buffered. The call is admitted (:mod:`.admission`) once its body
 is in, so a peer that stalls mid-request holds no slot another call could run in. Request bodies count
 against a vault-wide budget of in-flight bytes. Reply frames go out with ``sendmsg`` straight from LMDB's
-map while the socket takes them without blocking; once the peer is slow the rest of the frame is copied
-and the read transaction ends (:mod:`tierkv.vault.reply`), so a slow reader never holds LMDB back. A bad
+map, also while the peer is briefly behind; once the read transaction has lived
+:data:`~tierkv.vault.store.READ_TXN_MAX_S` or a map resize waits, the rest of the frame is copied and the
+transaction ends (:mod:`tierkv.vault.reply`), so a slow reader never holds LMDB back for longer. A bad
 request gets an ERROR record and the connection is closed; the vault keeps serving.
 
 Connections are capped below the process's file limit. At the cap the longest-idle connection is closed
@@ -23,16 +24,18 @@ import dataclasses
 import itertools
 import logging
 import resource
+import select
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from tierkv.endpoints import bare_host, join_host_port
 from tierkv.limits import MAX_BULK_REQUEST_BYTES, MiB
 from tierkv.vault.memory import InflightBudget
+from tierkv.vault.reply import BatchGetReply
 from tierkv.vault.service import M, VaultService, parse_message
 from tierkv.vault.status import Abort, Status, invalid
 from tierkv.wire import bulk, gather, pb
@@ -44,6 +47,8 @@ _IO_TIMEOUT_S = 30.0
 _RECV_CHUNK = 1 * MiB
 _LINGER_S = 2.0
 _LINGER_BYTES = 256 * MiB
+_WAIT_SLICE_MS = 10
+"""How long a sender waits for room at a time before it asks again whether it may keep waiting."""
 _FD_RESERVE = 128
 """File descriptors kept for everything but bulk connections (LMDB, gRPC, logs, metrics)."""
 
@@ -247,12 +252,7 @@ class BulkServer:
                 reply = self.service.batch_get(who, request)
                 try:
                     for parts in reply.frames():
-                        frame = [bulk.record(bulk.FRAME, sum(len(p) for p in parts)), *parts]
-                        rest = _send_nowait(sock, frame)
-                        if rest:
-                            copy = b"".join(rest)
-                            reply.release()  # the peer is slow: never wait on it inside a read transaction
-                            gather.send_all(sock, [copy])
+                        _send_frame(sock, [bulk.record(bulk.FRAME, reply.frame_len), *parts], reply)
                 finally:
                     self.service.finish_batch_get(reply)
 
@@ -382,18 +382,40 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def _send_nowait(sock: socket.socket, buffers: Sequence[Buffer]) -> list[memoryview]:
-    """Send what the socket takes without waiting; the unsent rest (empty when all went out)."""
+def _send_frame(sock: socket.socket, frame: list[Buffer], reply: BatchGetReply) -> None:
+    """One reply frame, straight from LMDB's map while the reply may stay pinned there (the peer keeps up,
+    or is behind for less than the read transaction may live); past that, the rest is copied, the read
+    transaction ends, and the copy goes out as the peer takes it."""
+    rest = _send_while(sock, frame, lambda: reply.pinned and not reply.stale)
+    if rest:
+        if reply.pinned:
+            copy = b"".join(rest)
+            reply.release()  # never wait on a slow peer inside a read transaction
+            rest = [memoryview(copy)]
+        gather.send_all(sock, rest)
+
+
+def _send_while(
+    sock: socket.socket, buffers: Sequence[Buffer], may_wait: Callable[[], bool]
+) -> list[memoryview]:
+    """Send what the socket takes; when it is full, wait for room in slices of ``_WAIT_SLICE_S`` for as
+    long as ``may_wait()`` says. The unsent rest (empty when all went out)."""
     queue = gather.pending(buffers)
     timeout = sock.gettimeout()
     sock.setblocking(False)
+    poller: select.poll | None = None
     try:
         while queue:
             try:
-                sent = sock.sendmsg(list(itertools.islice(queue, gather.IOV_MAX)))
+                gather.advance(queue, sock.sendmsg(list(itertools.islice(queue, gather.IOV_MAX))))
+                continue
             except BlockingIOError:
-                break
-            gather.advance(queue, sent)
+                if not may_wait():
+                    break
+            if poller is None:
+                poller = select.poll()
+                poller.register(sock, select.POLLOUT)
+            poller.poll(_WAIT_SLICE_MS)
     finally:
         sock.settimeout(timeout)
     return list(queue)

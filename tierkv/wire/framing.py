@@ -113,10 +113,12 @@ def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
     raise FrameError("truncated or oversized varint in frame")
 
 
-def frame_parts(header: pb.FrameHeader, parts: Sequence[Buffer]) -> list[Buffer]:
-    """One Frame as a gather list: the serialized header fields, then the body parts untouched."""
+def frame_parts(header: pb.FrameHeader, parts: Sequence[Buffer], body_len: int | None = None) -> list[Buffer]:
+    """One Frame as a gather list: the serialized header fields, then the body parts untouched
+    (``body_len``: their total length, where the caller has it already)."""
     head = header.SerializeToString()
-    body_len = sum(len(p) for p in parts)
+    if body_len is None:
+        body_len = sum(len(p) for p in parts)
     return [b"".join([b"\x0a", _varint(len(head)), head, b"\x12", _varint(body_len)]), *parts]
 
 

@@ -15,7 +15,14 @@
 """
 
 from tierkv.vault.store.env import MAX_TENANTS, DiskFullError, StoreFullError
-from tierkv.vault.store.format import FORMAT_VERSION, StoreFormatError, checksum, full_key, split_full_key
+from tierkv.vault.store.format import (
+    FORMAT_VERSION,
+    StoreFormatError,
+    checksum,
+    full_key,
+    key_prefix,
+    split_full_key,
+)
 from tierkv.vault.store.reads import HEAD_BYTES, READ_TXN_MAX_S, EntryReport, Lookup, Reader, ReadTally
 from tierkv.vault.store.scans import SCAN_SLICE, ChainEntry, NamespaceUsage
 from tierkv.vault.store.stats import PutOutcome, StoreStats
@@ -47,5 +54,6 @@ __all__ = [
     "check_tenant",
     "checksum",
     "full_key",
+    "key_prefix",
     "split_full_key",
 ]

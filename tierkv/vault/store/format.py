@@ -103,7 +103,12 @@ def charge_of(raw: bytes | memoryview) -> int:
 
 
 def full_key(namespace: bytes, key: bytes) -> bytes:
-    return bytes((len(check_namespace(namespace)),)) + namespace + key
+    return key_prefix(namespace) + key
+
+
+def key_prefix(namespace: bytes) -> bytes:
+    """What every full key of ``namespace`` starts with (a full key is this prefix and the key)."""
+    return bytes((len(check_namespace(namespace)),)) + namespace
 
 
 def split_full_key(fkey: bytes) -> tuple[bytes, bytes]:

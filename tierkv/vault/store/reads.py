@@ -72,8 +72,16 @@ class Reader:
             time.monotonic() - self._opened > READ_TXN_MAX_S or self._env.rw.exclusive_waiting
         )
 
+    @property
+    def pinned(self) -> bool:
+        """A read transaction is open: views handed out since the last release point into the map."""
+        return self._txn is not None
+
     def get(self, namespace: bytes, key: bytes) -> tuple[Lookup, memoryview | None]:
-        fkey = full_key(namespace, key)
+        return self.read(full_key(namespace, key))
+
+    def read(self, fkey: bytes) -> tuple[Lookup, memoryview | None]:
+        """:meth:`get` by full key (a caller reading many keys of one namespace builds them itself)."""
         txn = self._begin()
         tally = self.tally
         tally.lookups += 1
