@@ -172,23 +172,6 @@ def worker_command(
     return [*prefix, sys.executable, str(Path(__file__).resolve()), "--worker"], env
 
 
-TCP_ROUND_SERVER = r"""
-import os, socket, struct, sys
-src = memoryview(os.urandom(int(sys.argv[2])))
-srv = socket.socket(); srv.bind((sys.argv[1], 0)); srv.listen(1)
-print(srv.getsockname()[1], flush=True)
-while True:
-    conn, _ = srv.accept()
-    left = struct.unpack("!Q", conn.recv(8, socket.MSG_WAITALL))[0]
-    if not left:
-        break
-    pos = 0
-    while left:
-        n = min(left, len(src) - pos); conn.sendall(src[pos : pos + n]); left -= n; pos = (pos + n) % len(src)
-    conn.close()
-"""
-
-
 @dataclasses.dataclass(frozen=True)
 class TcpServer:
     """A bare TCP sender (``raw_tcp``'s, or the round-sized one) that printed its port."""
@@ -360,14 +343,7 @@ def main() -> None:
             )
             workers[name] = Worker(stack.enter_context(started(command, stdin=True, env=env)))
         tcp = TcpServer(stack.enter_context(started([*vault_prefix, *server_command(host)])), host)
-        round_server = [
-            *vault_prefix,
-            sys.executable,
-            "-c",
-            TCP_ROUND_SERVER,
-            host,
-            str(args.round_mib << 20),
-        ]
+        round_server = [*vault_prefix, *server_command(host, args.round_mib << 20)]
         tcp_round = TcpServer(stack.enter_context(started(round_server)), host)
         doc = run(args, workers, tcp, tcp_round)
     doc["link"] = args.link or "loopback"

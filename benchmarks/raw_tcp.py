@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable
 
 SERVER = r"""
-import socket, struct, sys
-chunk = memoryview(bytearray(4 << 20))
+import os, socket, struct, sys
+src = memoryview(os.urandom(int(sys.argv[2])))
 srv = socket.socket(); srv.bind((sys.argv[1], 0)); srv.listen(1)
 print(srv.getsockname()[1], flush=True)
 while True:
@@ -21,15 +21,18 @@ while True:
     left = struct.unpack("!Q", conn.recv(8, socket.MSG_WAITALL))[0]
     if not left:
         break
+    pos = 0
     while left:
-        n = min(left, len(chunk)); conn.sendall(chunk[:n]); left -= n
+        n = min(left, len(src) - pos); conn.sendall(src[pos : pos + n]); left -= n; pos = (pos + n) % len(src)
     conn.close()
 """
 
 
-def server_command(host: str) -> list[str]:
-    """The server bound to ``host`` on a free port, which it prints as its first line."""
-    return [sys.executable, "-c", SERVER, host]
+def server_command(host: str, source_bytes: int = 4 << 20) -> list[str]:
+    """The server bound to ``host`` on a free port, which it prints as its first line. It sends from a
+    buffer of ``source_bytes`` (over and over): 4 MiB stays in cache, the wire's best case; a round's size
+    reads as much memory as the vault's reply does."""
+    return [sys.executable, "-c", SERVER, host, str(source_bytes)]
 
 
 def tcp_pull(host: str, port: int, rtt: Callable[[], None] = lambda: None) -> Callable[[int], None]:
