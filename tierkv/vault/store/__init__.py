@@ -9,6 +9,8 @@
 - :mod:`.recency`: reads noted in memory and written by the next write transaction;
 - :mod:`.reads`: verified zero-copy reads, lookups, inspection;
 - :mod:`.scans`: operator scans over the index;
+- :mod:`.opening`: what an open reads once (totals, clock, the ranking policy, retention figures);
+- :mod:`.maintenance`: the thread that runs the chores no request should wait for;
 - :mod:`.stats`: the store's figures;
 - :mod:`.debug`: raw views of the databases for tests;
 - :mod:`.store`: :class:`Store`, the façade that wires them together.

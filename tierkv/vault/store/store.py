@@ -43,8 +43,10 @@ from tierkv.vault.store.debug import StoreDebug
 from tierkv.vault.store.entries import Entries, EntryWriter, Prepared
 from tierkv.vault.store.env import StoreEnv
 from tierkv.vault.store.evictor import Evictor, Ranking
-from tierkv.vault.store.format import INDEX_SIZE, POLICY_KEY, IndexRecord, full_key
-from tierkv.vault.store.ledger import Ledger, load_totals
+from tierkv.vault.store.format import full_key
+from tierkv.vault.store.ledger import Ledger
+from tierkv.vault.store.maintenance import Maintainer
+from tierkv.vault.store.opening import count_retention, load_meta
 from tierkv.vault.store.reads import EntryReport, Lookup, Reader, ReadTally, inspect_entry, present_run
 from tierkv.vault.store.recency import Touches
 from tierkv.vault.store.scans import SCAN_SLICE, ChainEntry, NamespaceUsage, chain_entries, keys_with_prefix
@@ -112,48 +114,20 @@ class Store:
         self._ghosts = Ghosts()
         self.on_drop: Callable[[Sequence[tuple[str, bytes]]], None] | None = None
         """Told (tenant, full key) of every entry a committed transaction removed (prefetch hints)."""
-        self._clock = self._load_meta()
-        self._load_retention()
-        self._closed = threading.Event()
-        self._maintainer = threading.Thread(
-            target=self._maintain, args=(maintenance_interval_s,), name="tierkv-store-maint", daemon=True
-        )
-        self._maintainer.start()
+        self._clock = load_meta(self._env, self._tenants, self._ranking, self.policy)
+        opening = self._ledger()
+        count_retention(self._env, self._tenants, opening)
+        self._commit(opening)
+        chores: list[Callable[[], object]] = [self.apply_touches, self.purge_expired, self._leases.sweep]
+        if sync_mode == "fast":  # durable commits are synced already
+            chores.append(self.sync)
+        self._maintainer = Maintainer(chores, maintenance_interval_s)
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
     @property
     def tenant_names(self) -> list[str]:
         return self._tenants.names()
-
-    def _load_meta(self) -> int:
-        """Read the totals and the clock; re-rank every tenant if the policy changed since the last open."""
-        with self._env.env.begin(write=True) as txn:
-            clock = load_totals(txn, self._env.meta, self._tenants)
-            stored_policy = txn.get(POLICY_KEY, db=self._env.meta)
-            if stored_policy is not None and stored_policy.decode() != self.policy.name:
-                log.info(
-                    "eviction policy changed from %s to %s: re-ranking",
-                    stored_policy.decode(),
-                    self.policy.name,
-                )
-                for t in self._tenants:
-                    self._ranking.rerank(txn, t)
-            txn.put(POLICY_KEY, self.policy.name.encode(), db=self._env.meta)
-        return clock
-
-    def _load_retention(self) -> None:
-        """Protected and per-class bytes of every tenant, from the index (what an entry's tail says)."""
-        ledger = self._ledger()
-        with self._env.env.begin(buffers=True) as txn:
-            for t in self._tenants:
-                with txn.cursor(db=t.index) as cur:
-                    for raw in cur.iternext(keys=False, values=True):
-                        if len(raw) <= INDEX_SIZE:
-                            continue
-                        with contextlib.suppress(ValueError):
-                            ledger.count_retention(t.name, IndexRecord.unpack(raw))
-        self._commit(ledger)
 
     def _ledger(self) -> Ledger:
         return Ledger(self._tenants, self._clock, self.now())
@@ -407,7 +381,7 @@ class Store:
             found = [txn.get(full_key(namespace, k), db=owner.tokens) for k in keys]
         return [None if v is None else bytes(v) for v in found]
 
-    # -- maintenance -------------------------------------------------------------------------------
+    # -- maintenance (:class:`Maintainer` runs these each interval) ---------------------------------
 
     def apply_touches(self) -> None:
         """Write pending recency updates now (the maintenance thread does this every interval)."""
@@ -428,17 +402,6 @@ class Store:
         with self._transaction(evicts=True) as (txn, ledger):
             self._evictor.purge(txn, ledger, due, limit)
         return sum(ledger.evicted.values())
-
-    def _maintain(self, interval: float) -> None:
-        while not self._closed.wait(interval):
-            try:
-                self.apply_touches()
-                self.purge_expired()
-                self._leases.sweep()
-                if self.sync_mode == "fast":
-                    self._env.sync()
-            except Exception:
-                log.exception("store maintenance failed")
 
     # -- figures and lifecycle ---------------------------------------------------------------------
 
@@ -465,10 +428,8 @@ class Store:
 
     def close(self) -> None:
         """Write pending recency, fsync and close. Idempotent."""
-        if self._closed.is_set():
+        if not self._maintainer.stop():
             return
-        self._closed.set()
-        self._maintainer.join(timeout=5)
         try:
             self.apply_touches()
             self._env.sync()
