@@ -5,7 +5,12 @@ wire's), each filled past its budget first, then Put batches of new chained keys
 each, eight per timed call: the store evicts as much as it writes), with every fourth batch's first half read back first so
 ``adaptive`` also promotes, learns and feeds its shadows. Blob sizes 1 KiB, 64 KiB, 1 MiB; medians of
 ``--repeats`` interleaved rounds and the ratio to ``lru``, by the wall clock and by this process's CPU
-time (on a shared machine the second is the steadier). Run:
+time (on a shared machine the second is the steadier).
+
+The contender ``adaptive-replayed`` tells the store's part of ``adaptive``'s cost from its learning's: a
+first pass records every admission and every walk start ``adaptive`` chooses on the same workload, then
+the replayed store gets those answers back with no learning behind them, so it reads, writes and evicts
+exactly what ``adaptive`` does. Run:
 
     python -m benchmarks.policy_put [--repeats 15] [--budget 32MiB] [--policies lru,adaptive] [--json]
 """
@@ -19,12 +24,12 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks.interleave import rounds
 from tierkv.config import parse_size
-from tierkv.vault.policy import make_policy
+from tierkv.vault.policy import AdaptivePolicy, Budget, EvictionPolicy, make_policy
 from tierkv.vault.store import Store
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -33,6 +38,49 @@ SIZES = {"1KiB": (KiB, 512), "64KiB": (64 * KiB, 64), "1MiB": (MiB, 4)}
 BATCHES_PER_CALL = 8
 """Batches per timed call: a call of one 4 MiB batch lasts a few milliseconds, too short to time on a
 shared machine."""
+REPLAYED = "adaptive-replayed"
+
+
+class _Recording(AdaptivePolicy):
+    """``adaptive``, noting every admission and walk start it answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.admits: list[bool] = []
+        self.starts: list[bytes] = []
+
+    def admit(self, tenant: str, limit: int, fkey: bytes, size: int, importance: float) -> bool:
+        self.admits.append(super().admit(tenant, limit, fkey, size, importance))
+        return self.admits[-1]
+
+    def walk_from(self, budget: Budget, heads: Callable[[], tuple[int | None, int | None]]) -> bytes:
+        self.starts.append(super().walk_from(budget, heads))
+        return self.starts[-1]
+
+
+class _Replayed(AdaptivePolicy):
+    """A recording's answers in order, and nothing learned: the store does ``adaptive``'s work alone."""
+
+    def __init__(self, recording: _Recording) -> None:
+        super().__init__()
+        self._admits, self._starts = iter(recording.admits), iter(recording.starts)
+
+    def admit(self, tenant: str, limit: int, fkey: bytes, size: int, importance: float) -> bool:
+        return next(self._admits)
+
+    def evicted(self, tenant: str, limit: int, fkey: bytes, size: int, proven: bool) -> None:
+        pass
+
+    def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
+        pass
+
+    def walk_from(self, budget: Budget, heads: Callable[[], tuple[int | None, int | None]]) -> bytes:
+        return next(self._starts)
+
+    def check_done(self) -> None:
+        """The replay asked exactly what was recorded (else it did not retrace ``adaptive``'s run)."""
+        if next(self._admits, None) is not None or next(self._starts, None) is not None:
+            raise RuntimeError("the replay asked fewer questions than adaptive answered")
 
 
 class Workload:
@@ -75,15 +123,29 @@ def _cpu_timed(fn: Callable[[], None], into: list[float]) -> Callable[[], None]:
     return call
 
 
+def _recorded(path: Path, budget: int, blob: int, per_batch: int, fill: int, calls: int) -> _Recording:
+    """``adaptive``'s answers on the replayed store's workload: the same keys, fill and calls."""
+    recording = _Recording()
+    with Store(path, budget, sync_mode="fast", policy=recording) as store:
+        load = Workload(store, blob, per_batch, REPLAYED)
+        for _ in range(fill):
+            load.batch()
+        for _ in range(calls):
+            load.batches()
+    return recording
+
+
 def measure(policies: list[str], budget: int, repeats: int, base: Path) -> dict[str, dict[str, object]]:
     out: dict[str, dict[str, object]] = {}
     for label, (blob, per_batch) in SIZES.items():
-        stores = {
-            p: Store(base / f"{label}-{p}", budget, sync_mode="fast", policy=make_policy(p)) for p in policies
-        }
+        fill = budget // (blob * per_batch) + 2
+        made: dict[str, EvictionPolicy] = {p: make_policy(p) for p in policies if p != REPLAYED}
+        if REPLAYED in policies:  # the warm-up call and the repeats
+            recording = _recorded(base / f"{label}-recording", budget, blob, per_batch, fill, repeats + 1)
+            made[REPLAYED] = _Replayed(recording)
+        stores = {p: Store(base / f"{label}-{p}", budget, sync_mode="fast", policy=made[p]) for p in policies}
         try:
             loads = {p: Workload(s, blob, per_batch, p) for p, s in stores.items()}
-            fill = budget // (blob * per_batch) + 2
             for w in loads.values():
                 for _ in range(fill):
                     w.batch()
@@ -92,6 +154,8 @@ def measure(policies: list[str], budget: int, repeats: int, base: Path) -> dict[
                 p: _cpu_timed(w.batches, cpu[p]) for p, w in loads.items()
             }
             times = rounds(calls, repeats)
+            if isinstance(replayed := made.get(REPLAYED), _Replayed):
+                replayed.check_done()
             nbytes = blob * per_batch * BATCHES_PER_CALL
             gbs = {p: statistics.median(nbytes / t / 1e9 for t in ts) for p, ts in times.items()}
             cpu_gbs = {p: statistics.median(nbytes / t / 1e9 for t in ts[1:]) for p, ts in cpu.items()}
