@@ -4,8 +4,10 @@ One store per policy (real LMDB, ``fast`` sync, in process: the policy's cost is
 wire's), each filled past its budget first, then Put batches of new chained keys (one engine request
 each, eight per timed call: the store evicts as much as it writes), with every fourth batch's first half read back first so
 ``adaptive`` also promotes, learns and feeds its shadows. Blob sizes 1 KiB, 64 KiB, 1 MiB; medians of
-``--repeats`` interleaved rounds and the ratio to ``lru``, by the wall clock and by this process's CPU
-time (on a shared machine the second is the steadier).
+``--repeats`` interleaved rounds and the ratio to ``lru`` (the median of the rounds' ratios: contenders in
+one round share its outside load), by the wall clock and by this process's CPU time (on a shared machine
+the second is the steadier). The process tunes malloc as a vault does (:mod:`tierkv._malloc`), so the
+large blobs' pages are reused rather than faulted in again on every write.
 
 The contender ``adaptive-replayed`` tells the store's part of ``adaptive``'s cost from its learning's: a
 first pass records every admission and every walk start ``adaptive`` chooses on the same workload, then
@@ -28,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks.interleave import rounds
+from tierkv._malloc import tune_malloc
 from tierkv.config import parse_size
 from tierkv.vault.policy import AdaptivePolicy, Budget, EvictionPolicy, make_policy
 from tierkv.vault.store import Store
@@ -123,6 +126,15 @@ def _cpu_timed(fn: Callable[[], None], into: list[float]) -> Callable[[], None]:
     return call
 
 
+def _paired_ratios(times: dict[str, list[float]]) -> dict[str, float]:
+    """Each contender's throughput over ``lru``'s: the median over rounds of the round's ratio."""
+    if "lru" not in times:
+        return {}
+    return {
+        p: statistics.median(b / t for b, t in zip(times["lru"], ts, strict=True)) for p, ts in times.items()
+    }
+
+
 def _recorded(path: Path, budget: int, blob: int, per_batch: int, fill: int, calls: int) -> _Recording:
     """``adaptive``'s answers on the replayed store's workload: the same keys, fill and calls."""
     recording = _Recording()
@@ -158,14 +170,13 @@ def measure(policies: list[str], budget: int, repeats: int, base: Path) -> dict[
                 replayed.check_done()
             nbytes = blob * per_batch * BATCHES_PER_CALL
             gbs = {p: statistics.median(nbytes / t / 1e9 for t in ts) for p, ts in times.items()}
-            cpu_gbs = {p: statistics.median(nbytes / t / 1e9 for t in ts[1:]) for p, ts in cpu.items()}
+            cpu_times = {p: ts[1:] for p, ts in cpu.items()}  # without the warm-up call
+            cpu_gbs = {p: statistics.median(nbytes / t / 1e9 for t in ts) for p, ts in cpu_times.items()}
             out[label] = {
                 "gb_per_s": gbs,
-                "ratio_to_lru": {p: gbs[p] / gbs["lru"] for p in gbs} if "lru" in gbs else {},
+                "ratio_to_lru": _paired_ratios(times),
                 "cpu_gb_per_s": cpu_gbs,
-                "cpu_ratio_to_lru": {p: cpu_gbs[p] / cpu_gbs["lru"] for p in cpu_gbs}
-                if "lru" in cpu_gbs
-                else {},
+                "cpu_ratio_to_lru": _paired_ratios(cpu_times),
                 "evictions": {p: s.stats().evictions for p, s in stores.items()},
             }
         finally:
@@ -181,6 +192,7 @@ def main() -> None:
     ap.add_argument("--policies", default="lru,adaptive")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    tune_malloc()
     with tempfile.TemporaryDirectory(prefix="tierkv-policy-put-") as tmp:
         result = measure(args.policies.split(","), parse_size(args.budget), args.repeats, Path(tmp))
     if args.json:
