@@ -12,7 +12,8 @@ large blobs' pages are reused rather than faulted in again on every write.
 The contender ``adaptive-replayed`` tells the store's part of ``adaptive``'s cost from its learning's: a
 first pass records every admission and every walk start ``adaptive`` chooses on the same workload, then
 the replayed store gets those answers back with no learning behind them, so it reads, writes and evicts
-exactly what ``adaptive`` does. Run:
+exactly what ``adaptive`` does. The recorded calls are also replayed to a fresh ``adaptive`` with no store
+around it: the learning's cost alone, per Put (best of three, the replay's own dispatch included). Run:
 
     python -m benchmarks.policy_put [--repeats 15] [--budget 32MiB] [--policies lru,adaptive] [--json]
 """
@@ -28,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from benchmarks.interleave import rounds
 from tierkv._malloc import tune_malloc
@@ -44,21 +46,65 @@ shared machine."""
 REPLAYED = "adaptive-replayed"
 
 
+Heads = Callable[[], tuple[int | None, int | None]]
+Call = tuple[str, tuple[Any, ...]]
+
+
 class _Recording(AdaptivePolicy):
-    """``adaptive``, noting every admission and walk start it answers."""
+    """``adaptive``, noting every admission and walk start it answers, and every call the store made."""
 
     def __init__(self) -> None:
         super().__init__()
         self.admits: list[bool] = []
         self.starts: list[bytes] = []
+        self.calls: list[Call] = []
 
     def admit(self, tenant: str, limit: int, fkey: bytes, size: int, importance: float) -> bool:
+        self.calls.append(("admit", (tenant, limit, fkey, size, importance)))
         self.admits.append(super().admit(tenant, limit, fkey, size, importance))
         return self.admits[-1]
 
-    def walk_from(self, budget: Budget, heads: Callable[[], tuple[int | None, int | None]]) -> bytes:
-        self.starts.append(super().walk_from(budget, heads))
+    def evicted(self, tenant: str, limit: int, fkey: bytes, size: int, proven: bool) -> None:
+        self.calls.append(("evicted", (tenant, limit, fkey, size, proven)))
+        super().evicted(tenant, limit, fkey, size, proven)
+
+    def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
+        self.calls.append(("observe", (tenant, limit, list(fkeys), size, read)))
+        super().observe(tenant, limit, fkeys, size, read=read)
+
+    def walk_from(self, budget: Budget, heads: Heads) -> bytes:
+        asked: list[tuple[int | None, int | None]] = []
+
+        def noted() -> tuple[int | None, int | None]:
+            asked.append(heads())
+            return asked[-1]
+
+        self.starts.append(super().walk_from(budget, noted))
+        self.calls.append(("walk_from", (budget, asked)))
         return self.starts[-1]
+
+
+def _learning_alone(calls: Sequence[Call], start: int, tries: int = 3) -> float:
+    """CPU seconds a fresh ``adaptive`` takes to answer the recorded calls from ``start`` on (after those
+    before it), with no store around it: the learning's own cost (best of ``tries``)."""
+
+    def run(policy: AdaptivePolicy, part: Sequence[Call]) -> None:
+        for name, args in part:
+            if name == "observe":
+                policy.observe(*args[:4], read=args[4])
+            elif name == "walk_from":
+                policy.walk_from(args[0], iter(args[1]).__next__)
+            else:
+                getattr(policy, name)(*args)
+
+    best = float("inf")
+    for _ in range(tries):
+        policy = AdaptivePolicy()
+        run(policy, calls[:start])
+        begin = time.process_time()
+        run(policy, calls[start:])
+        best = min(best, time.process_time() - begin)
+    return best
 
 
 class _Replayed(AdaptivePolicy):
@@ -77,7 +123,7 @@ class _Replayed(AdaptivePolicy):
     def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
         pass
 
-    def walk_from(self, budget: Budget, heads: Callable[[], tuple[int | None, int | None]]) -> bytes:
+    def walk_from(self, budget: Budget, heads: Heads) -> bytes:
         return next(self._starts)
 
     def check_done(self) -> None:
@@ -135,16 +181,21 @@ def _paired_ratios(times: dict[str, list[float]]) -> dict[str, float]:
     }
 
 
-def _recorded(path: Path, budget: int, blob: int, per_batch: int, fill: int, calls: int) -> _Recording:
-    """``adaptive``'s answers on the replayed store's workload: the same keys, fill and calls."""
+def _recorded(
+    path: Path, budget: int, blob: int, per_batch: int, fill: int, calls: int
+) -> tuple[_Recording, float]:
+    """``adaptive``'s answers on the replayed store's workload (the same keys, fill and calls), and the
+    microseconds per Put its learning takes on its own for the calls after the fill."""
     recording = _Recording()
     with Store(path, budget, sync_mode="fast", policy=recording) as store:
         load = Workload(store, blob, per_batch, REPLAYED)
         for _ in range(fill):
             load.batch()
+        start = len(recording.calls)
         for _ in range(calls):
             load.batches()
-    return recording
+    puts = calls * BATCHES_PER_CALL * per_batch
+    return recording, _learning_alone(recording.calls, start) / puts * 1e6
 
 
 def measure(policies: list[str], budget: int, repeats: int, base: Path) -> dict[str, dict[str, object]]:
@@ -152,8 +203,11 @@ def measure(policies: list[str], budget: int, repeats: int, base: Path) -> dict[
     for label, (blob, per_batch) in SIZES.items():
         fill = budget // (blob * per_batch) + 2
         made: dict[str, EvictionPolicy] = {p: make_policy(p) for p in policies if p != REPLAYED}
+        alone = None
         if REPLAYED in policies:  # the warm-up call and the repeats
-            recording = _recorded(base / f"{label}-recording", budget, blob, per_batch, fill, repeats + 1)
+            recording, alone = _recorded(
+                base / f"{label}-recording", budget, blob, per_batch, fill, repeats + 1
+            )
             made[REPLAYED] = _Replayed(recording)
         stores = {p: Store(base / f"{label}-{p}", budget, sync_mode="fast", policy=made[p]) for p in policies}
         try:
@@ -178,6 +232,7 @@ def measure(policies: list[str], budget: int, repeats: int, base: Path) -> dict[
                 "cpu_gb_per_s": cpu_gbs,
                 "cpu_ratio_to_lru": _paired_ratios(cpu_times),
                 "evictions": {p: s.stats().evictions for p, s in stores.items()},
+                "learning_alone_us_per_put": alone,
             }
         finally:
             for s in stores.values():
@@ -207,7 +262,11 @@ def main() -> None:
             f"{p} {v:.3f} GB/s ({ratio.get(p, 1.0):.2f}x lru wall, {cpu.get(p, 1.0):.2f}x cpu)"
             for p, v in gbs.items()
         )
-        print(f"{label:6} {cells}")
+        alone = doc.get("learning_alone_us_per_put")
+        print(
+            f"{label:6} {cells}"
+            + ("" if alone is None else f"; adaptive's learning alone {alone:.2f} us per Put")
+        )
 
 
 if __name__ == "__main__":
