@@ -4,8 +4,16 @@ One store per policy (real LMDB, ``fast`` sync, in process: the policy's cost is
 wire's), each filled past its budget first, then Put batches of new chained keys (one engine request
 each, eight per timed call: the store evicts as much as it writes), with every fourth batch's first half read back first so
 ``adaptive`` also promotes, learns and feeds its shadows. Blob sizes 1 KiB, 64 KiB, 1 MiB; medians of
-``--repeats`` interleaved rounds and the ratio to ``lru``, by the wall clock and by this process's CPU
-time (on a shared machine the second is the steadier). Run:
+``--repeats`` interleaved rounds and the ratio to ``lru`` (the median of the rounds' ratios: contenders in
+one round share its outside load), by the wall clock and by this process's CPU time (on a shared machine
+the second is the steadier). The process tunes malloc as a vault does (:mod:`tierkv._malloc`), so the
+large blobs' pages are reused rather than faulted in again on every write.
+
+The contender ``adaptive-replayed`` tells the store's part of ``adaptive``'s cost from its learning's: a
+first pass records every admission and every walk start ``adaptive`` chooses on the same workload, then
+the replayed store gets those answers back with no learning behind them, so it reads, writes and evicts
+exactly what ``adaptive`` does. The recorded calls are also replayed to a fresh ``adaptive`` with no store
+around it: the learning's cost alone, per Put (best of three, the replay's own dispatch included). Run:
 
     python -m benchmarks.policy_put [--repeats 15] [--budget 32MiB] [--policies lru,adaptive] [--json]
 """
@@ -19,12 +27,14 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from benchmarks.interleave import rounds
+from tierkv._malloc import tune_malloc
 from tierkv.config import parse_size
-from tierkv.vault.policy import make_policy
+from tierkv.vault.policy import AdaptivePolicy, Budget, EvictionPolicy, make_policy
 from tierkv.vault.store import Store
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -33,6 +43,93 @@ SIZES = {"1KiB": (KiB, 512), "64KiB": (64 * KiB, 64), "1MiB": (MiB, 4)}
 BATCHES_PER_CALL = 8
 """Batches per timed call: a call of one 4 MiB batch lasts a few milliseconds, too short to time on a
 shared machine."""
+REPLAYED = "adaptive-replayed"
+
+
+Heads = Callable[[], tuple[int | None, int | None]]
+Call = tuple[str, tuple[Any, ...]]
+
+
+class _Recording(AdaptivePolicy):
+    """``adaptive``, noting every admission and walk start it answers, and every call the store made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.admits: list[bool] = []
+        self.starts: list[bytes] = []
+        self.calls: list[Call] = []
+
+    def admit(self, tenant: str, limit: int, fkey: bytes, size: int, importance: float) -> bool:
+        self.calls.append(("admit", (tenant, limit, fkey, size, importance)))
+        self.admits.append(super().admit(tenant, limit, fkey, size, importance))
+        return self.admits[-1]
+
+    def evicted(self, tenant: str, limit: int, fkey: bytes, size: int, proven: bool) -> None:
+        self.calls.append(("evicted", (tenant, limit, fkey, size, proven)))
+        super().evicted(tenant, limit, fkey, size, proven)
+
+    def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
+        self.calls.append(("observe", (tenant, limit, list(fkeys), size, read)))
+        super().observe(tenant, limit, fkeys, size, read=read)
+
+    def walk_from(self, budget: Budget, heads: Heads) -> bytes:
+        asked: list[tuple[int | None, int | None]] = []
+
+        def noted() -> tuple[int | None, int | None]:
+            asked.append(heads())
+            return asked[-1]
+
+        self.starts.append(super().walk_from(budget, noted))
+        self.calls.append(("walk_from", (budget, asked)))
+        return self.starts[-1]
+
+
+def _learning_alone(calls: Sequence[Call], start: int, tries: int = 3) -> float:
+    """CPU seconds a fresh ``adaptive`` takes to answer the recorded calls from ``start`` on (after those
+    before it), with no store around it: the learning's own cost (best of ``tries``)."""
+
+    def run(policy: AdaptivePolicy, part: Sequence[Call]) -> None:
+        for name, args in part:
+            if name == "observe":
+                policy.observe(*args[:4], read=args[4])
+            elif name == "walk_from":
+                policy.walk_from(args[0], iter(args[1]).__next__)
+            else:
+                getattr(policy, name)(*args)
+
+    best = float("inf")
+    for _ in range(tries):
+        policy = AdaptivePolicy()
+        run(policy, calls[:start])
+        begin = time.process_time()
+        run(policy, calls[start:])
+        best = min(best, time.process_time() - begin)
+    return best
+
+
+class _Replayed(AdaptivePolicy):
+    """A recording's answers in order, and nothing learned: the store does ``adaptive``'s work alone."""
+
+    def __init__(self, recording: _Recording) -> None:
+        super().__init__()
+        self._admits, self._starts = iter(recording.admits), iter(recording.starts)
+
+    def admit(self, tenant: str, limit: int, fkey: bytes, size: int, importance: float) -> bool:
+        return next(self._admits)
+
+    def evicted(self, tenant: str, limit: int, fkey: bytes, size: int, proven: bool) -> None:
+        pass
+
+    def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
+        pass
+
+    def walk_from(self, budget: Budget, heads: Heads) -> bytes:
+        return next(self._starts)
+
+    def check_done(self) -> None:
+        """The replay asked exactly what was recorded (else it did not retrace ``adaptive``'s run)."""
+        if next(self._admits, None) is not None or next(self._starts, None) is not None:
+            raise RuntimeError("the replay asked fewer questions than adaptive answered")
 
 
 class Workload:
@@ -75,15 +172,46 @@ def _cpu_timed(fn: Callable[[], None], into: list[float]) -> Callable[[], None]:
     return call
 
 
+def _paired_ratios(times: dict[str, list[float]]) -> dict[str, float]:
+    """Each contender's throughput over ``lru``'s: the median over rounds of the round's ratio."""
+    if "lru" not in times:
+        return {}
+    return {
+        p: statistics.median(b / t for b, t in zip(times["lru"], ts, strict=True)) for p, ts in times.items()
+    }
+
+
+def _recorded(
+    path: Path, budget: int, blob: int, per_batch: int, fill: int, calls: int
+) -> tuple[_Recording, float]:
+    """``adaptive``'s answers on the replayed store's workload (the same keys, fill and calls), and the
+    microseconds per Put its learning takes on its own for the calls after the fill."""
+    recording = _Recording()
+    with Store(path, budget, sync_mode="fast", policy=recording) as store:
+        load = Workload(store, blob, per_batch, REPLAYED)
+        for _ in range(fill):
+            load.batch()
+        start = len(recording.calls)
+        for _ in range(calls):
+            load.batches()
+    puts = calls * BATCHES_PER_CALL * per_batch
+    return recording, _learning_alone(recording.calls, start) / puts * 1e6
+
+
 def measure(policies: list[str], budget: int, repeats: int, base: Path) -> dict[str, dict[str, object]]:
     out: dict[str, dict[str, object]] = {}
     for label, (blob, per_batch) in SIZES.items():
-        stores = {
-            p: Store(base / f"{label}-{p}", budget, sync_mode="fast", policy=make_policy(p)) for p in policies
-        }
+        fill = budget // (blob * per_batch) + 2
+        made: dict[str, EvictionPolicy] = {p: make_policy(p) for p in policies if p != REPLAYED}
+        alone = None
+        if REPLAYED in policies:  # the warm-up call and the repeats
+            recording, alone = _recorded(
+                base / f"{label}-recording", budget, blob, per_batch, fill, repeats + 1
+            )
+            made[REPLAYED] = _Replayed(recording)
+        stores = {p: Store(base / f"{label}-{p}", budget, sync_mode="fast", policy=made[p]) for p in policies}
         try:
             loads = {p: Workload(s, blob, per_batch, p) for p, s in stores.items()}
-            fill = budget // (blob * per_batch) + 2
             for w in loads.values():
                 for _ in range(fill):
                     w.batch()
@@ -92,17 +220,19 @@ def measure(policies: list[str], budget: int, repeats: int, base: Path) -> dict[
                 p: _cpu_timed(w.batches, cpu[p]) for p, w in loads.items()
             }
             times = rounds(calls, repeats)
+            if isinstance(replayed := made.get(REPLAYED), _Replayed):
+                replayed.check_done()
             nbytes = blob * per_batch * BATCHES_PER_CALL
             gbs = {p: statistics.median(nbytes / t / 1e9 for t in ts) for p, ts in times.items()}
-            cpu_gbs = {p: statistics.median(nbytes / t / 1e9 for t in ts[1:]) for p, ts in cpu.items()}
+            cpu_times = {p: ts[1:] for p, ts in cpu.items()}  # without the warm-up call
+            cpu_gbs = {p: statistics.median(nbytes / t / 1e9 for t in ts) for p, ts in cpu_times.items()}
             out[label] = {
                 "gb_per_s": gbs,
-                "ratio_to_lru": {p: gbs[p] / gbs["lru"] for p in gbs} if "lru" in gbs else {},
+                "ratio_to_lru": _paired_ratios(times),
                 "cpu_gb_per_s": cpu_gbs,
-                "cpu_ratio_to_lru": {p: cpu_gbs[p] / cpu_gbs["lru"] for p in cpu_gbs}
-                if "lru" in cpu_gbs
-                else {},
+                "cpu_ratio_to_lru": _paired_ratios(cpu_times),
                 "evictions": {p: s.stats().evictions for p, s in stores.items()},
+                "learning_alone_us_per_put": alone,
             }
         finally:
             for s in stores.values():
@@ -117,6 +247,7 @@ def main() -> None:
     ap.add_argument("--policies", default="lru,adaptive")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    tune_malloc()
     with tempfile.TemporaryDirectory(prefix="tierkv-policy-put-") as tmp:
         result = measure(args.policies.split(","), parse_size(args.budget), args.repeats, Path(tmp))
     if args.json:
@@ -131,7 +262,11 @@ def main() -> None:
             f"{p} {v:.3f} GB/s ({ratio.get(p, 1.0):.2f}x lru wall, {cpu.get(p, 1.0):.2f}x cpu)"
             for p, v in gbs.items()
         )
-        print(f"{label:6} {cells}")
+        alone = doc.get("learning_alone_us_per_put")
+        print(
+            f"{label:6} {cells}"
+            + ("" if alone is None else f"; adaptive's learning alone {alone:.2f} us per Put")
+        )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ given (a ledger with a clock reading of the test's choosing, a real lease table 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import lmdb
@@ -57,10 +57,24 @@ class Parts:
         self.clock = 0
 
     def put(self, tenant: str, key: bytes, size: int, meta: BlockMeta | None = None) -> bool:
+        return self.put_together(tenant, [(key, size, meta)])[0]
+
+    def put_together(
+        self,
+        tenant: str,
+        items: list[tuple[bytes, int, BlockMeta | None]],
+        between: Callable[[], None] = lambda: None,
+    ) -> list[bool]:
+        """Entries written in one write transaction, as one Put batch is; ``between`` runs after each (what
+        other threads do meanwhile)."""
         owner = self.tenants[tenant]
         ledger = Ledger(self.tenants, self.clock, self.now)
+        done = []
         with self.env.env.begin(write=True) as txn:
-            done = self.writer.put_one(txn, ledger, owner, (full_key(b"n", key), b"x" * size, 0, meta))
+            for key, size, meta in items:
+                item = (full_key(b"n", key), b"x" * size, 0, meta)
+                done.append(self.writer.put_one(txn, ledger, owner, item))
+                between()
         self.clock = ledger.clock
         ledger.take_into(self.tenants, threading.Lock())
         return done
@@ -88,6 +102,25 @@ def test_the_evictor_takes_the_writers_oldest_and_keeps_a_leased_one(tmp_path: P
     parts.now += 61  # the lease ended
     assert parts.put("default", b"f", 200)
     assert parts.keys("default") == {b"c", b"d", b"e", b"f"}
+    parts.env.close()
+
+
+def test_a_walk_past_leased_entries_resumes_within_its_transaction_after_their_lease_ended(
+    tmp_path: Path,
+) -> None:
+    parts = Parts(tmp_path, {})
+    for k in (b"a", b"b", b"c", b"d"):
+        assert parts.put("default", k, 200)
+    fkey_a = full_key(b"n", b"a")
+    parts.leases.grant("default", [(fkey_a, 203)], 60_000, since=parts.leases.mark(), quota=0)
+    # e's room: the walk passes leased a and takes b; a's reader then finishes (the last lease ends)
+    done = parts.put_together(
+        "default", [(b"e", 200, None), (b"f", 200, None)], lambda: parts.leases.release("default", [fkey_a])
+    )
+    assert done == [True, True]
+    assert parts.keys("default") == {b"a", b"d", b"e", b"f"}, "f's room: c, where the walk stopped, not a"
+    assert parts.put("default", b"g", 200)
+    assert parts.keys("default") == {b"d", b"e", b"f", b"g"}, "the next transaction takes a"
     parts.env.close()
 
 

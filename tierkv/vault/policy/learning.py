@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import struct
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -55,6 +56,7 @@ MEMORY: Final = 1000
 """The shadows' hit difference is decayed by 1/MEMORY per sampled access."""
 _DECAY: Final = 1.0 - 1.0 / MEMORY
 SAMPLE_MASK: Final = SAMPLE - 1
+_LAST_8: Final = struct.Struct(">Q")
 
 
 class Part(enum.IntEnum):
@@ -64,9 +66,19 @@ class Part(enum.IntEnum):
     MAIN = 1
 
 
+_PROBATION: Final = Part.PROBATION
+_MAIN: Final = Part.MAIN
+"""The members as module constants: an enum member read through its class costs a lookup on every use,
+and these are read on every Put."""
+
+
 def digest(full_key: bytes) -> int:
-    """A key's identity here: 8 bytes of it (keys are hashes already, so any 8 bytes are uniform)."""
-    return int.from_bytes(full_key[-8:], "big")
+    """A key's identity here: its last 8 bytes, big-endian (keys are hashes already, so any 8 bytes are
+    uniform); read with a compiled struct, cheaper than slicing for ``int.from_bytes``."""
+    if len(full_key) < 8:
+        return int.from_bytes(full_key, "big")
+    key: int = _LAST_8.unpack_from(full_key, -8)[0]
+    return key
 
 
 def sampled(key: int) -> bool:
@@ -83,12 +95,13 @@ class _Ghosts:
         self.bytes = 0
 
     def add(self, key: int, size: int, max_bytes: int) -> None:
-        old = self.keys.pop(key, None)
-        self.bytes += size - (old or 0)
-        self.keys[key] = size
-        while self.keys and (self.bytes > max_bytes or len(self.keys) > MAX_GHOSTS):
-            _, gone = self.keys.popitem(last=False)
-            self.bytes -= gone
+        keys = self.keys
+        if key in keys:
+            self.bytes -= keys.pop(key)
+        keys[key] = size
+        self.bytes += size
+        while keys and (self.bytes > max_bytes or len(keys) > MAX_GHOSTS):
+            self.bytes -= keys.popitem(last=False)[1]
 
     def take(self, key: int) -> int | None:
         """The remembered size of ``key`` (forgetting it), or None."""
@@ -119,30 +132,33 @@ class Split:
 
     def admit(self, key: int, size: int, importance: float) -> Part:
         """The part a block stored now (not held) starts in; learns from its ghost, if any."""
-        if self.recent.take(key) is not None:
-            grow = size * max(1.0, _ratio(self.frequent, self.recent))
+        recent, frequent = self.recent, self.frequent
+        if key in recent.keys:  # asked first: most keys are in neither list
+            recent.take(key)
+            grow = size * max(1.0, _ratio(frequent, recent))
             self.target = min(self.budget, self.target + grow)
             found = True
-        elif self.frequent.take(key) is not None:
-            shrink = size * max(1.0, _ratio(self.recent, self.frequent))
+        elif key in frequent.keys:
+            frequent.take(key)
+            shrink = size * max(1.0, _ratio(recent, frequent))
             self.target = max(0.0, self.target - shrink)
             found = True
         else:
             found = False
         self.learned += found
         if importance <= LOW_IMPORTANCE:
-            return Part.PROBATION
-        return Part.MAIN if found or importance >= HIGH_IMPORTANCE else Part.PROBATION
+            return _PROBATION
+        return _MAIN if found or importance >= HIGH_IMPORTANCE else _PROBATION
 
     def arc_part(self, probation: int, main: int) -> Part:
         """ARC's choice: probation while it holds more than its target (or main is empty), else main."""
         if probation > 0 and (probation > self.target or main <= 0):
-            return Part.PROBATION
-        return Part.MAIN
+            return _PROBATION
+        return _MAIN
 
     def remember(self, part: Part, key: int, size: int) -> None:
         """An entry of ``part`` was evicted: its key goes to that part's ghost list."""
-        ghosts = self.recent if part is Part.PROBATION else self.frequent
+        ghosts = self.recent if part is _PROBATION else self.frequent
         ghosts.add(key, size, GHOST_BUDGETS * self.budget)
 
     def ghost_keys(self) -> int:
@@ -208,12 +224,12 @@ class _MiniCache:
             part = self.held.where.get(key)
             if part is not None:
                 hits += 1
-                if read and part is Part.PROBATION and self.split is not None:
-                    self._move(size, Part.PROBATION, Part.MAIN)
-                    part = Part.MAIN
+                if read and part is _PROBATION and self.split is not None:
+                    self._move(size, _PROBATION, _MAIN)
+                    part = _MAIN
                 self.held.touch(key, part, size)
             elif size <= self.budget:
-                new = Part.MAIN if self.split is None else self.split.admit(key, size, 0.5)
+                new = _MAIN if self.split is None else self.split.admit(key, size, 0.5)
                 while sum(self.used.values()) + size > self.budget:
                     self._evict()
                 self.held.touch(key, new, size)
@@ -225,9 +241,9 @@ class _MiniCache:
         self.used[to] += size
 
     def _evict(self) -> None:
-        part = Part.MAIN
+        part = _MAIN
         if self.split is not None:
-            part = self.split.arc_part(self.used[Part.PROBATION], self.used[Part.MAIN])
+            part = self.split.arc_part(self.used[_PROBATION], self.used[_MAIN])
         if not self.held.parts[part]:
             part = Part(1 - part)
         key, size = self.held.pop(part)
@@ -275,8 +291,8 @@ class AdaptiveState:
             return self.split.arc_part(probation, main)
         probation_head, main_head = heads()
         if probation_head is None or main_head is None:
-            return Part.MAIN if probation_head is None else Part.PROBATION
-        return Part.PROBATION if probation_head < main_head else Part.MAIN
+            return _MAIN if probation_head is None else _PROBATION
+        return _PROBATION if probation_head < main_head else _MAIN
 
 
 __all__ = [

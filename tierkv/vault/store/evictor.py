@@ -98,6 +98,8 @@ class Evictor:
         self.leases = leases
         self.tenants = tenants
         self.max_bytes = max_bytes
+        self._sharing: dict[str, tuple[Tenant, ...]] = {}
+        """Per writer, the other tenants without a quota (whose entries its writes may evict)."""
 
     def make_room(self, txn: lmdb.Transaction, ledger: Ledger, owner: Tenant, charge: int) -> bool:
         """Evict until ``charge`` more bytes fit the owner's quota and the vault budget."""
@@ -113,16 +115,21 @@ class Evictor:
     def victim(self, txn: lmdb.Transaction, ledger: Ledger, owner: Tenant) -> Tenant | None:
         """Whose entry goes: the owner's or a quota-less tenant's — one with an expired entry first, else
         whichever's lowest-ranked unleased entry ranks lower."""
-        candidates = [owner, *(t for t in self.tenants() if t is not owner and not t.quota)]
-        if len(candidates) == 1:
+        others = self._sharing.get(owner.name)
+        if others is None:
+            others = self._sharing[owner.name] = tuple(
+                t for t in self.tenants() if t is not owner and not t.quota
+            )
+        if not others:
             return owner
         best: tuple[bytes, Tenant] | None = None
-        for t in candidates:
+        for t in (owner, *others):
             if self.first_expired(txn, t, ledger.now) is not None:
                 return t
             with txn.cursor(db=t.order) as cur:
-                if self.first_evictable(cur, ledger, t, self.unleased, self.walk_start(cur, ledger, t)):
-                    rank = bytes(cur.key()[: self.ranking.rank_len])
+                key = self.first_evictable(cur, ledger, t, self.unleased, self.walk_start(cur, ledger, t))
+                if key is not None:
+                    rank = key[: self.ranking.rank_len]
                     if best is None or rank < best[0]:
                         best = (rank, t)
         return None if best is None else best[1]
@@ -150,9 +157,10 @@ class Evictor:
         else:
             with txn.cursor(db=tenant.order) as order:
                 start = self.walk_start(order, ledger, tenant)
-                if not self.first_evictable(order, ledger, tenant, self.leases.claim, start):
+                key = self.first_evictable(order, ledger, tenant, self.leases.claim, start)
+                if key is None:
                     return False
-                victim_fkey = bytes(order.key()[self.ranking.rank_len :])
+                victim_fkey = key[self.ranking.rank_len :]
                 order.delete()
         victim = self.entries.drop(txn, ledger, tenant, victim_fkey, ordered=expired)
         if victim is None:  # an order or expiry key without its entry: drop the stray key
@@ -161,26 +169,25 @@ class Evictor:
                     cur.delete()
             return True
         ledger.evicted[tenant.name] += 1
-        if self.ranking.learning is not None:
-            proven = victim.ext is not None and victim.ext.proven
-            limit = tenant.quota or self.max_bytes
-            self.ranking.learning.evicted(tenant.name, limit, victim_fkey, victim.charge, proven)
-        if victim.source:
-            ledger.ghosts.append((tenant.name, victim_fkey, victim.source))
+        ext = victim.ext
+        learning = self.ranking.learning
+        if learning is not None:
+            proven = ext is not None and ext.proven
+            learning.evicted(tenant.name, tenant.quota or self.max_bytes, victim_fkey, victim.charge, proven)
+        if ext is not None and ext.source:
+            ledger.ghosts.append((tenant.name, victim_fkey, ext.source))
         return True
 
-    def budget(self, ledger: Ledger, tenant: Tenant) -> Budget:
-        """The tenant's limit and its parts' bytes in this transaction, for a learning policy."""
-        unprotected = ledger.used[tenant.name] - ledger.protected[tenant.name]
-        main = ledger.proven[tenant.name]
-        return Budget(tenant.name, tenant.quota or self.max_bytes, unprotected - main, main)
-
     def walk_start(self, cur: lmdb.Cursor, ledger: Ledger, tenant: Tenant) -> bytes:
-        """Where the victim search starts: the part a learning policy names (given the clocks of each
-        part's oldest entry), else the start of the order."""
+        """Where the victim search starts: the part a learning policy names (given the tenant's limit, the
+        bytes in each part in this transaction and, asked only when needed, the clocks of each part's
+        oldest entry), else the start of the order."""
         policy = self.ranking.learning
         if policy is None:
             return b""
+        name = tenant.name
+        main = ledger.proven[name]
+        probation = ledger.used[name] - ledger.protected[name] - main
 
         def heads() -> tuple[int | None, int | None]:
             found: list[int | None] = []
@@ -189,7 +196,7 @@ class Evictor:
                 found.append(int.from_bytes(key[1:9], "big") if key[:1] == part else None)
             return found[0], found[1]
 
-        return policy.walk_from(self.budget(ledger, tenant), heads)
+        return policy.walk_from(Budget(name, tenant.quota or self.max_bytes, probation, main), heads)
 
     def first_evictable(
         self,
@@ -198,26 +205,28 @@ class Evictor:
         tenant: Tenant,
         free: Callable[[str, bytes], bool],
         start: bytes = b"",
-    ) -> bool:
-        """Put ``cur`` on the tenant's lowest-ranked order key from ``start`` on that ``free`` says no
-        lease holds; walks past at most as many keys as the tenant holds leases (none left within that
-        from ``start``: the walk is made again from the first key, and False when none is left there).
+    ) -> bytes | None:
+        """The tenant's lowest-ranked order key from ``start`` on that ``free`` says no lease holds, with
+        ``cur`` on it; walks past at most as many keys as the tenant holds leases (none left within that
+        from ``start``: the walk is made again from the first key, and None when none is left there).
         Within one transaction a walk resumes where the last one from the same start ended (an entry it
         passed whose lease ended since is left for the next transaction), so a flood of puts walks a run
         of leased entries once per transaction, not once per eviction."""
-        resume = ledger.past_leases.get((tenant.name, start))
+        name = tenant.name
+        resume = ledger.past_leases.get((name, start)) if ledger.past_leases else None
         at = resume or start
         found = cur.set_range(at) if at else cur.first()
-        for walked in range(self.leases.held(tenant.name) + 1):
+        rank_len = self.ranking.rank_len
+        for walked in range(self.leases.held(name) + 1):
             if not found:
                 break
             key = bytes(cur.key())
-            if free(tenant.name, key[self.ranking.rank_len :]):
+            if free(name, key[rank_len:]):
                 if walked:
-                    ledger.past_leases[(tenant.name, start)] = key
-                return True
+                    ledger.past_leases[(name, start)] = key
+                return key
             found = cur.next()
-        return bool(start) and self.first_evictable(cur, ledger, tenant, free)
+        return self.first_evictable(cur, ledger, tenant, free) if start else None
 
     def purge(self, txn: lmdb.Transaction, ledger: Ledger, due: Sequence[Tenant], limit: int) -> None:
         """Drop up to ``limit`` expired entries of each tenant in ``due``."""
