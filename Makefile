@@ -4,6 +4,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
+# the main suite runs in parallel workers, one per core up to four (more workers mostly add vaults and
+# torch copies in memory); PARALLEL= runs it in one process
+PARALLEL ?= -n auto --maxprocesses 4 --dist loadgroup
 
 .PHONY: demo test docs lint typecheck proto proto-check test-fast test-vllm test-vllm-compat test-mlx test-llamacpp bench bench-vllm bench-redis clean
 
@@ -20,7 +23,7 @@ demo: $(STAMP)
 
 test: $(STAMP) lint typecheck proto-check docs
 	scripts/setup-test-tools.sh
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider $(PARALLEL)
 	$(MAKE) test-vllm
 	$(MAKE) test-vllm-compat
 	$(MAKE) test-mlx
@@ -28,7 +31,7 @@ test: $(STAMP) lint typecheck proto-check docs
 	$(MAKE) test-sglang
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not vllm and not mlx"
+	$(PY) -m pytest -q -m "not slow and not vllm and not mlx" $(PARALLEL)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tierkv tests benchmarks scripts

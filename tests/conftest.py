@@ -4,16 +4,41 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tierkv.vault.launcher import VaultProcess
 
 VaultFactory = Callable[..., VaultProcess]
+
+ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+"""The math libraries' thread counts, set to one in each parallel test worker (``pytest -n``)."""
+
+# Property tests judge results, never time: Hypothesis' default 200 ms deadline per example and its
+# too-slow health check are timings, which a busy machine (tests in parallel, other work) fails.
+settings.register_profile("tierkv", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("tierkv")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a parallel worker, torch, OpenMP and BLAS run one thread each (children inherit it).
+
+    The workers already fill the cores; a library that also starts a thread per core makes the machine
+    run several times more threads than it has, and OpenMP's spinning barriers then wait for threads that
+    are not running (a hybrid model's restore test took 33 s instead of 9 s on two busy cores). Set
+    before any test module imports torch; a value already in the environment is kept.
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for name in ONE_THREAD:
+            os.environ.setdefault(name, "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -59,8 +84,22 @@ def vault_factory(tmp_path: Path) -> Iterator[VaultFactory]:
         return proc.start() if start else proc
 
     yield make
-    for proc in started:
-        proc.stop(timeout=10)
+    stop_side_by_side(started, timeout=10)
+
+
+def stop_side_by_side(vaults: Sequence[VaultProcess], timeout: float) -> None:
+    """SIGTERM to every vault still running, then wait for each, SIGKILL after ``timeout``: a test's
+    vaults shut down side by side, not one after another."""
+    running = [v.proc for v in vaults if v.proc is not None and v.proc.poll() is None]
+    for proc in running:
+        proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in running:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import VaultFactory
-from tests.vault.test_daemon import free_port
+from tests.ports import refusing_port
 from tierkv import VaultClient
 from tierkv.config import Config, load_config
 from tierkv.extras import MissingExtra, require
@@ -81,14 +81,15 @@ def test_status_exits_nonzero_when_a_vault_is_unreachable(
     vault_factory: VaultFactory, tmp_path: Path
 ) -> None:
     kv = vault_factory(name="kv")
-    cfg = cluster_toml(tmp_path, kv.port, free_port())
-    result = tierkv("status", "--config", str(cfg), "--json")
-    assert result.returncode == 1
-    nodes = {n["role"]: n for n in json.loads(result.stdout)["nodes"]}
-    assert nodes["kv_cold"]["reachable"] and not nodes["ssm_cold"]["reachable"]
-    assert "UNAVAILABLE" in nodes["ssm_cold"]["error"]
-    table = tierkv("status", "--config", str(cfg))
-    assert table.returncode == 1 and "unreachable" in table.stdout
+    with refusing_port() as nothing:
+        cfg = cluster_toml(tmp_path, kv.port, nothing)
+        result = tierkv("status", "--config", str(cfg), "--json")
+        assert result.returncode == 1
+        nodes = {n["role"]: n for n in json.loads(result.stdout)["nodes"]}
+        assert nodes["kv_cold"]["reachable"] and not nodes["ssm_cold"]["reachable"]
+        assert "UNAVAILABLE" in nodes["ssm_cold"]["error"]
+        table = tierkv("status", "--config", str(cfg))
+        assert table.returncode == 1 and "unreachable" in table.stdout
 
 
 def test_config_errors_name_file_and_key_on_the_command_line(tmp_path: Path) -> None:
@@ -192,15 +193,16 @@ def test_status_tells_a_refused_token_from_an_unreachable_vault(
     vault_factory: VaultFactory, tmp_path: Path
 ) -> None:
     kv = vault_factory(name="kv", env={"TIERKV_TOKEN": "right"})
-    cfg = cluster_toml(tmp_path, kv.port, free_port())
-    cfg.write_text(cfg.read_text() + '[auth]\ntoken_env = "MY_TOKEN"\n')
-    result = tierkv("status", "--config", str(cfg), "--json", env={"MY_TOKEN": "wrong"})
-    assert result.returncode == 1
-    nodes = {n["role"]: n for n in json.loads(result.stdout)["nodes"]}
-    assert nodes["kv_cold"]["state"] == "auth refused" and nodes["ssm_cold"]["state"] == "unreachable"
-    table = tierkv("status", "--config", str(cfg), env={"MY_TOKEN": "wrong"})
-    assert "auth refused" in table.stdout and "unreachable" in table.stdout
-    right = tierkv("status", "--config", str(cfg), "--json", env={"MY_TOKEN": "right"})
+    with refusing_port() as nothing:
+        cfg = cluster_toml(tmp_path, kv.port, nothing)
+        cfg.write_text(cfg.read_text() + '[auth]\ntoken_env = "MY_TOKEN"\n')
+        result = tierkv("status", "--config", str(cfg), "--json", env={"MY_TOKEN": "wrong"})
+        assert result.returncode == 1
+        nodes = {n["role"]: n for n in json.loads(result.stdout)["nodes"]}
+        assert nodes["kv_cold"]["state"] == "auth refused" and nodes["ssm_cold"]["state"] == "unreachable"
+        table = tierkv("status", "--config", str(cfg), env={"MY_TOKEN": "wrong"})
+        assert "auth refused" in table.stdout and "unreachable" in table.stdout
+        right = tierkv("status", "--config", str(cfg), "--json", env={"MY_TOKEN": "right"})
     assert {n["role"]: n["state"] for n in json.loads(right.stdout)["nodes"]}["kv_cold"] == "ok"
 
 

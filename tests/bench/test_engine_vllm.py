@@ -15,7 +15,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from rich.console import Console
 
 from tests.conftest import VaultFactory
 from tests.connectors.vllm.engine import transfer_config
+from tests.ports import free_port
 from tierkv.bench.engine import EngineSettings, run_engine
 from tierkv.bench.prompts import PromptMaker
 from tierkv.client.vault import VaultClient
@@ -91,12 +91,6 @@ def write_model(path: Path) -> Path:
     )
     (path / "config.json").write_text(json.dumps(MODEL))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import VaultFactory
+from tests.ports import refusing_port
 from tierkv import VaultClient
 from tierkv.client.plain import plain_details
 from tierkv.errors import VaultUnavailable
@@ -35,15 +35,10 @@ def test_the_c_core_phrasings_are_said_plainly(details: str, says: str) -> None:
     assert says in plain and "ipv4:" not in plain
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_nothing_listening_is_connection_refused() -> None:
     with (
-        VaultClient(f"127.0.0.1:{free_port()}", timeout=5.0) as client,
+        refusing_port() as nothing,
+        VaultClient(f"127.0.0.1:{nothing}", timeout=5.0) as client,
         pytest.raises(VaultUnavailable) as info,
     ):
         client.stats()

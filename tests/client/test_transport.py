@@ -58,13 +58,23 @@ def vault_with(vault_factory: VaultFactory, tmp_path: Path, config: str, name: s
 
 @contextmanager
 def busy_bulk_connections(port: int, n: int) -> Iterator[None]:
-    """``n`` connections that sent a request head and hold the vault waiting for the token."""
+    """``n`` connections that sent a request head and hold the vault waiting for the token.
+
+    On leaving, each is half-closed and read to its end: the vault frees a connection's slot before it
+    closes its side, so the slots are free again when the block is left (a vault slow to notice the
+    close would otherwise refuse the next bulk connection)."""
     with ExitStack() as stack:
-        for _ in range(n):
-            sock = stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=5))
+        socks = [
+            stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=30)) for _ in range(n)
+        ]
+        for sock in socks:
             sock.sendall(bulk.REQUEST_HEAD.pack(bulk.MAGIC, bulk.VERSION, bulk.OP_BATCH_GET, 64))
-        time.sleep(0.2)  # let the vault accept them and read their heads
+        time.sleep(0.2)  # the vault's connection threads read the heads (nothing to wait on but time)
         yield
+        for sock in socks:
+            sock.shutdown(socket.SHUT_WR)
+            while sock.recv(1 << 16):
+                pass
 
 
 def test_the_bulk_port_is_asked_for_once_not_per_get(vault_factory: VaultFactory) -> None:

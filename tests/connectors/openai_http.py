@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -17,12 +16,6 @@ from typing import Any
 import pytest
 
 from tierkv.vault.launcher import VaultProcess, terminate
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_config(path: Path, vaults: dict[str, VaultProcess]) -> Path:

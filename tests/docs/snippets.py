@@ -22,8 +22,9 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
-import socket
 from pathlib import Path
+
+from tests.ports import free_ports
 
 FENCE = re.compile(r"^```(\w+)?[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 DIRECTIVE = re.compile(r"<!--\s*test:\s*(.*?)\s*-->")
@@ -145,17 +146,6 @@ def _shell(step: Step, page: Path) -> str:
     if step.language == "python":
         return f"python - <<'PYEOF'\n{step.code}PYEOF"
     raise ValueError(f"{page.name}: a block in {step.language or 'no language'} cannot be run")
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def runnable(page: Path) -> str:

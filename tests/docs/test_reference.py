@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import socket
 import sys
 import urllib.request
 from pathlib import Path
@@ -14,6 +13,7 @@ from types import ModuleType
 import pytest
 
 from tests.conftest import VaultFactory
+from tests.ports import free_port
 from tierkv.connectors.vllm.stats import COUNTERS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,12 +54,6 @@ def test_a_setting_missing_from_the_example_file_fails_the_build(
 def dashboard_metrics() -> set[str]:
     exprs = [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
     return set(re.findall(r"\btierkv_[a-z_]+", " ".join(exprs)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_every_metric_the_dashboard_queries_exists(vault_factory: VaultFactory) -> None:

@@ -56,7 +56,7 @@ def test_a_slow_bulk_reader_stalls_neither_puts_nor_health(vault_factory: VaultF
             target=slow_read, args=(port, batch_get_request(b"ns", list(big)), stop), daemon=True
         )
         reader.start()
-        time.sleep(0.5)
+        time.sleep(0.5)  # the reader's request reaches the vault and its answer starts (a socket, no timer)
         latencies, failures, health_failures = [], 0, 0
         health = health_pb2_grpc.HealthStub(ch)
         payload = os.urandom(blob)

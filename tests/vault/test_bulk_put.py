@@ -96,7 +96,7 @@ def test_a_stalled_bulk_put_never_holds_up_other_writers(vault_factory: VaultFac
     request = put_request({b"stalled": os.urandom(2 << 20)})
     with socket.create_connection(("127.0.0.1", port), timeout=30) as stalled:
         stalled.sendall(request[: 1 << 20])
-        time.sleep(0.2)
+        time.sleep(0.2)  # the vault reads the first half (a socket, no timer of its own)
         with VaultClient(v.address, timeout=10) as c:
             start = time.monotonic()
             for i in range(5):

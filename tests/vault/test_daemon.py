@@ -15,17 +15,12 @@ import lmdb
 import pytest
 
 from tests.conftest import VaultFactory
+from tests.ports import free_port, refusing_port
 from tests.processes import stopped
 from tierkv import VaultClient
 from tierkv.errors import AuthError, ResourceExhausted, VaultUnavailable
 from tierkv.vault.store import full_key
 from tierkv.wire import SERVICE
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_roundtrip_is_bit_exact_across_frames(vault_factory: VaultFactory) -> None:
@@ -147,8 +142,7 @@ def test_flipped_byte_on_disk_is_reported_corrupt(vault_factory: VaultFactory) -
 
 
 def test_unreachable_vault_raises_unavailable_within_the_deadline() -> None:
-    port = free_port()
-    with VaultClient(f"127.0.0.1:{port}", timeout=0.5) as c:
+    with refusing_port() as port, VaultClient(f"127.0.0.1:{port}", timeout=0.5) as c:
         start = time.monotonic()
         with pytest.raises(VaultUnavailable):
             c.get(b"ns", [b"k"])

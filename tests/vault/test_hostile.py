@@ -146,7 +146,7 @@ def test_declared_bodies_without_bytes_hold_no_memory(vault_factory: VaultFactor
             s = socket.create_connection(("127.0.0.1", port), timeout=10)
             s.sendall(declared + b"\x0a" * 1024)
             socks.append(s)
-        time.sleep(1.0)
+        time.sleep(1.0)  # the vault's connection threads read what was sent (a socket; no timer of its own)
         grown = rss_bytes(v.proc.pid) - before
         with grpc.insecure_channel(v.address) as ch:
             put(ch, b"ns", {b"k": b"v"})

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import VaultFactory
+from tests.ports import free_port
 from tests.vault import test_tenancy
-from tests.vault.test_daemon import free_port
 from tierkv.client.vault import VaultClient
 from tierkv.vault.launcher import VaultProcess
 from tierkv.vault.leases import MAX_LEASE_MS, LeaseCounts

@@ -14,8 +14,8 @@ import pytest
 
 from tests.client.inproc import InProcessVault
 from tests.conftest import VaultFactory
+from tests.ports import free_port
 from tests.vault.rawcalls import Ident, get, put, stats
-from tests.vault.test_daemon import free_port
 from tests.vault.test_store import LRUModel
 from tierkv.client import VaultClient
 from tierkv.client.aio import AsyncVaultClient

@@ -86,9 +86,11 @@ class ClientOptions:
             ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.enable_retries", 0),
-            # reconnect quickly after a vault restarts; our circuit breaker is what limits hammering
+            # reconnect quickly after a vault restarts; our circuit breaker is what limits hammering.
+            # Not grpc.min_reconnect_backoff_ms: gRPC takes it as the time a connection attempt is given
+            # at least, and at 100 ms every call to a vault slow to send its first bytes (a busy machine,
+            # a long link) failed at once until the backoff outgrew the delay; calls have deadlines
             ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000),
         ]
 

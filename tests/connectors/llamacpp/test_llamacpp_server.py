@@ -18,7 +18,8 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed here 
 
 from tests.conftest import VaultFactory
 from tests.connectors.llamacpp.models import make_llm, model_file
-from tests.connectors.openai_http import completion_text, free_port, running_server, write_config
+from tests.connectors.openai_http import completion_text, running_server, write_config
+from tests.ports import free_port
 from tierkv.client.vault import VaultClient
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.timeout(600)]

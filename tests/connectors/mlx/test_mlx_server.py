@@ -19,7 +19,8 @@ pytest.importorskip(
 
 from tests.conftest import VaultFactory
 from tests.connectors.mlx.models import as_text, prompt, run, save_model, tiny_model
-from tests.connectors.openai_http import completion_text, free_port, running_server, write_config
+from tests.connectors.openai_http import completion_text, running_server, write_config
+from tests.ports import free_port
 
 pytestmark = pytest.mark.mlx
 

@@ -33,12 +33,17 @@ class FakeRequest:
     num_computed_tokens: int = 0
 
 
+CALL_TIMEOUT_S = 10.0
+"""The vault calls' deadline where an answer is expected: these tests are about what the scheduler does
+with the answers, and a busy machine (tests in parallel, other work) must make them slow, not fail."""
+
+
 def make_scheduler(address: str, **options: object) -> SchedulerSide:
     topo = make_topology([GroupPlan(0, KV, BS, ("l0",))], [], BS)
     return SchedulerSide(
         topo,
         {topo.streams[0]: [NAMESPACE]},
-        lambda: Cluster({"kv_cold": address}, timeout=2.0),
+        lambda: Cluster({"kv_cold": address}, timeout=CALL_TIMEOUT_S),
         lambda request: KEYS[: request.num_tokens // BS],
         **options,  # type: ignore[arg-type]
     )
@@ -54,7 +59,7 @@ def matched(scheduler: SchedulerSide, request: FakeRequest, local: int = 0) -> t
 
 
 def test_broken_sync_load_does_not_block_the_later_store(vault: VaultProcess) -> None:
-    with Cluster({"kv_cold": vault.address}) as cluster:
+    with Cluster({"kv_cold": vault.address}, timeout=CALL_TIMEOUT_S) as cluster:
         assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:4]}).stored == 4
     scheduler = make_scheduler(vault.address, sync_loads=True)
     try:
@@ -74,7 +79,7 @@ def test_broken_sync_load_does_not_block_the_later_store(vault: VaultProcess) ->
 
 
 def test_request_finished_while_loading_asynchronously_is_not_stored(vault: VaultProcess) -> None:
-    with Cluster({"kv_cold": vault.address}) as cluster:
+    with Cluster({"kv_cold": vault.address}, timeout=CALL_TIMEOUT_S) as cluster:
         assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:2]}).stored == 2
     scheduler = make_scheduler(vault.address)
     try:
@@ -102,7 +107,7 @@ class GoneRecorder:
 
 
 def test_a_lookup_that_stops_short_reports_the_first_missing_block_gone(vault: VaultProcess) -> None:
-    with Cluster({"kv_cold": vault.address}) as cluster:
+    with Cluster({"kv_cold": vault.address}, timeout=CALL_TIMEOUT_S) as cluster:
         assert cluster.put(NAMESPACE, {k: b"blob" for k in KEYS[:5] if k != KEYS[3]}).stored == 4
     events = GoneRecorder()
     scheduler = make_scheduler(vault.address, events=events)
@@ -114,7 +119,7 @@ def test_a_lookup_that_stops_short_reports_the_first_missing_block_gone(vault: V
 
 
 def put_blocks(address: str, keys: list[bytes]) -> None:
-    with Cluster({"kv_cold": address}) as cluster:
+    with Cluster({"kv_cold": address}, timeout=CALL_TIMEOUT_S) as cluster:
         assert cluster.put(NAMESPACE, dict.fromkeys(keys, b"blob")).stored == len(keys)
 
 

@@ -20,8 +20,9 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm builds .venv-vllm)")
 
 from tests.conftest import VaultFactory
-from tests.connectors.openai_http import free_port, running_server
+from tests.connectors.openai_http import running_server
 from tests.connectors.vllm.engine import BLOCK_SIZE, MAX_MODEL_LEN, transfer_config, write_tiny_llama
+from tests.ports import free_port
 from tierkv.client.vault import VaultClient
 from tierkv.config import load_config
 from tierkv.connectors.vllm.smoke_test import run as smoke_test
