@@ -79,7 +79,9 @@ def test_replication_two_survives_a_killed_vault(vault_factory: VaultFactory) ->
     vaults = [vault_factory(name=f"v{i}") for i in range(3)]
     ks = keys(200)
     blobs = {k: os.urandom(500) for k in ks}
-    with Cluster({"kv_cold": [v.address for v in vaults]}, replication=2, timeout=1.0) as cluster:
+    # the put waits for both copies (no hedge cut-off), so each key survives the one vault killed
+    cluster = Cluster({"kv_cold": [v.address for v in vaults]}, replication=2, timeout=10, hedge_after_s=10)
+    with cluster:
         assert cluster.put(b"ns", blobs).stored == 200
         vaults[1].kill()
         assert cluster.get(b"ns", ks) == list(blobs.values())

@@ -25,7 +25,9 @@ def test_cluster_put_tags_every_replica(vault_factory: VaultFactory) -> None:
     vaults = [vault_factory(f"v{i}") for i in range(3)]
     keys = [b"key%d" % i for i in range(30)]
     meta = {k: BlockMeta("rules", 0.9, protected=True) for k in keys[:20]}
-    with Cluster({"kv_cold": [v.address for v in vaults]}, replication=2, timeout=5) as cluster:
+    # the put waits for every replica (no hedge cut-off): a copy still out would be missing below
+    cluster = Cluster({"kv_cold": [v.address for v in vaults]}, replication=2, timeout=10, hedge_after_s=10)
+    with cluster:
         assert cluster.put(b"ns", {k: b"v" * 100 for k in keys}, meta=meta).stored == 30
         assert cluster.get(b"ns", keys) == [b"v" * 100] * 30
     per_class: dict[str, int] = {}
