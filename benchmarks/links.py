@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -125,7 +126,7 @@ def measure_writes(
     """Puts of fresh keys every call (what an engine storing new blocks does), counted by what was stored."""
     n = max(1, round_bytes // size)
     payload = [os.urandom(size) for _ in range(n)]
-    calls = iter(range(1 << 30))
+    calls = itertools.count()
 
     def put(vault: VaultClient) -> Callable[[], object]:
         def call() -> object:

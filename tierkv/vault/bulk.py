@@ -398,7 +398,7 @@ def _send_frame(sock: socket.socket, frame: list[Buffer], reply: BatchGetReply) 
 def _send_while(
     sock: socket.socket, buffers: Sequence[Buffer], may_wait: Callable[[], bool]
 ) -> list[memoryview]:
-    """Send what the socket takes; when it is full, wait for room in slices of ``_WAIT_SLICE_S`` for as
+    """Send what the socket takes; when it is full, wait for room in slices of ``_WAIT_SLICE_MS`` for as
     long as ``may_wait()`` says. The unsent rest (empty when all went out)."""
     queue = gather.pending(buffers)
     timeout = sock.gettimeout()
