@@ -42,7 +42,7 @@ from rich.console import Console
 
 from benchmarks import mooncake_store as mooncake
 from benchmarks.interleave import interleaved
-from benchmarks.processes import started
+from benchmarks.processes import free_port, started
 from benchmarks.raw_tcp import server_command, tcp_pull
 from tierkv import VaultClient, __version__
 from tierkv.bench.link import LinkSpec, link_emulator, parse_link
@@ -227,10 +227,11 @@ def one_link(text: str, args: argparse.Namespace) -> dict[str, Any]:
         tcp = stack.enter_context(started([*prefix, *server_command(host)]))
         assert tcp.stdout is not None
         tcp_port = int(tcp.stdout.readline())
+        redis_port = REDIS_PORT if spec is not None else free_port(host)  # loopback: beside other runs
         redis_args = [
             "redis-server",
             "--port",
-            str(REDIS_PORT),
+            str(redis_port),
             "--bind",
             host,
             "--save",
@@ -253,7 +254,7 @@ def one_link(text: str, args: argparse.Namespace) -> dict[str, Any]:
         mc = (
             stack.enter_context(mooncake.mooncake_store(host, engine_host, prefix)) if args.mooncake else None
         )
-        r = redis.Redis(host=host, port=REDIS_PORT, socket_timeout=120)
+        r = redis.Redis(host=host, port=redis_port, socket_timeout=120)
         for _ in range(200):
             with contextlib.suppress(redis.ConnectionError):
                 r.ping()

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from benchmarks.processes import started
+from benchmarks.processes import free_port, started
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = ROOT / ".venv-mooncake" / "bin" / "python"
@@ -30,12 +30,6 @@ class MooncakeError(RuntimeError):
 
 def available(python: Path = PYTHON) -> bool:
     return python.exists() and (python.parent / "mooncake_master").exists()
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_listening(host: str, port: int, proc: subprocess.Popen[str], seconds: float = 30.0) -> None:
@@ -82,7 +76,7 @@ def mooncake_store(
     """Master and segment started with ``vault_prefix`` on ``vault_host``; the client in the caller's own
     network namespace (enter the engine side first) on ``engine_host``."""
     # In a namespace of the link's own the well-known ports are free; on loopback, take free ones.
-    ports = FIXED_PORTS if vault_prefix else tuple(_free_port(vault_host) for _ in FIXED_PORTS)
+    ports = FIXED_PORTS if vault_prefix else tuple(free_port(vault_host) for _ in FIXED_PORTS)
     master_port, metadata_port, metrics_port = ports
     metadata = f"http://{vault_host}:{metadata_port}/metadata"
     master = f"{vault_host}:{master_port}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -34,3 +35,11 @@ def started(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def free_port(host: str) -> int:
+    """A port free on ``host`` now, for a server on loopback that must be told its port (beside other
+    runs on the machine); in a network namespace of the run's own, a fixed port is free."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
