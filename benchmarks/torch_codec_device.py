@@ -9,7 +9,8 @@ cache there. For ``--blocks`` KV blocks of one model's shape (default: Llama-3-8
 - ``decode``: ``decode_tensor`` of every blob into a preallocated block on the device (as a restore
   writes its cache; int8: only int8 and scales cross, the multiply runs on the device);
 - ``d2h`` / ``h2d``: the blocks' bytes copied device -> host and host -> device, into and from pageable
-  host memory as the blobs are, nothing else.
+  host memory as the blobs are, nothing else; ``d2h pinned`` / ``h2d pinned`` the same from pinned
+  memory, the DMA's own rate (the raw codec stages through pinned memory, so this is its ceiling).
 
 Contenders alternate, each once per round; rates are GB/s of the blocks' own bytes (the values in their
 dtype), medians of ``--rounds``; the ratios set each codec against the copy it replaces. Every blob is
@@ -77,6 +78,7 @@ def contenders(blocks: list[torch.Tensor], device: torch.device) -> dict[str, Ca
     """Every timed operation, each a complete pass over the blocks that ends when the device is done."""
     slots = [torch.empty_like(b) for b in blocks]
     host = [torch.empty(b.numel() * b.element_size(), dtype=torch.uint8) for b in blocks]
+    pinned = [torch.empty_like(h, pin_memory=device.type == "cuda") for h in host]
     blobs = {codec: check_bits(blocks, codec) for codec in CODECS}
 
     def encode(codec: str) -> Callable[[], None]:
@@ -94,17 +96,28 @@ def contenders(blocks: list[torch.Tensor], device: torch.device) -> dict[str, Ca
 
         return run
 
-    def d2h() -> None:
-        for b, h in zip(blocks, host, strict=True):
-            h.copy_(b.view(-1).view(torch.uint8))
-        sync(device)
+    def d2h(to: list[torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            for b, h in zip(blocks, to, strict=True):
+                h.copy_(b.view(-1).view(torch.uint8))
+            sync(device)
 
-    def h2d() -> None:
-        for h, slot in zip(host, slots, strict=True):
-            slot.view(-1).view(torch.uint8).copy_(h)
-        sync(device)
+        return run
 
-    runs: dict[str, Callable[[], None]] = {"d2h": d2h, "h2d": h2d}
+    def h2d(src: list[torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            for h, slot in zip(src, slots, strict=True):
+                slot.view(-1).view(torch.uint8).copy_(h, non_blocking=True)
+            sync(device)
+
+        return run
+
+    runs: dict[str, Callable[[], None]] = {
+        "d2h": d2h(host),
+        "h2d": h2d(host),
+        "d2h pinned": d2h(pinned),
+        "h2d pinned": h2d(pinned),
+    }
     for codec in CODECS:
         runs[f"encode {codec}"] = encode(codec)
         runs[f"decode {codec}"] = decode(codec)

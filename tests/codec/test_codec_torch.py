@@ -136,6 +136,28 @@ def test_decode_tensor_into_out_and_expectations(device: str) -> None:
     decode_tensor(blob, expect=Expect(None, "int8", (4, 2, 16, 8), None, torch.bfloat16))
 
 
+@pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=lambda d: NAMES[d])
+@pytest.mark.parametrize("device", DEVICES)
+def test_raw_decodes_survive_the_received_bytes_being_reused(dtype: torch.dtype, device: str) -> None:
+    """A restore reuses its receive buffer as soon as a decode returns: the values must already be taken
+    (on a GPU the copy to the device is still queued then), into contiguous and strided slots alike."""
+    blocks = [tensor((2, 2, 16, 8), dtype, seed=s) for s in range(6)]
+    received = bytearray(len(encode_tensor(blocks[0], "raw")))
+    cache = torch.full((2, 2, 16, 6 * 8), float("nan"), dtype=dtype, device=device)
+    fresh = torch.empty((6, 2, 2, 16, 8), dtype=dtype, device=device)
+    for n, block in enumerate(blocks):
+        received[:] = encode_tensor(block, "raw")
+        decode_tensor(received, out=cache[..., n * 8 : (n + 1) * 8])
+        decode_tensor(received, out=fresh[n])
+        received[:] = bytes(len(received))  # the next reply lands here before the device copied this one
+    for n, block in enumerate(blocks):
+        assert (
+            numpy_view(cache[..., n * 8 : (n + 1) * 8].cpu().contiguous()).tobytes()
+            == numpy_view(block).tobytes()
+        )
+        assert numpy_view(fresh[n].cpu()).tobytes() == numpy_view(block).tobytes()
+
+
 def test_encode_tensor_rejects_unsupported_input() -> None:
     with pytest.raises(CodecError):
         encode_tensor(torch.zeros(4, dtype=torch.float64))

@@ -149,7 +149,7 @@ def encode_tensor(
     size, group = np_blob.check_encode_args(codec, shape, group_size, tokens, layer_group)
     flat = t.detach().contiguous().view(-1)
     if codec == "raw":
-        values = numpy_view(flat.cpu())
+        values = numpy_view(_on_host(flat))
         parts: list[Buffer] = [values.data.cast("B")]
         flags = 0
     else:
@@ -307,6 +307,26 @@ def _payload_view(payload: npt.NDArray[np.uint8], header: BlobHeader) -> torch.T
     return tensor.view(header.shape)
 
 
+def _on_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the host; from an accelerator through pinned memory, which the copy reaches at the DMA's
+    rate rather than through the driver's pageable staging (9 GB/s against ~50 on an H200 host)."""
+    if t.device.type == "cpu":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=torch.cuda.is_available())
+    return host.copy_(t)
+
+
+def _pinned(payload: npt.NDArray[np.uint8], header: BlobHeader) -> torch.Tensor:
+    """A copy of a raw payload in pinned host memory, as a tensor of the blob's dtype and shape.
+
+    torch's caching host allocator keeps the block from being handed out again until the copies queued
+    from it are done, so the caller may drop it as soon as a non-blocking copy is queued.
+    """
+    staging = torch.empty(payload.size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+    numpy_view(staging)[:] = payload
+    return staging.view(TORCH_DTYPES[header.dtype]).view(header.shape)
+
+
 def view_tensor(blob: Buffer, *, expect: Expect = NOTHING) -> torch.Tensor:
     """Verify a ``raw`` blob and return its values as a CPU tensor over the blob's own memory.
 
@@ -399,11 +419,21 @@ def _decode_raw(
     dev: torch.device,
     out: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Copy (converting where ``target`` differs) from the received bytes, on CPU straight into ``out``."""
+    """Copy (converting where ``target`` differs) from the received bytes, on CPU straight into ``out``.
+
+    To an accelerator, values in their own dtype go through pinned memory: one copy on the host, then a
+    DMA that runs while the next blob is verified. The bytes of a pageable tensor would be staged by the
+    driver and copied synchronously (about 5 GB/s on an H200 host, with the host copy before it).
+    """
     on_cpu = out is not None and out.device.type == "cpu"
     if out is not None and on_cpu and target == header.dtype:
         # one copy, straight from the received bytes into (possibly strided) ``out``
         return out.copy_(_payload_view(payload, header))
+    if dev.type != "cpu" and target == header.dtype:
+        staged = _pinned(payload, header)
+        if out is None:
+            return staged.to(dev, non_blocking=True)
+        return out.copy_(staged, non_blocking=True)
     direct = out is not None and on_cpu and out.is_contiguous()
     host = out if direct and out is not None else torch.empty(header.shape, dtype=TORCH_DTYPES[target])
     np_blob.decode_payload(header, payload, dtype_info(target), out=numpy_view(host))
