@@ -379,6 +379,13 @@ class Recording(TorchArrays):
         self.decoded.set()
         return verdicts
 
+    def decode_into(self, blob, out, expect):  # type: ignore[no-untyped-def]
+        self.threads.add(threading.current_thread().name)
+        try:
+            super().decode_into(blob, out, expect)
+        finally:
+            self.decoded.set()
+
 
 class Backwards(MemoryStorage):
     """Hands blobs over last key first (as two vaults' replies interleave), and before the last one waits
@@ -418,3 +425,36 @@ def test_decoding_behind_the_receive_fills_the_same_rows_while_the_get_still_run
     assert got.decoded_bytes < got.fetched_bytes and got.verify_s > 0
     for n, i in enumerate(got.decoded):  # the n-th good block in row n, as without decoding behind
         torch.testing.assert_close(into[n], data[i], atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("codec", ["raw", "int8"])
+@pytest.mark.parametrize("gap", ["missing", "corrupt"])
+def test_a_leading_restore_decodes_behind_the_receive_into_the_same_slots(codec: str, gap: str) -> None:
+    """With ``decode_behind`` a leading-only restore into ``out`` decodes while the get still receives and
+    ends as it would without: the leading run in its slots, a corrupt block deleted, nothing after the gap
+    reported."""
+    results = {}
+    spec = KV if codec == "int8" else RAW
+    data = [torch.randn(SHAPE, dtype=torch.float16) for _ in range(6)]
+    for behind in (False, True):
+        arrays = Recording()
+        storage = Backwards(arrays)
+        tier = ColdTier(storage, arrays, decode_behind=behind)
+        tier.store(spec, [(k, d, TOKENS) for k, d in zip(keys(6), data, strict=True)])
+        space = storage.blobs[(spec.role, NS)]
+        if gap == "missing":
+            del space[keys(6)[3]]
+        else:
+            bad = space[keys(6)[3]]
+            space[keys(6)[3]] = bad[:-1] + bytes([bad[-1] ^ 0xFF])
+        slots = torch.full((6, *SHAPE), float("nan"), dtype=torch.float16)
+        expect = spec.expect(SHAPE, TOKENS, "float16")
+        got = tier.restore(spec, keys(6), expect, slots.__getitem__, leading_only=True)
+        assert got.decoded == [0, 1, 2] and got.leading == 3
+        assert got.rejected == (gap == "corrupt") and keys(6)[3] not in space  # a corrupt one deleted
+        for n in range(3):
+            torch.testing.assert_close(slots[n], data[n], atol=0.05, rtol=0.05)
+        assert ("tierkv-decode-behind" in arrays.threads) == behind
+        assert storage.decoded_before_the_end == behind, "decoded only once every blob had arrived"
+        results[behind] = slots[:3]
+    assert torch.equal(results[False], results[True])

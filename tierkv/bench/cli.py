@@ -297,6 +297,13 @@ def hf(
     vault_sync: VaultSync = "durable",
     link: LinkOpt = None,
     seed: Seed = 0,
+    overlap: Annotated[
+        bool,
+        typer.Option(
+            "--overlap/--no-overlap",
+            help="Cold restores decode each block while the rest arrives ([cluster] decode_behind).",
+        ),
+    ] = False,
     json_out: JsonOut = None,
     verbose: Verbose = 0,
 ) -> None:
@@ -319,6 +326,7 @@ def hf(
             max_seconds=max_seconds,
             min_speedup=min_speedup,
             seed=seed,
+            decode_behind=overlap,
         )
         where = runner.vault_settings(vaults, use_config_vaults, state_dir, vault_max_bytes, vault_sync)
         if link and runner.link_has_round_trip(link):

@@ -85,6 +85,7 @@ class HFSettings:
     max_seconds: float = 300.0
     min_speedup: float | None = None
     seed: int = 0
+    decode_behind: bool = False
 
     def validate(self) -> None:
         check_sweep(
@@ -387,6 +388,7 @@ def run_hf(config: Config, settings: HFSettings, vault_settings: VaultSettings, 
             block_size=settings.block_tokens,
             hot_bytes=max(1 << 30, 4 * kv_bytes),
             model_id=model_id,
+            decode_behind=settings.decode_behind,
         )
         vocab = hf_arch(settings.shape).vocab_size
         draw = functools.partial(

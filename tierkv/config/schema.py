@@ -218,8 +218,8 @@ class ClusterConfig:
     """Host memory for blocks prefetched after a restore (README, "Predictive prefetch"); 0 = off."""
     prefetch_timeout_s: float = setting(0.5, positive=True)
     decode_behind: bool = False
-    """Restores into a buffer (int8) decode each blob while the rest still arrives: for links slower
-    than the decoder (see docs/performance/links.md)."""
+    """Restores decode each blob while the rest still arrives: for links slower than the decoder (see
+    docs/performance/links.md)."""
     kv_cold: tuple[Endpoint, ...] = (Endpoint(),)
     ssm_cold: tuple[Endpoint, ...] = ()
 

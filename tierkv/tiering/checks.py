@@ -27,7 +27,9 @@ class SessionSettings:
     prefill; ``max_inflight_stores`` bounds background store work; ``put_batch_bytes`` bounds one put;
     ``min_text_fraction`` is the shortest text match (as a fraction of the prompt) worth restoring;
     ``model_id`` (``None``: a fingerprint of the weights) and ``tenant`` go into the namespace;
-    ``prefetch_bytes`` (0: off) is the buffer for blocks prefetched after a restore (:mod:`.prefetch`).
+    ``prefetch_bytes`` (0: off) is the buffer for blocks prefetched after a restore (:mod:`.prefetch`);
+    ``decode_behind`` decodes a restore's blocks while the rest still arrive (``[cluster]
+    decode_behind``: a gain where the link, not the decode, bounds a restore).
     """
 
     codec: str = setting("raw", choices=CODECS)
@@ -40,6 +42,7 @@ class SessionSettings:
     model_id: str | None = None
     tenant: str = ""
     prefetch_bytes: ByteSize = setting(ByteSize(0), minimum=0)
+    decode_behind: bool = False
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], source: str = "TieredSession") -> SessionSettings:

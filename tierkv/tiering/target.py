@@ -101,6 +101,12 @@ class Target(Generic[A]):
 
     __call__ = arrived
 
+    def decode_run(self, run: Sequence[tuple[int, bytes]]) -> None:
+        """A :class:`~tierkv.tiering.behind.DecodeBehind` run of a leading-only restore: each key's blob
+        into its own slot, ``out(i)`` (the verdicts kept for :meth:`settle`, as on arrival)."""
+        for i, blob in run:
+            self.arrived(i, blob)
+
     def land(self, i: int, size: int) -> _Landed | None:
         """Where key ``i``'s blob of ``size`` bytes can be received: a header buffer, then its rows; None
         unless the hook gave rows and they hold exactly the payload of the blob expected."""

@@ -77,7 +77,8 @@ class TieredSession:
     ``None``: hot tier only. The other keyword arguments are the fields of
     :class:`~tierkv.tiering.checks.SessionSettings` (``codec``, ``block_size``, ``hot_bytes``,
     ``state_stride_blocks``, ``max_inflight_stores``, ``put_batch_bytes``, ``min_text_fraction``,
-    ``model_id``, ``tenant``), with its defaults and bounds; a bad one is a ConfigError. ``retention``
+    ``model_id``, ``tenant``, ``prefetch_bytes``, ``decode_behind``), with its defaults and
+    bounds; a bad one is a ConfigError. ``retention``
     is the class table a prompt layout is tagged by (default: :class:`~tierkv.retention.Retention`'s);
     ``weights`` score the hot tier's entries as the vaults' ``context`` policy does (``[retention.weights]``
     of tierkv.toml: ``config.retention.weights``).
@@ -125,6 +126,7 @@ class TieredSession:
                 TorchArrays(),
                 max_put_bytes=self.put_batch_bytes,
                 prefetch_bytes=settings.prefetch_bytes,  # restores take prefetched blocks first
+                decode_behind=settings.decode_behind,
             )
         )
         self.writer = EvictWriter(tier, self.streams, self.blocks, settings.max_inflight_stores)
