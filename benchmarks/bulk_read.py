@@ -47,8 +47,9 @@ BLOCK_SHAPE = (24, 2, 16, 2, 64)
 
 
 def process_cpu(pid: int) -> float:
-    """CPU seconds of the live threads of process ``pid`` so far (``schedstat``: nanoseconds, where
-    ``/proc/PID/stat`` counts 10 ms ticks)."""
+    """CPU seconds of process ``pid`` so far: its live threads' ``schedstat`` (nanoseconds), or, where
+    more, ``/proc/PID/stat``'s user and system time, which keeps the time of threads that have ended but
+    counts in clock ticks (10 ms)."""
     total = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -56,7 +57,10 @@ def process_cpu(pid: int) -> float:
                 total += int(f.read().split()[0])
         except (FileNotFoundError, ProcessLookupError):
             continue  # a thread that ended meanwhile
-    return total / 1e9
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
+    return max(total / 1e9, ticks / os.sysconf("SC_CLK_TCK"))
 
 
 # --- the worker: runs in the build's own tree -------------------------------------------------------

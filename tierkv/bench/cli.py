@@ -301,9 +301,9 @@ def hf(
         bool,
         typer.Option(
             "--overlap/--no-overlap",
-            help="Cold restores decode each block while the rest arrives ([cluster] decode_behind).",
+            help="Cold restores decode each block while the rest arrives (the session's decode_behind).",
         ),
-    ] = False,
+    ] = True,
     json_out: JsonOut = None,
     verbose: Verbose = 0,
 ) -> None:

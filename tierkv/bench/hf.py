@@ -85,7 +85,7 @@ class HFSettings:
     max_seconds: float = 300.0
     min_speedup: float | None = None
     seed: int = 0
-    decode_behind: bool = False
+    decode_behind: bool = True
 
     def validate(self) -> None:
         check_sweep(
