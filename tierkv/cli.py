@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -141,6 +142,38 @@ def vault(
     """
     if ctx.invoked_subcommand is not None:
         return
+    serve_vault(
+        config=config,
+        host=host,
+        port=port,
+        path=path,
+        max_bytes=max_bytes,
+        sync=sync,
+        policy=policy,
+        role=role,
+        metrics_port=metrics_port,
+        on_damage=on_damage,
+        ready_file=ready_file,
+        verbose=verbose,
+    )
+
+
+def serve_vault(
+    *,
+    config: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    path: str | None = None,
+    max_bytes: str | None = None,
+    sync: str | None = None,
+    policy: str | None = None,
+    role: str | None = None,
+    metrics_port: int | None = None,
+    on_damage: str | None = None,
+    ready_file: str | None = None,
+    verbose: int = 0,
+) -> None:
+    """``tierkv vault`` once its flags are parsed (by typer, or by :func:`plain_vault_flags`)."""
     cfg = _load(config)
     try:
         cfg = with_overrides(
@@ -168,6 +201,58 @@ def vault(
         server.serve_forever(ready_file=ready_file)
     except PortInUseError as exc:
         _fail(exc, code=3)
+
+
+VAULT_OPTIONS: dict[str, tuple[str, type[str] | type[int]]] = {
+    "--config": ("config", str),
+    "-c": ("config", str),
+    "--host": ("host", str),
+    "--port": ("port", int),
+    "--path": ("path", str),
+    "--max-bytes": ("max_bytes", str),
+    "--sync": ("sync", str),
+    "--policy": ("policy", str),
+    "--role": ("role", str),
+    "--metrics-port": ("metrics_port", int),
+    "--on-damage": ("on_damage", str),
+    "--ready-file": ("ready_file", str),
+}
+"""The options of ``tierkv vault`` that take a value: the name :func:`serve_vault` takes, and its type."""
+VERBOSE_FLAGS = ("-v", "--verbose")
+
+
+def plain_vault_flags(args: Sequence[str]) -> dict[str, Any] | None:
+    """The flags of a plainly spelled ``tierkv vault`` command line, as typer would parse them; None for
+    anything else, which typer parses.
+
+    Plain is what the launcher, the service files and most people write: ``vault``, then options each
+    given once as ``--name VALUE`` (or ``-v``), whole numbers in digits. Parsing those here skips typer's
+    building of every command and of a pydantic validator per option, which was a fifth of a vault's
+    start. Help, subcommands, ``--name=VALUE``, repeated, unknown or dash-led values, and numbers typer
+    would have to judge all go to typer, so its help, errors and exit codes are what the user sees.
+    """
+    if list(args[:1]) != ["vault"] or any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ):
+        return None  # not `tierkv vault`, or a shell asking typer to complete a word
+    flags: dict[str, Any] = {"verbose": 0}
+    rest = list(args[1:])
+    while rest:
+        token = rest.pop(0)
+        if token in VERBOSE_FLAGS:
+            flags["verbose"] += 1
+            continue
+        name, kind = VAULT_OPTIONS.get(token, ("", str))
+        value = rest.pop(0) if rest else "-"
+        if not name or name in flags or not _plain_value(value, kind):
+            return None
+        flags[name] = kind(value)
+    return flags
+
+
+def _plain_value(value: str, kind: type) -> bool:
+    """A value typer takes as it is: not dash-led (an option? typer decides), a number in a few digits."""
+    if value.startswith("-"):
+        return False
+    return kind is not int or (value.isascii() and value.isdigit() and len(value) <= 9)
 
 
 VaultDir = Annotated[str, typer.Argument(help="The vault's LMDB directory (its --path).")]
@@ -806,10 +891,14 @@ def service_print(
     print(text, end="")
 
 
-def run() -> None:
-    """The ``tierkv`` entry point: the app, with a missing optional dependency named by its extra."""
+def run(prog_name: str | None = None) -> None:
+    """The ``tierkv`` entry point: the app, with a missing optional dependency named by its extra.
+
+    A plainly spelled ``tierkv vault`` (:func:`plain_vault_flags`) is run without building the app."""
     try:
-        app()
+        if (flags := plain_vault_flags(sys.argv[1:])) is not None:
+            _standalone(serve_vault, flags)
+        app(prog_name=prog_name)
     except MissingExtra as exc:
         _exit_missing(str(exc))
     except ModuleNotFoundError as exc:
@@ -817,6 +906,23 @@ def run() -> None:
         if hint is None:
             raise
         _exit_missing(f"this command needs {exc.name}, which is not installed: {hint}")
+
+
+def _standalone(command: Callable[..., None], kwargs: dict[str, Any]) -> NoReturn:
+    """Run ``command`` and exit as typer's standalone mode would have: 0 when it returns, its code on
+    ``typer.Exit``, 130 on Ctrl-C, 1 quietly when stdout or stderr is a closed pipe."""
+    try:
+        command(**kwargs)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # what is still buffered goes nowhere, quietly
+        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, sys.stderr.fileno())
+        sys.exit(1)
+    sys.exit(0)
 
 
 def _exit_missing(message: str) -> NoReturn:
