@@ -19,10 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
+import typer.main
+from typer.testing import CliRunner
 
 from tests.conftest import VaultFactory
 from tests.ports import refusing_port
-from tierkv import VaultClient
+from tierkv import VaultClient, cli
 from tierkv.config import Config, load_config
 from tierkv.extras import MissingExtra, require
 
@@ -103,6 +105,67 @@ def test_config_errors_name_file_and_key_on_the_command_line(tmp_path: Path) -> 
 def test_vault_flags_are_validated(tmp_path: Path) -> None:
     result = tierkv("vault", "--path", str(tmp_path / "v"), "--sync", "sometimes", "--port", "0")
     assert result.returncode == 2 and "vault.sync" in result.stderr
+
+
+PLAIN_VAULT_LINES = [
+    ["vault"],
+    ["vault", "--port", "0", "--path", "/srv/v", "-v", "--verbose"],
+    [
+        "vault",
+        *("-c", "a.toml", "--host", "::1", "--port", "0042", "--path", "", "--max-bytes", "1GiB"),
+        *("--sync", "fast", "--policy", "lru", "--role", "ssm_cold", "--metrics-port", "9100"),
+        *("--on-damage", "move-aside", "--ready-file", "r", "-v"),
+    ],
+    ["vault", "--config", "a.toml", "--role", "inference"],  # a bad role is the vault's error, not a flag's
+]
+
+
+@pytest.mark.parametrize("args", PLAIN_VAULT_LINES, ids=range(len(PLAIN_VAULT_LINES)))
+def test_a_plain_vault_command_line_is_parsed_as_typer_parses_it(
+    args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tierkv vault` parses a plain command line itself (a vault starts without building the app): the
+    vault gets exactly the values typer's parsing gives it."""
+    seen: list[dict[str, object]] = []
+    monkeypatch.setattr(cli, "serve_vault", lambda **flags: seen.append(flags))
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 0 and len(seen) == 1, result.output
+    by_typer = {name: value for name, value in seen[0].items() if value is not None}
+    assert cli.plain_vault_flags(args) == by_typer
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["vault", "--help"],
+        ["vault", "compact", "/srv/v"],
+        ["vault", "--port=1"],
+        ["vault", "--port", "1", "--port", "2"],
+        ["vault", "-c", "a.toml", "--config", "b.toml"],
+        ["vault", "--port", "x1"],
+        ["vault", "--port", "-1"],
+        ["vault", "--port", "\u0663"],  # a digit, but not one typer is asked about here
+        ["vault", "--port", "1" * 10],
+        ["vault", "--path", "--port"],
+        ["vault", "--port"],
+        ["vault", "-vv"],
+        ["vault", "--bogus", "1"],
+        ["vault", "--", "--port", "1"],
+        ["--version"],
+        ["status"],
+        [],
+    ],
+)
+def test_anything_but_a_plain_vault_command_line_is_left_to_typer(args: list[str]) -> None:
+    assert cli.plain_vault_flags(args) is None
+
+
+def test_every_vault_option_is_one_the_plain_parser_knows() -> None:
+    """A new `tierkv vault` option would still work (typer parses what the plain parser does not know),
+    but every vault would then start through typer again."""
+    vault = typer.main.get_command(cli.app).commands["vault"]  # type: ignore[attr-defined]
+    options = {o for p in vault.params if p.param_type_name == "option" for o in (*p.opts, *p.secondary_opts)}
+    assert options == set(cli.VAULT_OPTIONS) | set(cli.VERBOSE_FLAGS)
 
 
 def test_version() -> None:

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import sys
 import time
-from collections.abc import Sequence
-from importlib.resources import files
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.markup import escape
 
 from tierkv import __version__
 from tierkv.config import (
@@ -29,7 +28,7 @@ from tierkv.config import (
     to_toml,
     with_overrides,
 )
-from tierkv.console import err, out
+from tierkv.console import err, escape, out
 from tierkv.console import fail as _fail
 from tierkv.console import load as _load
 from tierkv.errors import ConfigError, TierKVError
@@ -84,7 +83,7 @@ def _setup_logging(cfg: Config, verbosity: int) -> None:
 
 def _version(value: bool) -> None:
     if value:
-        out.print(f"tierkv {__version__}")
+        out().print(f"tierkv {__version__}")
         raise typer.Exit()
 
 
@@ -143,6 +142,38 @@ def vault(
     """
     if ctx.invoked_subcommand is not None:
         return
+    serve_vault(
+        config=config,
+        host=host,
+        port=port,
+        path=path,
+        max_bytes=max_bytes,
+        sync=sync,
+        policy=policy,
+        role=role,
+        metrics_port=metrics_port,
+        on_damage=on_damage,
+        ready_file=ready_file,
+        verbose=verbose,
+    )
+
+
+def serve_vault(
+    *,
+    config: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    path: str | None = None,
+    max_bytes: str | None = None,
+    sync: str | None = None,
+    policy: str | None = None,
+    role: str | None = None,
+    metrics_port: int | None = None,
+    on_damage: str | None = None,
+    ready_file: str | None = None,
+    verbose: int = 0,
+) -> None:
+    """``tierkv vault`` once its flags are parsed (by typer, or by :func:`plain_vault_flags`)."""
     cfg = _load(config)
     try:
         cfg = with_overrides(
@@ -172,6 +203,58 @@ def vault(
         _fail(exc, code=3)
 
 
+VAULT_OPTIONS: dict[str, tuple[str, type[str] | type[int]]] = {
+    "--config": ("config", str),
+    "-c": ("config", str),
+    "--host": ("host", str),
+    "--port": ("port", int),
+    "--path": ("path", str),
+    "--max-bytes": ("max_bytes", str),
+    "--sync": ("sync", str),
+    "--policy": ("policy", str),
+    "--role": ("role", str),
+    "--metrics-port": ("metrics_port", int),
+    "--on-damage": ("on_damage", str),
+    "--ready-file": ("ready_file", str),
+}
+"""The options of ``tierkv vault`` that take a value: the name :func:`serve_vault` takes, and its type."""
+VERBOSE_FLAGS = ("-v", "--verbose")
+
+
+def plain_vault_flags(args: Sequence[str]) -> dict[str, Any] | None:
+    """The flags of a plainly spelled ``tierkv vault`` command line, as typer would parse them; None for
+    anything else, which typer parses.
+
+    Plain is what the launcher, the service files and most people write: ``vault``, then options each
+    given once as ``--name VALUE`` (or ``-v``), whole numbers in digits. Parsing those here skips typer's
+    building of every command and of a pydantic validator per option, which was a fifth of a vault's
+    start. Help, subcommands, ``--name=VALUE``, repeated, unknown or dash-led values, and numbers typer
+    would have to judge all go to typer, so its help, errors and exit codes are what the user sees.
+    """
+    if list(args[:1]) != ["vault"] or any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ):
+        return None  # not `tierkv vault`, or a shell asking typer to complete a word
+    flags: dict[str, Any] = {"verbose": 0}
+    rest = list(args[1:])
+    while rest:
+        token = rest.pop(0)
+        if token in VERBOSE_FLAGS:
+            flags["verbose"] += 1
+            continue
+        name, kind = VAULT_OPTIONS.get(token, ("", str))
+        value = rest.pop(0) if rest else "-"
+        if not name or name in flags or not _plain_value(value, kind):
+            return None
+        flags[name] = kind(value)
+    return flags
+
+
+def _plain_value(value: str, kind: type) -> bool:
+    """A value typer takes as it is: not dash-led (an option? typer decides), a number in a few digits."""
+    if value.startswith("-"):
+        return False
+    return kind is not int or (value.isascii() and value.isdigit() and len(value) <= 9)
+
+
 VaultDir = Annotated[str, typer.Argument(help="The vault's LMDB directory (its --path).")]
 
 
@@ -184,7 +267,7 @@ def vault_compact(path: VaultDir) -> None:
         result = compact(path)
     except TierKVError as exc:
         _fail(exc, code=getattr(exc, "exit_code", 2))
-    out.print(f"compacted {result.target}: {format_size(result.before)} -> {format_size(result.after)}")
+    out().print(f"compacted {result.target}: {format_size(result.before)} -> {format_size(result.after)}")
 
 
 @vault_app.command("backup")
@@ -198,7 +281,7 @@ def vault_backup(
         result = backup(path, dest)
     except TierKVError as exc:
         _fail(exc, code=getattr(exc, "exit_code", 2))
-    out.print(f"backed up {result.source} ({format_size(result.before)}) to {result.target}")
+    out().print(f"backed up {result.source} ({format_size(result.before)}) to {result.target}")
 
 
 admin_app = typer.Typer(
@@ -243,7 +326,7 @@ def _report_errors(answers: Sequence[Answer[Any]]) -> None:
     """A red line per vault that failed; exit 1 if any did."""
     for a in answers:
         if a.error is not None:
-            err.print(f"[red]{a.target.address}:[/red] {escape(str(a.error))}", soft_wrap=True)
+            err().print(f"[red]{a.target.address}:[/red] {escape(str(a.error))}", soft_wrap=True)
     if any(not a.ok for a in answers):
         raise typer.Exit(1)
 
@@ -267,8 +350,8 @@ def admin_namespaces(
     if as_json:
         print(json.dumps(admin.namespaces_doc(answers), indent=2))
     elif any(a.ok for a in answers):  # no empty table above the errors of vaults that all refused
-        out.print(admin.namespaces_table(answers, f"tierkv namespaces ({cfg.source})"))
-        out.print(
+        out().print(admin.namespaces_table(answers, f"tierkv namespaces ({cfg.source})"))
+        out().print(
             f"model: {admin.UNKNOWN_MODEL}; the sample header says what its blocks hold", highlight=False
         )
     _report_errors(answers)
@@ -299,9 +382,9 @@ def admin_inspect(
     else:
         for a in answers:
             if a.value is not None:
-                out.print(f"[bold]{a.target.address}[/bold] {a.target.role}".rstrip())
+                out().print(f"[bold]{a.target.address}[/bold] {a.target.role}".rstrip())
                 for line in admin.entry_lines(a.value):
-                    out.print(f"  {escape(line)}", highlight=False)
+                    out().print(f"  {escape(line)}", highlight=False)
     _report_errors(answers)
 
 
@@ -335,14 +418,14 @@ def admin_flush(
     scope = f"namespace {namespace}" if namespace else "EVERY namespace"
     whose = f"tenant {tenant}" if tenant else ("every tenant" if all_namespaces else "this token's tenant")
     if not yes and not typer.confirm(f"Flush {scope} of {whose} on {len(where)} vault(s)?", default=False):
-        err.print("not flushed")
+        err().print("not flushed")
         raise typer.Exit(1)
     answers = admin.ask(
         cfg, where, lambda c: c.flush(ns, all_namespaces=all_namespaces, tenant=tenant), timeout
     )
     for a in answers:
         if a.value is not None:
-            out.print(f"{a.target.address}: deleted {a.value:,} entries", highlight=False)
+            out().print(f"{a.target.address}: deleted {a.value:,} entries", highlight=False)
     _report_errors(answers)
 
 
@@ -423,15 +506,15 @@ def _show_status(cfg: Config, nodes: list[NodeStatus], *, as_json: bool, watchin
         doc = {"config": cfg.source, "time": time.time(), "nodes": [n.as_dict() for n in nodes]}
         print(json.dumps(doc, indent=None if watching else 2), flush=True)
     else:
-        if watching and out.is_terminal:
-            out.clear()
+        if watching and out().is_terminal:
+            out().clear()
         stamp = time.strftime(" %H:%M:%S") if watching else ""
-        out.print(status_table(nodes, f"tierkv status ({cfg.source}){stamp}", width=out.width))
+        out().print(status_table(nodes, f"tierkv status ({cfg.source}){stamp}", width=out().width))
         for n in nodes:
             if not n.reachable:
-                err.print(f"[red]{n.role} {n.address} {n.state}:[/red] {escape(n.error)}")
+                err().print(f"[red]{n.role} {n.address} {n.state}:[/red] {escape(n.error)}")
             elif n.auth == "off":
-                err.print(
+                err().print(
                     f"[yellow]{n.role} {n.address}: auth is OFF:[/yellow] it answers callers without a "
                     "token, each an admin of tenant 'default'",
                     soft_wrap=True,
@@ -458,11 +541,11 @@ def snapshot(
     snap = take_snapshot(cfg, vaults=vault or (), tenant=tenant, limit=limit, timeout=timeout)
     snap.write(output)
     tokens = sum(len(p.tokens) for p in snap.prefixes)
-    out.print(f"{len(snap.prefixes)} prefixes ({tokens} tokens) written to {output}", highlight=False)
+    out().print(f"{len(snap.prefixes)} prefixes ({tokens} tokens) written to {output}", highlight=False)
     if snap.skipped:
-        out.print(f"{snap.skipped} hot chains without token ids skipped (warm_tokens off when stored?)")
+        out().print(f"{snap.skipped} hot chains without token ids skipped (warm_tokens off when stored?)")
     if not snap.prefixes:
-        out.print(
+        out().print(
             escape(
                 "nothing to warm: engines send a block's token ids only with [retention] warm_tokens = true "
                 "in their tierkv.toml (off by default), and a chain is hot once it was read"
@@ -470,7 +553,7 @@ def snapshot(
             highlight=False,
         )
     for line in snap.errors:
-        err.print(f"[red]{escape(line)}[/red]", soft_wrap=True)
+        err().print(f"[red]{escape(line)}[/red]", soft_wrap=True)
     if snap.errors:
         raise typer.Exit(1)
 
@@ -500,14 +583,14 @@ def warm(
     def show(r: Any) -> None:
         state = "ok" if r.ok else f"[red]failed[/red] {escape(r.error)}"
         p = r.prefix
-        out.print(
+        out().print(
             f"{p.tenant} {p.namespace.hex()[:12]} {len(p.tokens)} tokens: {r.seconds * 1000:.1f} ms {state}"
         )
 
     done = replay(snap.prefixes, engine_api, model=name, timeout=timeout, progress=show)
     total = sum(r.seconds for r in done)
     failed = sum(not r.ok for r in done)
-    out.print(f"warmed {len(done) - failed} of {len(done)} prefixes in {total:.2f} s", highlight=False)
+    out().print(f"warmed {len(done) - failed} of {len(done)} prefixes in {total:.2f} s", highlight=False)
     if failed:
         raise typer.Exit(1)
 
@@ -554,14 +637,14 @@ def demo(
         from tierkv.routing.demo import run_cluster_demo
 
         try:
-            served = run_cluster_demo(Path(state_dir) / "cluster", out)
+            served = run_cluster_demo(Path(state_dir) / "cluster", out())
         except (RuntimeError, TimeoutError) as exc:
             _fail(exc, code=1)
         if not any(r.restored for r in served):
             raise typer.Exit(1)
         return
     try:
-        result = run_demo(Path(state_dir), out, tokens=tokens)
+        result = run_demo(Path(state_dir), out(), tokens=tokens)
     except ValueError as exc:
         _fail(exc)
     if not result.ok:
@@ -602,9 +685,9 @@ def pages(
         print(json.dumps(document(found, errors), indent=2))
     else:
         for line in table(found):
-            out.print(line, highlight=False, soft_wrap=True)
+            out().print(line, highlight=False, soft_wrap=True)
         for line in errors:
-            err.print(f"[red]{escape(line)}[/red]", soft_wrap=True)
+            err().print(f"[red]{escape(line)}[/red]", soft_wrap=True)
     if errors:
         raise typer.Exit(1)
 
@@ -641,15 +724,15 @@ def config_check(
         check_client_files(cfg)
         exposed = exposure_warning(cfg.auth)
         if exposed:
-            err.print(f"[yellow]warning:[/yellow] {escape(exposed)}", soft_wrap=True)
+            err().print(f"[yellow]warning:[/yellow] {escape(exposed)}", soft_wrap=True)
         if vault:
             check_vault_start(cfg, create=False)
     except ConfigError as exc:
         _fail(exc, "config error")
     roles = ", ".join(f"{len(cfg.cluster.addresses(r))} {r}" for r in (Role.KV_COLD, Role.SSM_COLD))
-    out.print(f"{escape(cfg.source)}: ok (role {cfg.cluster.role}; vaults: {roles})", highlight=False)
+    out().print(f"{escape(cfg.source)}: ok (role {cfg.cluster.role}; vaults: {roles})", highlight=False)
     if auth:
-        out.print(f"vault {escape(auth)}", highlight=False, soft_wrap=True)
+        out().print(f"vault {escape(auth)}", highlight=False, soft_wrap=True)
 
 
 @config_app.command("show")
@@ -663,7 +746,11 @@ def config_show(config: ConfigOpt = None, as_json: JsonFlag = False) -> None:
         print(f"# effective tierkv config, from {cfg.source}\n{to_toml(data)}", end="")
 
 
-DATA = files("tierkv") / "data"
+def _data_file(name: str) -> str:
+    """A file shipped in ``tierkv/data`` (importlib.resources is imported here, not at start-up)."""
+    from importlib.resources import files
+
+    return (files("tierkv") / "data" / name).read_text()
 
 
 @config_app.command("init")
@@ -672,7 +759,7 @@ def config_init(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Write the example tierkv.toml: every key with its default and what it does."""
-    text = (DATA / "tierkv.toml.example").read_text()
+    text = _data_file("tierkv.toml.example")
     if path == "-":
         print(text, end="")
         return
@@ -684,7 +771,7 @@ def config_init(
         target.write_text(text)
     except OSError as exc:
         _fail(OSError(f"cannot write {target}: {exc.strerror or exc}"))
-    out.print(f"wrote {escape(str(target))}", highlight=False)
+    out().print(f"wrote {escape(str(target))}", highlight=False)
 
 
 exo_app = typer.Typer(help="Install the EXO adapter into an EXO environment (an import hook).", **_APP_STYLE)  # type: ignore[arg-type]
@@ -709,14 +796,14 @@ def _exo(action: str, python: str | None, site_dir: str | None) -> Any:
 
 def _print_lines(lines: list[str]) -> None:
     for line in lines:
-        out.print(escape(line), highlight=False)
+        out().print(escape(line), highlight=False)
 
 
 @exo_app.command("install")
 def exo_install(python: ExoPython = None, site_dir: ExoSiteDir = None) -> None:
     """Write tierkv's .pth import hook into EXO's site-packages (EXO's files are not touched)."""
     pth = _exo("install", python, site_dir)
-    out.print(f"wrote {escape(str(pth))}", highlight=False)
+    out().print(f"wrote {escape(str(pth))}", highlight=False)
     _print_lines(_exo("status", python, site_dir).lines()[2:])
 
 
@@ -756,7 +843,7 @@ def legacy_install(ctx: typer.Context) -> None:
 def exo_uninstall(python: ExoPython = None, site_dir: ExoSiteDir = None) -> None:
     """Remove exactly the .pth file `tierkv exo install` wrote."""
     pth = _exo("uninstall", python, site_dir)
-    out.print(f"removed {escape(str(pth))}" if pth else "nothing to remove", highlight=False)
+    out().print(f"removed {escape(str(pth))}" if pth else "nothing to remove", highlight=False)
 
 
 @exo_app.command("status")
@@ -794,7 +881,7 @@ def service_print(
     user: Annotated[str, typer.Option(help="systemd: the user and group the vault runs as.")] = "tierkv",
 ) -> None:
     """Print the service definition for this install; redirect it into place (see the comments at its top)."""
-    text = (DATA / SERVICE_FILES[kind]).read_text()
+    text = _data_file(SERVICE_FILES[kind])
     executable = exec_path or str(Path(sys.executable).parent / "tierkv")
     text = text.replace(SHIPPED_EXEC[kind], executable)
     if kind is ServiceKind.systemd:
@@ -804,10 +891,14 @@ def service_print(
     print(text, end="")
 
 
-def run() -> None:
-    """The ``tierkv`` entry point: the app, with a missing optional dependency named by its extra."""
+def run(prog_name: str | None = None) -> None:
+    """The ``tierkv`` entry point: the app, with a missing optional dependency named by its extra.
+
+    A plainly spelled ``tierkv vault`` (:func:`plain_vault_flags`) is run without building the app."""
     try:
-        app()
+        if (flags := plain_vault_flags(sys.argv[1:])) is not None:
+            _standalone(serve_vault, flags)
+        app(prog_name=prog_name)
     except MissingExtra as exc:
         _exit_missing(str(exc))
     except ModuleNotFoundError as exc:
@@ -817,8 +908,25 @@ def run() -> None:
         _exit_missing(f"this command needs {exc.name}, which is not installed: {hint}")
 
 
+def _standalone(command: Callable[..., None], kwargs: dict[str, Any]) -> NoReturn:
+    """Run ``command`` and exit as typer's standalone mode would have: 0 when it returns, its code on
+    ``typer.Exit``, 130 on Ctrl-C, 1 quietly when stdout or stderr is a closed pipe."""
+    try:
+        command(**kwargs)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # what is still buffered goes nowhere, quietly
+        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, sys.stderr.fileno())
+        sys.exit(1)
+    sys.exit(0)
+
+
 def _exit_missing(message: str) -> NoReturn:
-    err.print(f"[red]error:[/red] {escape(message)}")
+    err().print(f"[red]error:[/red] {escape(message)}")
     sys.exit(2)
 
 

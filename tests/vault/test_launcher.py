@@ -1,4 +1,5 @@
-"""A self-started vault (demo, bench, tests) runs the installed tierkv, whatever the working folder holds."""
+"""A self-started vault (demo, bench, tests) runs the installed tierkv, whatever the working folder holds,
+and starts without importing what serving does not use."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import VaultFactory
 from tierkv.client.vault import VaultClient
 from tierkv.vault.launcher import VaultProcess
 
@@ -27,3 +29,20 @@ def test_a_tierkv_folder_in_the_working_directory_is_not_imported(
             assert client.get(b"ns", [b"k"]) == [b"v"]
     finally:
         assert vault.stop() == 0, vault.log_tail()
+
+
+NOT_AT_START = ("numpy", "rich", "pydantic")
+"""Modules a vault loads only when a call needs them: numpy for the first bulk Put's buffer, rich for an
+error line; pydantic only when typer parses an unusual command line. Most of a vault's start is imports,
+and the test suite starts some three hundred vaults."""
+
+
+def test_a_vault_starts_without_the_modules_only_some_calls_need(vault_factory: VaultFactory) -> None:
+    # Python's own import log (-X importtime) of a real vault process, through its start and shutdown
+    vault = vault_factory(env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert vault.stop() == 0, vault.log_tail()
+    lines = vault.log_file.read_text().splitlines()
+    imported = {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
+    assert {"tierkv.cli", "tierkv.vault.server", "grpc", "lmdb"} <= imported  # the log is the vault's
+    loaded = sorted({m.split(".")[0] for m in imported} & set(NOT_AT_START))
+    assert not loaded, f"a vault start imported {loaded}"

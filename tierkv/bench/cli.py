@@ -189,11 +189,11 @@ def _run(
 
     cfg = load(config)
     setup_logging(verbose, level=cfg.log.level)
-    console = err if json_out == "-" else out
+    console = err() if json_out == "-" else out()
     try:
         result = measure(cfg, console)
     except (BenchError, TierKVError) as exc:
-        err.print(f"[red]bench error:[/red] {exc}")
+        err().print(f"[red]bench error:[/red] {exc}")
         raise typer.Exit(2) from exc
     render_result(result, console)
     if json_out:

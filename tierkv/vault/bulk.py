@@ -30,8 +30,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-import numpy as np
-
 from tierkv.endpoints import bare_host, join_host_port
 from tierkv.limits import MAX_BULK_REQUEST_BYTES, MiB
 from tierkv.vault.memory import InflightBudget
@@ -345,9 +343,9 @@ class _PutBody:
             yield self._frame(length)
 
     def _frame(self, length: int) -> memoryview:
-        """One frame's bytes, received straight into a buffer of its own (numpy's is not zero-filled
-        first), budgeted chunk by chunk as they arrive so a trickling sender holds only what it sent."""
-        view = np.empty(length, dtype=np.uint8).data.cast("B")
+        """One frame's bytes, received straight into a buffer of its own (not zero-filled first),
+        budgeted chunk by chunk as they arrive so a trickling sender holds only what it sent."""
+        view = _unfilled(length)
         got = 0
         while got < length:
             n = min(_RECV_CHUNK, length - got)
@@ -360,6 +358,15 @@ class _PutBody:
             self.held -= n - k
             got += k
         return view
+
+
+def _unfilled(length: int) -> memoryview:
+    """A writable buffer of ``length`` bytes that is not zero-filled first (``bytearray`` would write
+    every byte once before ``recv_into`` writes it again). numpy's; imported on the first bulk Put, not at
+    start-up, where its import was a fifth of a vault's start (most of a vault's start is imports)."""
+    import numpy as np
+
+    return np.empty(length, dtype=np.uint8).data.cast("B")
 
 
 def _connection(sock: socket.socket) -> str:

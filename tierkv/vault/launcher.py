@@ -22,11 +22,11 @@ TIERKV_COMMAND = (
     "-c",
     "import sys\n"
     "if sys.path and sys.path[0] == '': del sys.path[0]\n"
-    "from tierkv.cli import app\n"
-    "app(prog_name='tierkv')",
+    "from tierkv.cli import run\n"
+    "run(prog_name='tierkv')",
 )
-"""``tierkv`` as a child process: this interpreter, the working directory (``-c`` puts ``''`` first on
-``sys.path``) taken off the import path before tierkv is imported."""
+"""``tierkv`` as a child process: the installed command's entry point in this interpreter, the working
+directory (``-c`` puts ``''`` first on ``sys.path``) taken off the import path before tierkv is imported."""
 
 
 def terminate(proc: subprocess.Popen[bytes], timeout: float, sig: int = signal.SIGTERM) -> int:

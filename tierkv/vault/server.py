@@ -13,6 +13,7 @@ line) is announced only once the ports are bound and the store is open.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import select
@@ -258,6 +259,10 @@ class VaultServer:
         previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
         try:
             port = self.start()
+            # what start-up made (modules, the store, the servers: ~37k objects) lives as long as the
+            # process; frozen, no full collection walks it again, while serving (15-20 ms each) or the
+            # several at exit (~60 ms of a vault's shutdown)
+            gc.freeze()
             if ready_file:
                 tmp = Path(ready_file).with_suffix(".tmp")
                 tmp.write_text(f"{port}\n")
