@@ -140,22 +140,10 @@ def vault(
     Flags override tierkv.toml's [vault] section. With a token ([auth] token_file, else $TIERKV_TOKEN)
     every data call must carry it.
     """
+    flags = {name: value for name, value in locals().items() if name != "ctx"}  # the options, by name
     if ctx.invoked_subcommand is not None:
         return
-    serve_vault(
-        config=config,
-        host=host,
-        port=port,
-        path=path,
-        max_bytes=max_bytes,
-        sync=sync,
-        policy=policy,
-        role=role,
-        metrics_port=metrics_port,
-        on_damage=on_damage,
-        ready_file=ready_file,
-        verbose=verbose,
-    )
+    serve_vault(**flags)
 
 
 def serve_vault(
