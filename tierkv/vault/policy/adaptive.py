@@ -3,7 +3,7 @@ learned from the traffic (:mod:`.learning` says how, and what it costs).
 
 Rank: one byte for the part (0 probation, 1 main: the entry was read, or stored again while its key was
 remembered) and the clock, so each part is an LRU range of the order index and the store's victim search
-starts at the range :meth:`AdaptivePolicy.walk_from` names. Tags: importance ≥ 0.7 starts in main,
+starts at the range :meth:`TenantLearning.walk_from` names. Tags: importance ≥ 0.7 starts in main,
 ≤ 0.3 stays in probation; protected entries are outside the order as under every policy.
 """
 

@@ -8,9 +8,9 @@ first, else the lowest-ranked entry that no lookup lease holds (walking past at 
 the tenant holds leases; with none left the write is refused, so the budget holds exactly). Protected
 entries are not in the order and never go; deletes and flushes ignore leases.
 
-Under a learning policy (``adaptive``) the order has parts (the first byte of a rank): the policy says at
-which part the victim search starts (:meth:`Evictor.walk_start`), is told of every admission and eviction,
-and an entry's ``proven`` flag moves its bytes between the ledger's parts.
+Under a learning policy (``adaptive``) the order has parts (the first byte of a rank): each tenant's
+learner says at which part the victim search starts (:meth:`Evictor.walk_start`), is told of every
+admission and eviction, and an entry's ``proven`` flag moves its bytes between the ledger's parts.
 
 Everything here takes the write transaction and its :class:`~tierkv.vault.store.ledger.Ledger` (whose
 ``now`` is the injected clock's reading), so an evictor is tested directly on a transaction.
