@@ -27,14 +27,14 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.interleave import rounds
 from tierkv._malloc import tune_malloc
 from tierkv.config import parse_size
-from tierkv.vault.policy import AdaptivePolicy, Budget, EvictionPolicy, make_policy
+from tierkv.vault.policy import AdaptivePolicy, EvictionPolicy, Learner, make_policy
 from tierkv.vault.store import Store
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -47,7 +47,35 @@ REPLAYED = "adaptive-replayed"
 
 
 Heads = Callable[[], tuple[int | None, int | None]]
-Call = tuple[str, tuple[Any, ...]]
+Call = tuple[str, str, int, tuple[Any, ...]]
+"""A call the store made: its name, the tenant and limit of the learner (or of ``observe``), its arguments."""
+
+
+class _RecordingLearner:
+    """A tenant's learner, noting every call the store makes and every answer it gives."""
+
+    def __init__(self, inner: Learner, recording: _Recording, tenant: str, limit: int) -> None:
+        self.inner, self.recording, self.tenant, self.limit = inner, recording, tenant, limit
+
+    def admit(self, fkey: bytes, size: int, importance: float) -> bool:
+        self.recording.calls.append(("admit", self.tenant, self.limit, (fkey, size, importance)))
+        self.recording.admits.append(self.inner.admit(fkey, size, importance))
+        return self.recording.admits[-1]
+
+    def evicted(self, fkey: bytes, size: int, proven: bool) -> None:
+        self.recording.calls.append(("evicted", self.tenant, self.limit, (fkey, size, proven)))
+        self.inner.evicted(fkey, size, proven)
+
+    def walk_from(self, probation: int, main: int, heads: Heads) -> bytes:
+        asked: list[tuple[int | None, int | None]] = []
+
+        def noted() -> tuple[int | None, int | None]:
+            asked.append(heads())
+            return asked[-1]
+
+        self.recording.starts.append(self.inner.walk_from(probation, main, noted))
+        self.recording.calls.append(("walk_from", self.tenant, self.limit, (probation, main, asked)))
+        return self.recording.starts[-1]
 
 
 class _Recording(AdaptivePolicy):
@@ -59,29 +87,12 @@ class _Recording(AdaptivePolicy):
         self.starts: list[bytes] = []
         self.calls: list[Call] = []
 
-    def admit(self, tenant: str, limit: int, fkey: bytes, size: int, importance: float) -> bool:
-        self.calls.append(("admit", (tenant, limit, fkey, size, importance)))
-        self.admits.append(super().admit(tenant, limit, fkey, size, importance))
-        return self.admits[-1]
-
-    def evicted(self, tenant: str, limit: int, fkey: bytes, size: int, proven: bool) -> None:
-        self.calls.append(("evicted", (tenant, limit, fkey, size, proven)))
-        super().evicted(tenant, limit, fkey, size, proven)
+    def learner(self, tenant: str, limit: int) -> Learner:
+        return _RecordingLearner(super().learner(tenant, limit), self, tenant, limit)
 
     def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
-        self.calls.append(("observe", (tenant, limit, list(fkeys), size, read)))
+        self.calls.append(("observe", tenant, limit, (list(fkeys), size, read)))
         super().observe(tenant, limit, fkeys, size, read=read)
-
-    def walk_from(self, budget: Budget, heads: Heads) -> bytes:
-        asked: list[tuple[int | None, int | None]] = []
-
-        def noted() -> tuple[int | None, int | None]:
-            asked.append(heads())
-            return asked[-1]
-
-        self.starts.append(super().walk_from(budget, noted))
-        self.calls.append(("walk_from", (budget, asked)))
-        return self.starts[-1]
 
 
 def _learning_alone(calls: Sequence[Call], start: int, tries: int = 3) -> float:
@@ -89,13 +100,20 @@ def _learning_alone(calls: Sequence[Call], start: int, tries: int = 3) -> float:
     before it), with no store around it: the learning's own cost (best of ``tries``)."""
 
     def run(policy: AdaptivePolicy, part: Sequence[Call]) -> None:
-        for name, args in part:
+        learners: dict[tuple[str, int], Learner] = {}
+        for name, tenant, limit, args in part:
             if name == "observe":
-                policy.observe(*args[:4], read=args[4])
-            elif name == "walk_from":
-                policy.walk_from(args[0], iter(args[1]).__next__)
+                policy.observe(tenant, limit, *args[:2], read=args[2])
+                continue
+            learner = learners.get((tenant, limit))
+            if learner is None:
+                learner = learners[(tenant, limit)] = policy.learner(tenant, limit)
+            if name == "admit":
+                learner.admit(*args)
+            elif name == "evicted":
+                learner.evicted(*args)
             else:
-                getattr(policy, name)(*args)
+                learner.walk_from(args[0], args[1], iter(args[2]).__next__)
 
     best = float("inf")
     for _ in range(tries):
@@ -107,6 +125,22 @@ def _learning_alone(calls: Sequence[Call], start: int, tries: int = 3) -> float:
     return best
 
 
+class _ReplayedLearner:
+    """A recording's answers in order, and nothing learned."""
+
+    def __init__(self, admits: Iterator[bool], starts: Iterator[bytes]) -> None:
+        self.admits, self.starts = admits, starts
+
+    def admit(self, fkey: bytes, size: int, importance: float) -> bool:
+        return next(self.admits)
+
+    def evicted(self, fkey: bytes, size: int, proven: bool) -> None:
+        pass
+
+    def walk_from(self, probation: int, main: int, heads: Heads) -> bytes:
+        return next(self.starts)
+
+
 class _Replayed(AdaptivePolicy):
     """A recording's answers in order, and nothing learned: the store does ``adaptive``'s work alone."""
 
@@ -114,17 +148,11 @@ class _Replayed(AdaptivePolicy):
         super().__init__()
         self._admits, self._starts = iter(recording.admits), iter(recording.starts)
 
-    def admit(self, tenant: str, limit: int, fkey: bytes, size: int, importance: float) -> bool:
-        return next(self._admits)
-
-    def evicted(self, tenant: str, limit: int, fkey: bytes, size: int, proven: bool) -> None:
-        pass
+    def learner(self, tenant: str, limit: int) -> Learner:
+        return _ReplayedLearner(self._admits, self._starts)
 
     def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
         pass
-
-    def walk_from(self, budget: Budget, heads: Heads) -> bytes:
-        return next(self._starts)
 
     def check_done(self) -> None:
         """The replay asked exactly what was recorded (else it did not retrace ``adaptive``'s run)."""

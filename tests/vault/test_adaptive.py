@@ -84,6 +84,32 @@ def test_a_key_stored_again_soon_after_its_eviction_goes_to_main(tmp_path: Path)
         assert got is not None and got.proven
 
 
+def test_each_tenant_learns_from_its_own_evictions(tmp_path: Path) -> None:
+    """Each tenant has its own learning state, over its own bytes (its quota, else the vault's budget): a
+    key evicted from one tenant is remembered there only, so stored again in another tenant it starts in
+    probation, and stored again in its own, in main."""
+    policy = AdaptivePolicy()
+    with Store(
+        tmp_path / "v",
+        2 * BUDGET,
+        sync_mode="fast",
+        policy=policy,
+        tenants={"q": BUDGET},
+        maintenance_interval_s=1e6,
+    ) as store:
+        first = [_key("a", i) for i in range(40)]
+        for k in [*first, *(_key("b", i) for i in range(5))]:  # q's quota holds 40: a0..a4 are evicted
+            assert store.put_many(NS, [(k, k * (BLOB // 8), 0)], tenant="q").stored == 1
+        assert store.stats("q").evictions == 5 and store.stats().evictions == 5
+        _put(store, [first[0]])  # the default tenant never held it
+        store.put_many(NS, [(first[1], first[1] * (BLOB // 8), 0)], tenant="q")
+        default, quota = store.entry(NS, first[0]), store.entry(NS, first[1], tenant="q")
+        assert default is not None and not default.proven
+        assert quota is not None and quota.proven
+        assert policy.state("q", BUDGET).split.learned == 1
+        assert policy.state("default", 2 * BUDGET).split.learned == 0
+
+
 def test_admission_never_loses_a_protected_block(tmp_path: Path) -> None:
     """Protected blocks are outside the order under every policy: a flood of stores, remembered keys and
     reads never evicts them while they fit the protected cap."""

@@ -55,7 +55,7 @@ class EntryMeta:
     proven: bool = False
 
     def pack(self) -> bytes:
-        src = self.source.encode()
+        src = self.source.encode() if self.source else b""
         head = _TAIL.pack(
             self.expiry,
             self.importance,
@@ -66,19 +66,21 @@ class EntryMeta:
             len(src),
             len(self.parent),
         )
-        return b"".join((head, src, self.parent))
+        return b"".join((head, src, self.parent)) if src or self.parent else head
 
     @classmethod
-    def unpack(cls, raw: bytes | memoryview) -> EntryMeta:
-        """The tail in ``raw``; ValueError when it is not one (the entry is then treated as corrupt)."""
-        if len(raw) < _TAIL.size:
+    def unpack(cls, raw: bytes | memoryview, offset: int = 0) -> EntryMeta:
+        """The tail in ``raw`` from ``offset`` on; ValueError when it is not one (the entry is then treated
+        as corrupt). Most tails carry neither a source nor a parent: those are not sliced."""
+        start = offset + _TAIL.size
+        if len(raw) < start:
             raise ValueError("index tail too short")
-        expiry, importance, hits, population, sharing, flags, n_src, n_parent = _TAIL.unpack_from(raw)
-        end = _TAIL.size + n_src
+        expiry, importance, hits, population, sharing, flags, n_src, n_parent = _TAIL.unpack_from(raw, offset)
+        end = start + n_src
         if len(raw) != end + n_parent or not (math.isfinite(expiry) and math.isfinite(hits)):
             raise ValueError("index tail does not add up")
-        source = bytes(raw[_TAIL.size : end]).decode()
-        parent = bytes(raw[end:])
+        source = bytes(raw[start:end]).decode() if n_src else ""
+        parent = bytes(raw[end:]) if n_parent else b""
         protected, proven = bool(flags & PROTECTED), bool(flags & PROVEN)
         return cls(expiry, importance, hits, sharing, protected, source, parent, population, proven)
 

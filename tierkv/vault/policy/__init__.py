@@ -14,7 +14,7 @@ from typing import Final
 
 from tierkv.config import ContextWeights
 from tierkv.vault.policy.adaptive import AdaptivePolicy
-from tierkv.vault.policy.base import Budget, EntryInfo, EvictionPolicy, LearningPolicy
+from tierkv.vault.policy.base import EntryInfo, EvictionPolicy, Learner, LearningPolicy
 from tierkv.vault.policy.context import ContextPolicy, context_score, context_value
 from tierkv.vault.policy.recency import LRUPolicy, PriorityLRUPolicy
 
@@ -44,11 +44,11 @@ __all__ = [
     "DEFAULT_POLICY",
     "POLICIES",
     "AdaptivePolicy",
-    "Budget",
     "ContextPolicy",
     "EntryInfo",
     "EvictionPolicy",
     "LRUPolicy",
+    "Learner",
     "LearningPolicy",
     "PriorityLRUPolicy",
     "as_learning",

@@ -3,7 +3,7 @@ learned from the traffic (:mod:`.learning` says how, and what it costs).
 
 Rank: one byte for the part (0 probation, 1 main: the entry was read, or stored again while its key was
 remembered) and the clock, so each part is an LRU range of the order index and the store's victim search
-starts at the range :meth:`AdaptivePolicy.walk_from` names. Tags: importance ≥ 0.7 starts in main,
+starts at the range :meth:`TenantLearning.walk_from` names. Tags: importance ≥ 0.7 starts in main,
 ≤ 0.3 stays in probation; protected entries are outside the order as under every policy.
 """
 
@@ -12,8 +12,24 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from tierkv.vault.policy.base import Budget, EntryInfo
+from tierkv.vault.policy.base import EntryInfo, Learner
 from tierkv.vault.policy.learning import SAMPLE_MASK, AdaptiveState, Part, digest
+
+Heads = Callable[[], tuple[int | None, int | None]]
+
+
+class TenantLearning(AdaptiveState):
+    """One tenant's :class:`AdaptiveState`, answering the store in its terms (a
+    :class:`~tierkv.vault.policy.base.Learner`): full keys in, rank prefixes out."""
+
+    def admit(self, fkey: bytes, size: int, importance: float) -> bool:
+        return self.split.admit(digest(fkey), size, importance) is _MAIN
+
+    def evicted(self, fkey: bytes, size: int, proven: bool) -> None:
+        self.split.remember(_PARTS[proven], digest(fkey), size)
+
+    def walk_from(self, probation: int, main: int, heads: Heads) -> bytes:
+        return _RANK_HEAD[self.victim_part(probation, main, heads)]
 
 
 class AdaptivePolicy:
@@ -27,7 +43,7 @@ class AdaptivePolicy:
     leaf_first = True
 
     def __init__(self) -> None:
-        self._states: dict[str, AdaptiveState] = {}
+        self._states: dict[str, TenantLearning] = {}
         self._lock = threading.Lock()
         """Guards the shadows (``observe`` comes from readers too) and the making of states; the split is
         only touched under the store's write lock."""
@@ -35,19 +51,16 @@ class AdaptivePolicy:
     def rank(self, entry: EntryInfo) -> bytes:
         return _RANK_HEAD[entry.proven] + entry.clock.to_bytes(8, "big")
 
-    def state(self, tenant: str, limit: int) -> AdaptiveState:
+    def state(self, tenant: str, limit: int) -> TenantLearning:
         """The tenant's learning state (made on first use; a new limit starts it afresh)."""
         found = self._states.get(tenant)
         if found is None or found.budget != limit:
             with self._lock:
-                found = self._states[tenant] = AdaptiveState(budget=max(1, limit))
+                found = self._states[tenant] = TenantLearning(budget=max(1, limit))
         return found
 
-    def admit(self, tenant: str, limit: int, fkey: bytes, size: int, importance: float) -> bool:
-        return self.state(tenant, limit).split.admit(digest(fkey), size, importance) is _MAIN
-
-    def evicted(self, tenant: str, limit: int, fkey: bytes, size: int, proven: bool) -> None:
-        self.state(tenant, limit).split.remember(_PARTS[proven], digest(fkey), size)
+    def learner(self, tenant: str, limit: int) -> Learner:
+        return self.state(tenant, limit)
 
     def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
         keyed = [(digest(k), size) for k in fkeys if not k[-1] & SAMPLE_MASK]  # sampled(), cheaply
@@ -55,10 +68,6 @@ class AdaptivePolicy:
             state = self.state(tenant, limit)
             with self._lock:
                 state.observe(keyed, read=read)
-
-    def walk_from(self, budget: Budget, heads: Callable[[], tuple[int | None, int | None]]) -> bytes:
-        tenant, limit, probation, main = budget
-        return _RANK_HEAD[self.state(tenant, limit).victim_part(probation, main, heads)]
 
     def learning_keys(self) -> int:
         """Keys the learning state holds now, all tenants (ghosts and shadows): its memory, stated."""
@@ -72,4 +81,4 @@ _RANK_HEAD = (b"\x00", b"\x01")
 _MAIN = Part.MAIN
 
 
-__all__ = ["AdaptivePolicy"]
+__all__ = ["AdaptivePolicy", "TenantLearning"]

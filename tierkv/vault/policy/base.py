@@ -7,7 +7,8 @@ read. The clock is a logical counter persisted with the data (never wall time), 
 cannot reorder evictions.
 
 A :class:`LearningPolicy` also learns from the traffic (queues, ghost lists, admission): the store tells
-it what is admitted, read and evicted, and asks it where in the order the victim search starts. Its state
+each tenant's :class:`Learner` what is admitted and evicted and asks it where in the order the victim
+search starts, and tells the policy what is read and stored. Its state
 lives in memory, bounded, and may be lost at a restart: what an entry earned is kept with the entry
 (``proven``), so the order itself survives.
 """
@@ -49,36 +50,38 @@ class EvictionPolicy(Protocol):
     def rank(self, entry: EntryInfo) -> bytes: ...
 
 
-class Budget(NamedTuple):
-    """What the store tells a learning policy about one tenant: its name, the bytes it may hold (its
-    quota, else the vault's budget) and how they are used now (committed or in this transaction)."""
+class Learner(Protocol):
+    """One tenant's learning (the tenant's bytes are its quota, else the vault's budget), as the store
+    talks to it inside a Put's write transaction, under the store's write lock. The store asks its policy
+    for each tenant's learner once and keeps it: these calls come once or more per stored block, so they
+    take the store's own terms (full keys, bytes per part) and nothing that must be built per call."""
 
-    tenant: str
-    limit: int
-    probation: int
-    main: int
+    def admit(self, fkey: bytes, size: int, importance: float) -> bool:
+        """Whether an entry stored now (its key not held) starts proven."""
+
+    def evicted(self, fkey: bytes, size: int, proven: bool) -> None:
+        """An entry was evicted (not deleted): remember its key."""
+
+    def walk_from(
+        self, probation: int, main: int, heads: Callable[[], tuple[int | None, int | None]]
+    ) -> bytes:
+        """The order-key prefix the victim search starts at, given the bytes in each part (committed or in
+        this transaction); ``heads`` gives the clocks of the oldest entry not proven and the oldest proven
+        one (None: there is none), asked only when needed."""
 
 
 class LearningPolicy(EvictionPolicy, Protocol):
-    """A policy that learns. Every call is bounded work; ``admit``, ``evicted`` and ``walk_from`` are called
-    inside the Put's write transaction (under the store's write lock), ``observe`` from readers too."""
+    """A policy that learns. Every call is bounded work; ``observe`` comes from readers too."""
 
     leaf_first: bool
     """Stamp a batch deepest block first (the store reverses a chain's order), so eviction trims chains
     from their ends."""
 
-    def admit(self, tenant: str, limit: int, fkey: bytes, size: int, importance: float) -> bool:
-        """Whether an entry stored now (its key not held) starts proven (``limit``: the tenant's bytes)."""
-
-    def evicted(self, tenant: str, limit: int, fkey: bytes, size: int, proven: bool) -> None:
-        """An entry was evicted (not deleted): remember its key."""
+    def learner(self, tenant: str, limit: int) -> Learner:
+        """The tenant's learning state (``limit``: the tenant's bytes), made on first use."""
 
     def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
         """A batch read or stored, in chain order (``size``: the entries' typical charge)."""
 
-    def walk_from(self, budget: Budget, heads: Callable[[], tuple[int | None, int | None]]) -> bytes:
-        """The order-key prefix the victim search starts at; ``heads`` gives the clocks of the oldest
-        entry not proven and the oldest proven one (None: there is none), asked only when needed."""
 
-
-__all__ = ["Budget", "EntryInfo", "EvictionPolicy", "LearningPolicy"]
+__all__ = ["EntryInfo", "EvictionPolicy", "Learner", "LearningPolicy"]

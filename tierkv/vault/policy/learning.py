@@ -70,6 +70,7 @@ _PROBATION: Final = Part.PROBATION
 _MAIN: Final = Part.MAIN
 """The members as module constants: an enum member read through its class costs a lookup on every use,
 and these are read on every Put."""
+_OTHER: Final = {Part.PROBATION: Part.MAIN, Part.MAIN: Part.PROBATION}
 
 
 def digest(full_key: bytes) -> int:
@@ -99,9 +100,11 @@ class _Ghosts:
         if key in keys:
             self.bytes -= keys.pop(key)
         keys[key] = size
-        self.bytes += size
-        while keys and (self.bytes > max_bytes or len(keys) > MAX_GHOSTS):
-            self.bytes -= keys.popitem(last=False)[1]
+        held = self.bytes + size
+        if held > max_bytes or len(keys) > MAX_GHOSTS:  # a full list, once it is full: trim the oldest
+            while keys and (held > max_bytes or len(keys) > MAX_GHOSTS):
+                held -= keys.popitem(last=False)[1]
+        self.bytes = held
 
     def take(self, key: int) -> int | None:
         """The remembered size of ``key`` (forgetting it), or None."""
@@ -187,12 +190,17 @@ class Parts:
 
     def touch(self, key: int, part: Part, size: int) -> None:
         """``key`` is (now) in ``part`` and the most recent there."""
-        old = self.where.get(key)
-        if old is not None and old is not part:
-            del self.parts[old][key]
-        self.parts[part][key] = size
-        self.parts[part].move_to_end(key)
-        self.where[key] = part
+        where = self.where
+        old = where.get(key)
+        queue = self.parts[part]
+        if old is part:
+            queue[key] = size
+            queue.move_to_end(key)
+        else:  # new to the part: the insertion puts it last
+            if old is not None:
+                del self.parts[old][key]
+            queue[key] = size
+            where[key] = part
         self.clock += 1
         self.stamp[key] = self.clock
 
@@ -216,38 +224,41 @@ class _MiniCache:
         self.split = Split(self.budget) if arc else None
         self.held = Parts()
         self.used = {p: 0 for p in Part}
+        self.total = 0
+        """The sum of ``used`` (kept, not summed on every store)."""
 
     def access(self, keys: Sequence[tuple[int, int]], *, read: bool) -> int:
         """Hits among ``keys`` (key, size) in chain order; misses are stored, deepest stamped oldest."""
         hits = 0
+        held, split, used, budget = self.held, self.split, self.used, self.budget
+        where = held.where
         for key, size in reversed(keys):
-            part = self.held.where.get(key)
+            part = where.get(key)
             if part is not None:
                 hits += 1
-                if read and part is _PROBATION and self.split is not None:
-                    self._move(size, _PROBATION, _MAIN)
+                if read and part is _PROBATION and split is not None:
+                    used[_PROBATION] -= size
+                    used[_MAIN] += size
                     part = _MAIN
-                self.held.touch(key, part, size)
-            elif size <= self.budget:
-                new = _MAIN if self.split is None else self.split.admit(key, size, 0.5)
-                while sum(self.used.values()) + size > self.budget:
+                held.touch(key, part, size)
+            elif size <= budget:
+                new = _MAIN if split is None else split.admit(key, size, 0.5)
+                while self.total + size > budget:
                     self._evict()
-                self.held.touch(key, new, size)
-                self.used[new] += size
+                held.touch(key, new, size)
+                used[new] += size
+                self.total += size
         return hits
-
-    def _move(self, size: int, source: Part, to: Part) -> None:
-        self.used[source] -= size
-        self.used[to] += size
 
     def _evict(self) -> None:
         part = _MAIN
         if self.split is not None:
             part = self.split.arc_part(self.used[_PROBATION], self.used[_MAIN])
         if not self.held.parts[part]:
-            part = Part(1 - part)
+            part = _OTHER[part]
         key, size = self.held.pop(part)
         self.used[part] -= size
+        self.total -= size
         if self.split is not None:
             self.split.remember(part, key, size)
 
@@ -269,7 +280,7 @@ class AdaptiveState:
     def observe(self, keys: Sequence[tuple[int, int]], *, read: bool) -> None:
         """A batch read or stored, (key, size) in chain order: its sampled keys go through the shadows
         (the caller may pass only those)."""
-        mine = [(k, s) for k, s in keys if sampled(k)]
+        mine = [(k, s) for k, s in keys if not k & SAMPLE_MASK]  # sampled(k), without a call per key
         if not mine:
             return
         lead = self._shadow_lru.access(mine, read=read) - self._shadow_arc.access(mine, read=read)

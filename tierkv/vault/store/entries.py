@@ -121,7 +121,7 @@ class EntryWriter:
         if charge > min(self.max_bytes, owner.quota or self.max_bytes):
             return False
         old = self.entries.drop(txn, ledger, owner, fkey)
-        proven = self._admitted(ledger, owner, fkey, charge, meta, old)
+        proven = self._admitted(owner, fkey, charge, meta, old)
         if not self.evictor.make_room(txn, ledger, owner, charge):
             return False
         ledger.clock += 1
@@ -147,24 +147,18 @@ class EntryWriter:
                 ledger.orphans[(owner.name, parent)] += 1
         return True
 
+    @staticmethod
     def _admitted(
-        self,
-        ledger: Ledger,
-        owner: Tenant,
-        fkey: bytes,
-        charge: int,
-        meta: BlockMeta | None,
-        old: IndexRecord | None,
+        owner: Tenant, fkey: bytes, charge: int, meta: BlockMeta | None, old: IndexRecord | None
     ) -> bool:
-        """Whether the entry starts proven: as it was when it replaces itself, else as a learning policy
+        """Whether the entry starts proven: as it was when it replaces itself, else as the tenant's learner
         admits it (never, under a policy that does not learn)."""
-        policy = self.entries.ranking.learning
-        if policy is None:
+        learner = owner.learner
+        if learner is None:
             return False
         if old is not None:
             return old.ext is not None and old.ext.proven
-        importance = meta.importance if meta is not None else NEUTRAL_IMPORTANCE
-        return policy.admit(owner.name, owner.quota or self.max_bytes, fkey, charge, importance)
+        return learner.admit(fkey, charge, meta.importance if meta is not None else NEUTRAL_IMPORTANCE)
 
     def _entry_meta(
         self, ledger: Ledger, owner: Tenant, charge: int, meta: BlockMeta | None, old: IndexRecord | None

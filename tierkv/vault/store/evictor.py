@@ -8,9 +8,9 @@ first, else the lowest-ranked entry that no lookup lease holds (walking past at 
 the tenant holds leases; with none left the write is refused, so the budget holds exactly). Protected
 entries are not in the order and never go; deletes and flushes ignore leases.
 
-Under a learning policy (``adaptive``) the order has parts (the first byte of a rank): the policy says at
-which part the victim search starts (:meth:`Evictor.walk_start`), is told of every admission and eviction,
-and an entry's ``proven`` flag moves its bytes between the ledger's parts.
+Under a learning policy (``adaptive``) the order has parts (the first byte of a rank): each tenant's
+learner says at which part the victim search starts (:meth:`Evictor.walk_start`), is told of every
+admission and eviction, and an entry's ``proven`` flag moves its bytes between the ledger's parts.
 
 Everything here takes the write transaction and its :class:`~tierkv.vault.store.ledger.Ledger` (whose
 ``now`` is the injected clock's reading), so an evictor is tested directly on a transaction.
@@ -24,13 +24,18 @@ from typing import TYPE_CHECKING
 import lmdb
 
 from tierkv.vault.leases import LeaseTable
-from tierkv.vault.policy import Budget, ContextPolicy, EntryInfo, EvictionPolicy, as_learning
+from tierkv.vault.policy import ContextPolicy, EntryInfo, EvictionPolicy, as_learning
 from tierkv.vault.store.format import IndexRecord, expiry_ms
 from tierkv.vault.store.ledger import Ledger
 from tierkv.vault.store.tenants import Tenant
 
 if TYPE_CHECKING:
     from tierkv.vault.store.entries import Entries
+
+
+_info = tuple.__new__
+_NO_EXT = EntryInfo(0, 0)[3:]
+"""An entry's :class:`EntryInfo` fields after the priority when it has no retention record: the defaults."""
 
 
 class Ranking:
@@ -48,20 +53,13 @@ class Ranking:
         return self.policy.name
 
     def rank(self, entry: IndexRecord) -> bytes:
+        """The entry's rank. Its :class:`EntryInfo` is made with ``tuple.__new__``, a quarter of what the
+        named tuple's own constructor costs (this runs for every entry written, read back or evicted)."""
         ext = entry.ext
         if ext is None:
-            return self.policy.rank(EntryInfo(clock=entry.clock, size=entry.charge, priority=entry.priority))
-        info = EntryInfo(
-            clock=entry.clock,
-            size=entry.charge,
-            priority=entry.priority,
-            importance=ext.importance,
-            hits=ext.hits,
-            sharing=ext.sharing,
-            population=ext.population,
-            proven=ext.proven,
-        )
-        return self.policy.rank(info)
+            return self.policy.rank(_info(EntryInfo, (entry.clock, entry.charge, entry.priority, *_NO_EXT)))
+        fields = (ext.importance, ext.hits, ext.sharing, ext.population, ext.proven)
+        return self.policy.rank(_info(EntryInfo, (entry.clock, entry.charge, entry.priority, *fields)))
 
     def decayed(self, entry: IndexRecord, clock: int) -> float:
         """The entry's hit count now: halved per ``hit_half_life`` turnovers under ``context``, else kept."""
@@ -170,33 +168,25 @@ class Evictor:
             return True
         ledger.evicted[tenant.name] += 1
         ext = victim.ext
-        learning = self.ranking.learning
-        if learning is not None:
-            proven = ext is not None and ext.proven
-            learning.evicted(tenant.name, tenant.quota or self.max_bytes, victim_fkey, victim.charge, proven)
+        learner = tenant.learner
+        if learner is not None:
+            learner.evicted(victim_fkey, victim.charge, ext is not None and ext.proven)
         if ext is not None and ext.source:
             ledger.ghosts.append((tenant.name, victim_fkey, ext.source))
         return True
 
-    def walk_start(self, cur: lmdb.Cursor, ledger: Ledger, tenant: Tenant) -> bytes:
-        """Where the victim search starts: the part a learning policy names (given the tenant's limit, the
-        bytes in each part in this transaction and, asked only when needed, the clocks of each part's
-        oldest entry), else the start of the order."""
-        policy = self.ranking.learning
-        if policy is None:
+    @staticmethod
+    def walk_start(cur: lmdb.Cursor, ledger: Ledger, tenant: Tenant) -> bytes:
+        """Where the victim search starts: the part the tenant's learner names (given the bytes in each
+        part in this transaction and, asked only when needed, the clocks of each part's oldest entry),
+        else the start of the order."""
+        learner = tenant.learner
+        if learner is None:
             return b""
         name = tenant.name
         main = ledger.proven[name]
         probation = ledger.used[name] - ledger.protected[name] - main
-
-        def heads() -> tuple[int | None, int | None]:
-            found: list[int | None] = []
-            for part in (b"\x00", b"\x01"):
-                key = bytes(cur.key()) if cur.set_range(part) else b""
-                found.append(int.from_bytes(key[1:9], "big") if key[:1] == part else None)
-            return found[0], found[1]
-
-        return policy.walk_from(Budget(name, tenant.quota or self.max_bytes, probation, main), heads)
+        return learner.walk_from(probation, main, lambda: _part_heads(cur))
 
     def first_evictable(
         self,
@@ -235,6 +225,16 @@ class Evictor:
                 if self.first_expired(txn, t, ledger.now) is None:
                     break
                 self.evict_one(txn, ledger, t)
+
+
+def _part_heads(cur: lmdb.Cursor) -> tuple[int | None, int | None]:
+    """The clocks of the oldest entry in each of the order's two parts (a rank's first byte, then the
+    clock), None for an empty part; moves ``cur``."""
+    found: list[int | None] = []
+    for part in (b"\x00", b"\x01"):
+        key = bytes(cur.key()) if cur.set_range(part) else b""
+        found.append(int.from_bytes(key[1:9], "big") if key[:1] == part else None)
+    return found[0], found[1]
 
 
 __all__ = ["Evictor", "Ranking"]

@@ -74,7 +74,7 @@ class IndexRecord:
         if len(raw) < _INDEX.size:
             raise ValueError("index record too short")
         charge, clock, priority, check = _INDEX.unpack_from(raw)
-        return cls(charge, clock, priority, check, EntryMeta.unpack(raw[_INDEX.size :]))
+        return cls(charge, clock, priority, check, EntryMeta.unpack(raw, _INDEX.size))
 
     @classmethod
     def lenient(cls, raw: bytes | memoryview) -> IndexRecord:

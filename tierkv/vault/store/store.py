@@ -103,6 +103,9 @@ class Store:
             on_damage=on_damage,
         )
         self._tenants = Tenants(self._env, dict(tenants or {}))
+        if (learning := self._ranking.learning) is not None:
+            for t in self._tenants:
+                t.learner = learning.learner(t.name, t.quota or self.max_bytes)
         self._leases = LeaseTable(self.max_bytes, clock=clock or time.monotonic, tenants=len(self._tenants))
         self._evictor = Evictor(self._ranking, self._entries, self._leases, self._tenants.all, self.max_bytes)
         self._writer = EntryWriter(self._entries, self._evictor, self.max_bytes, max_protected_fraction)

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from tierkv.vault.policy import Learner
 from tierkv.vault.store.env import MAX_TENANTS, StoreEnv
 from tierkv.vault.store.format import tenant_databases, tenants_in
 
@@ -57,6 +58,9 @@ class Tenant:
     """Committed bytes per tagged source class (untagged bytes are ``used`` minus their sum)."""
     class_keys: Counter[str] = dataclasses.field(default_factory=Counter)
     class_protected: Counter[str] = dataclasses.field(default_factory=Counter)
+    learner: Learner | None = None
+    """What a learning policy learns about this tenant (None under one that does not learn): kept here
+    because a Put asks it once or more per block."""
 
     @property
     def meta_suffix(self) -> bytes:
