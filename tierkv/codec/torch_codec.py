@@ -431,9 +431,10 @@ def _decode_raw(
         return out.copy_(_payload_view(payload, header))
     if dev.type != "cpu" and target == header.dtype:
         staged = _pinned(payload, header)
+        queued = staged.is_pinned()  # only a pinned source is safe to drop while its copy is queued
         if out is None:
-            return staged.to(dev, non_blocking=True)
-        return out.copy_(staged, non_blocking=True)
+            return staged.to(dev, non_blocking=queued)
+        return out.copy_(staged, non_blocking=queued)
     direct = out is not None and on_cpu and out.is_contiguous()
     host = out if direct and out is not None else torch.empty(header.shape, dtype=TORCH_DTYPES[target])
     np_blob.decode_payload(header, payload, dtype_info(target), out=numpy_view(host))
