@@ -30,7 +30,7 @@ class SessionSettings:
     ``prefetch_bytes`` (0: off) is the buffer for blocks prefetched after a restore (:mod:`.prefetch`);
     ``decode_behind`` decodes a restore's blocks while the rest still arrive: on by default here, as
     the transformers hook's restores ran 2x sooner with it on an H200 (4k-32k tokens of Llama-3-8B over
-    loopback) and 1.6-2x on a 2-core CPU (docs/performance/gpu.md).
+    loopback) and 1.3-2.9x on a 2-core CPU (docs/performance/gpu.md, the performance log).
     """
 
     codec: str = setting("raw", choices=CODECS)
