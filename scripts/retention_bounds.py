@@ -1,10 +1,11 @@
 """What admission alone could reach on every trace of docs/performance/retention.md, and how well what a
 vault sees when a block arrives predicts it (tierkv.bench.trace.bounds says how each is measured).
 
-Prints two Markdown tables: the median (and lowest) share of the LRU → optimum gap closed by LRU and by
+Prints three Markdown tables: the median (and lowest) share of the LRU → optimum gap closed by LRU and by
 ``adaptive`` when an oracle admits only blocks looked up again (ever, or within 1, 2 or 4 LRU lifetimes),
-at 2, 5 and 10 %; and, at 5 %, the rate of "looked up again within one LRU lifetime" per class of block.
-Run:
+at 2, 5 and 10 %; and, at 5 %, the rate of "looked up again within one LRU lifetime" per class of block,
+by what a block is when it arrives and, for new blocks, by how their conversation went on (turn count,
+time since the chain's previous extension). Run:
 
     python scripts/retention_bounds.py [--mooncake DIR] [--seeds 0,1,2]
 """
@@ -18,7 +19,16 @@ from pathlib import Path
 
 from retention_figures import hash_traces
 
-from tierkv.bench.trace.bounds import CLASSES, OracleAdmission, arrival_rates, lru_lifetime
+from tierkv.bench.trace.bounds import (
+    CLASSES,
+    CONTINUATION_CLASSES,
+    TURNS,
+    ArrivalRates,
+    OracleAdmission,
+    arrival_rates,
+    continuation_rates,
+    lru_lifetime,
+)
 from tierkv.bench.trace.reference import references, work_stream
 from tierkv.bench.trace.replay import prepare
 from tierkv.bench.trace.run import for_trace, load_trace
@@ -39,6 +49,17 @@ def _closed(stream: Stream, cache: Cache, lru: float, optimum: float) -> float |
     return None if optimum - lru < 0.001 else (rate - lru) / (optimum - lru)
 
 
+def _rate_cells(found: ArrivalRates, classes: tuple[str, ...], shares: tuple[str, ...] = ()) -> str:
+    """Table cells: each class's rate, with its share of the counted blocks for those in ``shares``."""
+    total = sum(found.counts[c] for c in shares) or 1
+    cells = []
+    for c in classes:
+        rate = found.rate(c)
+        cell = "—" if rate is None else f"{rate:.2f}"
+        cells.append(f"{cell} ({found.counts[c] / total:.0%})" if c in shares and rate is not None else cell)
+    return " | ".join(cells)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mooncake", type=Path, help="directory with Mooncake's FAST'25 traces")
@@ -47,16 +68,18 @@ def main() -> None:
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s]
     closed: dict[tuple[str, int | None, float], list[float]] = {}
-    rates: list[tuple[str, int, list[float | None]]] = []
+    rates: list[tuple[str, int, str, str]] = []
     for name, settings in hash_traces(args.mooncake, seeds, args.requests).items():
         trace = load_trace(settings)
         work = prepare(trace, for_trace(settings, trace))
         stream = work_stream(work)
+        times = [r.timestamp for r in work.requests]
         for ref in references(work, stream, FRACTIONS):
             life = lru_lifetime(stream, ref.blocks)
             if ref.fraction == 0.05:
-                found = arrival_rates(stream, life)
-                rates.append((name, life, [found.rate(c) for c in CLASSES]))
+                arrival = _rate_cells(arrival_rates(stream, life), CLASSES)
+                going_on = _rate_cells(continuation_rates(stream, life, times), CONTINUATION_CLASSES, TURNS)
+                rates.append((name, life, arrival, going_on))
             for h in HORIZONS:
                 horizon = None if h is None else h * life
                 for cache_name, make in CACHES.items():
@@ -77,9 +100,12 @@ def main() -> None:
             print(f"| {_horizon_name(h)} | {cache_name} | " + " | ".join(cells) + " |")
     print("\n| trace | LRU lifetime (requests) | " + " | ".join(CLASSES) + " |")
     print("|---|---|" + "---|" * len(CLASSES))
-    for name, life, found in rates:
-        cells = ["—" if r is None else f"{r:.2f}" for r in found]
-        print(f"| {name} | {life} | " + " | ".join(cells) + " |")
+    for name, life, arrival, _ in rates:
+        print(f"| {name} | {life} | {arrival} |")
+    print("\n| trace | " + " | ".join(CONTINUATION_CLASSES) + " |")
+    print("|---|" + "---|" * len(CONTINUATION_CLASSES))
+    for name, _, _, going_on in rates:
+        print(f"| {name} | {going_on} |")
 
 
 if __name__ == "__main__":

@@ -7,18 +7,24 @@ from __future__ import annotations
 import random
 
 from tierkv.bench.trace.bounds import (
+    EXTENDED_RECENT,
+    EXTENDED_SECONDS,
+    EXTENDED_STALE,
     HIT_RECENT,
     HIT_STALE,
     LAST_OF_PUT,
     NEW,
     SINGLE_PUT,
+    TURNS,
     OracleAdmission,
     arrival_rates,
+    continuation_rates,
     lru_lifetime,
 )
 from tierkv.bench.trace.simulate import AdaptiveCache, LRUCache, Stream, replay
 
 A, B, C, D = 1, 2, 3, 4
+E, F, G, X, Y = 5, 6, 7, 8, 9
 
 
 def _stream(*requests: tuple[int, ...]) -> Stream:
@@ -88,3 +94,28 @@ def test_arrival_rates_count_each_class_of_block_by_hand() -> None:
     # a longer horizon: A and B at t1 (1 ago) are recent, A back at t3 and B never; t3's hits are between
     longer = arrival_rates(stream, 4)
     assert longer.counts[HIT_RECENT] == 2 and longer.rate(HIT_RECENT) == 0.5 and not longer.counts[HIT_STALE]
+
+
+def test_continuation_rates_count_turns_and_the_time_since_the_chain_was_extended_by_hand() -> None:
+    # a conversation A B → C → D → F → G (turns 0, 1, 2, 3, 3 capped), a fresh E, then B extended twice
+    # more (X at t6, Y at t7): each extension of B counts from B's previous one, not from B's store
+    stream = _stream(
+        (A, B), (A, B, C), (A, B, C, D), (E,), (A, B, C, D, F), (A, B, C, D, F, G), (A, B, X), (A, B, Y)
+    )
+    times = [0.0, 5_000.0, 8_000.0, 9_000.0, 80_000.0, 85_000.0, 200_000.0, 201_000.0]
+    rates = continuation_rates(stream, 4, times)
+    # back within 4 requests: A B (t1), C (t2), D (t4), F (t5); never: E, G, X, Y
+    assert (rates.counts[TURNS[0]], rates.soon[TURNS[0]]) == (3, 2)  # A B E
+    assert (rates.counts[TURNS[1]], rates.soon[TURNS[1]]) == (3, 1)  # C X Y
+    assert (rates.counts[TURNS[2]], rates.soon[TURNS[2]]) == (1, 1)  # D
+    assert (rates.counts[TURNS[3]], rates.soon[TURNS[3]]) == (2, 1)  # F G
+    # requests since the parent's chain was extended: C 1, D 1, F 2, G 1, X 5 (B extended at t1), Y 1
+    assert (rates.counts[EXTENDED_RECENT], rates.soon[EXTENDED_RECENT]) == (4, 2)  # C D G Y (≤ 4/4)
+    assert (rates.counts[EXTENDED_STALE], rates.soon[EXTENDED_STALE]) == (1, 0)  # X (≥ 4)
+    # seconds: C 5, D 3, F 72, G 5, X 195, Y 1
+    quick, slow = (name for name, _, _ in EXTENDED_SECONDS)
+    assert (rates.counts[quick], rates.soon[quick]) == (4, 2)  # C D G Y
+    assert (rates.counts[slow], rates.soon[slow]) == (2, 1)  # F X
+    untimed = continuation_rates(stream, 4, [None] * len(times))
+    assert not untimed.counts[quick] and not untimed.counts[slow]
+    assert untimed.counts[EXTENDED_RECENT] == 4 and untimed.counts[TURNS[3]] == 2

@@ -9,6 +9,9 @@ how much of that an online policy could hope for:
 - :func:`arrival_rates` measures how well what a vault sees when a block arrives predicts "looked up
   again within one LRU lifetime": the rate per class of stored block (the last block of a put, a put of
   one block) and, for blocks hit, per time since their last use.
+- :func:`continuation_rates` measures the same for new blocks by how their conversation has gone on: how
+  many times the chain they extend was extended before (a vault could count it per entry, with no tags),
+  and how long ago it was last extended.
 
 ``scripts/retention_bounds.py`` prints both for every trace of docs/performance/retention.md.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Sequence
+from typing import Final
 
 from tierkv.bench.trace.simulate import NEVER, Cache, LRUCache, Stream, next_uses, replay
 
@@ -117,10 +121,76 @@ def arrival_rates(stream: Stream, horizon: int) -> ArrivalRates:
     return out
 
 
+TURN_CAP: Final = 3
+"""Turn counts are capped here (two bits per entry in a vault): 3 means "3 or more"."""
+TURNS: tuple[str, ...] = ("turn 0", "turn 1", "turn 2", "turn 3+")
+"""A new block's turn count: its chain's extensions before it (0: nothing hit, a fresh chain)."""
+EXTENDED_RECENT: str = "chain extended within a quarter lifetime"
+EXTENDED_STALE: str = "chain extended a lifetime or more ago"
+EXTENDED_SECONDS: tuple[tuple[str, float, float], ...] = (
+    ("chain extended < 10 s ago", 0.0, 10.0),
+    ("chain extended ≥ 1 min ago", 60.0, float("inf")),
+)
+"""Classes by the seconds since the chain's previous extension (where the trace has timestamps)."""
+CONTINUATION_CLASSES: tuple[str, ...] = (
+    *TURNS,
+    EXTENDED_RECENT,
+    EXTENDED_STALE,
+    *(name for name, _, _ in EXTENDED_SECONDS),
+)
+
+
+def _since_classes(requests: int, seconds: float | None, horizon: int) -> list[str]:
+    """The classes of a continued chain's new blocks by the time since its previous extension."""
+    out = [EXTENDED_RECENT] if 4 * requests <= horizon else [EXTENDED_STALE] if requests >= horizon else []
+    if seconds is not None:
+        out += [name for name, low, high in EXTENDED_SECONDS if low <= seconds < high]
+    return out
+
+
+def continuation_rates(stream: Stream, horizon: int, times: Sequence[float | None]) -> ArrivalRates:
+    """Rates of "looked up again within ``horizon`` requests" of new blocks (every block is stored on its
+    first appearance) by how their chain went on. A request's new blocks extend its last hit block, their
+    parent: they inherit its turn count plus one, capped at :data:`TURN_CAP` (0 when nothing hit), as a
+    vault could count turns per entry. The parent's chain was last extended when the parent was stored or
+    last given new blocks; ``times[t]`` is request ``t``'s timestamp in ms (None: none)."""
+    uses = next_uses(stream)
+    turns: dict[int, int] = {}
+    extended: dict[int, tuple[int, float | None]] = {}
+    out = ArrivalRates(horizon)
+    for t, (ids, lookable) in enumerate(stream.requests):
+        hit = 0
+        while hit < lookable and ids[hit] in turns:
+            hit += 1
+        new = [i for i in range(hit, len(ids)) if ids[i] not in turns]
+        if not new:
+            continue
+        now = times[t]
+        turn, classes = 0, [TURNS[0]]
+        if hit:
+            parent = ids[hit - 1]
+            turn = min(TURN_CAP, turns[parent] + 1)
+            then, stamp = extended[parent]
+            seconds = None if now is None or stamp is None else (now - stamp) / 1000
+            classes = [TURNS[turn], *_since_classes(t - then, seconds, horizon)]
+            extended[parent] = (t, now)
+        for i in new:
+            soon = uses[t][i] != NEVER and uses[t][i] - t <= horizon
+            for cls in classes:
+                out.add(cls, soon)
+            turns[ids[i]] = turn
+            extended[ids[i]] = (t, now)
+    return out
+
+
 __all__ = [
     "CLASSES",
+    "CONTINUATION_CLASSES",
+    "TURNS",
+    "TURN_CAP",
     "ArrivalRates",
     "OracleAdmission",
     "arrival_rates",
+    "continuation_rates",
     "lru_lifetime",
 ]
