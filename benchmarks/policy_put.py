@@ -62,9 +62,13 @@ class _RecordingLearner:
         self.recording.admits.append(self.inner.admit(fkey, size, importance))
         return self.recording.admits[-1]
 
-    def evicted(self, fkey: bytes, size: int, proven: bool) -> None:
-        self.recording.calls.append(("evicted", self.tenant, self.limit, (fkey, size, proven)))
-        self.inner.evicted(fkey, size, proven)
+    def evicted(self, victim: tuple[bytes, int, bool]) -> None:
+        self.recording.calls.append(("evicted", self.tenant, self.limit, (victim,)))
+        self.inner.evicted(victim)
+
+    def settle(self) -> None:
+        self.recording.calls.append(("settle", self.tenant, self.limit, ()))
+        self.inner.settle()
 
     def walk_from(self, probation: int, main: int, heads: Heads) -> bytes:
         asked: list[tuple[int | None, int | None]] = []
@@ -112,6 +116,8 @@ def _learning_alone(calls: Sequence[Call], start: int, tries: int = 3) -> float:
                 learner.admit(*args)
             elif name == "evicted":
                 learner.evicted(*args)
+            elif name == "settle":
+                learner.settle()
             else:
                 learner.walk_from(args[0], args[1], iter(args[2]).__next__)
 
@@ -134,7 +140,10 @@ class _ReplayedLearner:
     def admit(self, fkey: bytes, size: int, importance: float) -> bool:
         return next(self.admits)
 
-    def evicted(self, fkey: bytes, size: int, proven: bool) -> None:
+    def evicted(self, victim: tuple[bytes, int, bool]) -> None:
+        pass
+
+    def settle(self) -> None:
         pass
 
     def walk_from(self, probation: int, main: int, heads: Heads) -> bytes:

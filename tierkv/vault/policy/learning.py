@@ -38,7 +38,7 @@ import dataclasses
 import enum
 import struct
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 GHOST_BUDGETS: Final = 4
@@ -56,7 +56,8 @@ MEMORY: Final = 1000
 """The shadows' hit difference is decayed by 1/MEMORY per sampled access."""
 _DECAY: Final = 1.0 - 1.0 / MEMORY
 SAMPLE_MASK: Final = SAMPLE - 1
-_LAST_8: Final = struct.Struct(">Q")
+LAST_8: Final = struct.Struct(">Q")
+"""A key's last 8 bytes as one big-endian int (:func:`digest` for keys of 8 bytes or more)."""
 
 
 class Part(enum.IntEnum):
@@ -78,7 +79,7 @@ def digest(full_key: bytes) -> int:
     uniform); read with a compiled struct, cheaper than slicing for ``int.from_bytes``."""
     if len(full_key) < 8:
         return int.from_bytes(full_key, "big")
-    key: int = _LAST_8.unpack_from(full_key, -8)[0]
+    key: int = LAST_8.unpack_from(full_key, -8)[0]
     return key
 
 
@@ -163,6 +164,26 @@ class Split:
         """An entry of ``part`` was evicted: its key goes to that part's ghost list."""
         ghosts = self.recent if part is _PROBATION else self.frequent
         ghosts.add(key, size, GHOST_BUDGETS * self.budget)
+
+    def remember_all(self, victims: Iterable[tuple[bytes, int, bool]]) -> None:
+        """Evicted entries as the store names them, (full key, size, proven), in the order they went."""
+        limit = GHOST_BUDGETS * self.budget
+        unpack = LAST_8.unpack_from
+        for fkey, size, proven in victims:
+            try:
+                key: int = unpack(fkey, -8)[0]
+            except struct.error:  # a key shorter than 8 bytes
+                key = digest(fkey)
+            ghosts = self.frequent if proven else self.recent
+            keys = ghosts.keys
+            if key in keys:
+                ghosts.bytes -= keys.pop(key)
+            keys[key] = size
+            held = ghosts.bytes + size
+            if held > limit or len(keys) > MAX_GHOSTS:
+                while keys and (held > limit or len(keys) > MAX_GHOSTS):
+                    held -= keys.popitem(last=False)[1]
+            ghosts.bytes = held
 
     def ghost_keys(self) -> int:
         return len(self.recent) + len(self.frequent)
@@ -310,6 +331,7 @@ __all__ = [
     "GHOST_BUDGETS",
     "HIGH_IMPORTANCE",
     "INITIAL_TARGET",
+    "LAST_8",
     "LOW_IMPORTANCE",
     "MAX_GHOSTS",
     "SAMPLE",

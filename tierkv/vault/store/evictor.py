@@ -170,7 +170,7 @@ class Evictor:
         ext = victim.ext
         learner = tenant.learner
         if learner is not None:
-            learner.evicted(victim_fkey, victim.charge, ext is not None and ext.proven)
+            learner.evicted((victim_fkey, victim.charge, ext is not None and ext.proven))
         if ext is not None and ext.source:
             ledger.ghosts.append((tenant.name, victim_fkey, ext.source))
         return True

@@ -142,6 +142,10 @@ class Store:
         """Take a committed transaction's figures."""
         self._clock = ledger.clock
         ledger.take_into(self._tenants, self._counter_lock)
+        for name in ledger.evicted:  # what each learner noted of this transaction's evictions
+            learner = self._tenants[name].learner
+            if learner is not None:
+                learner.settle()
         if ledger.ghosts:
             self._ghosts.add(ledger.ghosts)
         if ledger.dropped and self.on_drop is not None:
