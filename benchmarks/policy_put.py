@@ -46,7 +46,6 @@ shared machine."""
 REPLAYED = "adaptive-replayed"
 
 
-Heads = Callable[[], tuple[int | None, int | None]]
 Call = tuple[str, str, int, tuple[Any, ...]]
 """A call the store made: its name, the tenant and limit of the learner (or of ``observe``), its arguments."""
 
@@ -70,15 +69,16 @@ class _RecordingLearner:
         self.recording.calls.append(("settle", self.tenant, self.limit, ()))
         self.inner.settle()
 
-    def walk_from(self, probation: int, main: int, heads: Heads) -> bytes:
-        asked: list[tuple[int | None, int | None]] = []
+    def walk_from(self, probation: int, main: int) -> bytes | None:
+        start = self.inner.walk_from(probation, main)
+        self.recording.calls.append(("walk_from", self.tenant, self.limit, (probation, main)))
+        if start is not None:
+            self.recording.starts.append(start)
+        return start
 
-        def noted() -> tuple[int | None, int | None]:
-            asked.append(heads())
-            return asked[-1]
-
-        self.recording.starts.append(self.inner.walk_from(probation, main, noted))
-        self.recording.calls.append(("walk_from", self.tenant, self.limit, (probation, main, asked)))
+    def walk_by_heads(self, probation_head: int | None, main_head: int | None) -> bytes:
+        self.recording.calls.append(("walk_by_heads", self.tenant, self.limit, (probation_head, main_head)))
+        self.recording.starts.append(self.inner.walk_by_heads(probation_head, main_head))
         return self.recording.starts[-1]
 
 
@@ -118,8 +118,10 @@ def _learning_alone(calls: Sequence[Call], start: int, tries: int = 3) -> float:
                 learner.evicted(*args)
             elif name == "settle":
                 learner.settle()
+            elif name == "walk_from":
+                learner.walk_from(*args)
             else:
-                learner.walk_from(args[0], args[1], iter(args[2]).__next__)
+                learner.walk_by_heads(*args)
 
     best = float("inf")
     for _ in range(tries):
@@ -146,7 +148,10 @@ class _ReplayedLearner:
     def settle(self) -> None:
         pass
 
-    def walk_from(self, probation: int, main: int, heads: Heads) -> bytes:
+    def walk_from(self, probation: int, main: int) -> bytes | None:
+        return next(self.starts)
+
+    def walk_by_heads(self, probation_head: int | None, main_head: int | None) -> bytes:
         return next(self.starts)
 
 

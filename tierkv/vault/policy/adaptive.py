@@ -9,8 +9,11 @@ starts at the range :meth:`TenantLearning.walk_from` names. Tags: importance ≥
 
 from __future__ import annotations
 
+import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from itertools import compress
+from operator import itemgetter, not_
 
 from tierkv.vault.policy.base import EntryInfo, Learner
 from tierkv.vault.policy.learning import (
@@ -20,9 +23,8 @@ from tierkv.vault.policy.learning import (
     AdaptiveState,
     Part,
     digest,
+    older_part,
 )
-
-Heads = Callable[[], tuple[int | None, int | None]]
 
 
 class TenantLearning(AdaptiveState):
@@ -56,12 +58,15 @@ class TenantLearning(AdaptiveState):
         self.split.remember_all(self._victims)
         self._victims.clear()
 
-    def walk_from(self, probation: int, main: int, heads: Heads) -> bytes:
-        if self.lru_lead <= 0 or probation <= 0 or main <= 0:  # victim_part's ARC case, inline
+    def walk_from(self, probation: int, main: int) -> bytes | None:
+        if self.lru_lead <= 0 or probation <= 0 or main <= 0:  # victim_part's first case, inline
             if probation > 0 and (probation > self.split.target or main <= 0):  # Split.arc_part
                 return _PROBATION_HEAD
             return _MAIN_HEAD
-        return _RANK_HEAD[self.victim_part(probation, main, heads)]
+        return None  # the LRU shadow leads: the older of the two parts' oldest entries
+
+    def walk_by_heads(self, probation_head: int | None, main_head: int | None) -> bytes:
+        return _RANK_HEAD[older_part(probation_head, main_head)]
 
     def keys(self) -> int:
         return super().keys() + len(self._victims)
@@ -84,7 +89,7 @@ class AdaptivePolicy:
         only touched under the store's write lock."""
 
     def rank(self, entry: EntryInfo) -> bytes:
-        return _RANK_HEAD[entry.proven] + entry.clock.to_bytes(8, "big")
+        return _RANK.pack(entry.proven, entry.clock)
 
     def state(self, tenant: str, limit: int) -> TenantLearning:
         """The tenant's learning state (made on first use; a new limit starts it afresh)."""
@@ -98,7 +103,7 @@ class AdaptivePolicy:
         return self.state(tenant, limit)
 
     def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
-        keyed = [(digest(k), size) for k in fkeys if not k[-1] & SAMPLE_MASK]  # sampled(), cheaply
+        keyed = [(digest(k), size) for k in compress(fkeys, map(not_, map(_MASKED, map(_LAST, fkeys))))]
         if keyed:
             state = self.state(tenant, limit)
             with self._lock:
@@ -112,6 +117,11 @@ class AdaptivePolicy:
 
 _PROBATION_HEAD, _MAIN_HEAD = _RANK_HEAD = (b"\x00", b"\x01")
 """A rank's first byte by part (indexed by the part, or by ``proven``)."""
+_LAST, _MASKED = itemgetter(-1), SAMPLE_MASK.__and__
+"""A key is sampled when its last byte's low bits are zero (:func:`~.learning.sampled`): selected by
+iterators in C rather than a test per key in Python, as every key of every Put and read passes."""
+_RANK = struct.Struct(">BQ")
+"""A rank: the part's byte (``proven``), then the clock; one compiled pack per entry ranked."""
 _MAIN = Part.MAIN
 
 

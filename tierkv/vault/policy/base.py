@@ -69,12 +69,14 @@ class Learner(Protocol):
         """Take in what :attr:`evicted` noted (the store calls this once per write transaction that
         evicted, so the notes stay bounded by one transaction's evictions)."""
 
-    def walk_from(
-        self, probation: int, main: int, heads: Callable[[], tuple[int | None, int | None]]
-    ) -> bytes:
+    def walk_from(self, probation: int, main: int) -> bytes | None:
         """The order-key prefix the victim search starts at, given the bytes in each part (committed or in
-        this transaction); ``heads`` gives the clocks of the oldest entry not proven and the oldest proven
-        one (None: there is none), asked only when needed."""
+        this transaction); None when that depends on the parts' oldest entries: the store then asks
+        :meth:`walk_by_heads` (finding them costs two cursor seeks, so only then)."""
+
+    def walk_by_heads(self, probation_head: int | None, main_head: int | None) -> bytes:
+        """The walk start, given the clocks of the oldest entry not proven and the oldest proven one
+        (None: there is none)."""
 
 
 class LearningPolicy(EvictionPolicy, Protocol):

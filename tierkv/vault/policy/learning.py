@@ -104,7 +104,7 @@ class _Ghosts:
         held = self.bytes + size
         if held > max_bytes or len(keys) > MAX_GHOSTS:  # a full list, once it is full: trim the oldest
             while keys and (held > max_bytes or len(keys) > MAX_GHOSTS):
-                held -= keys.popitem(last=False)[1]
+                held -= keys.popitem(False)[1]
         self.bytes = held
 
     def take(self, key: int) -> int | None:
@@ -182,7 +182,7 @@ class Split:
             held = ghosts.bytes + size
             if held > limit or len(keys) > MAX_GHOSTS:
                 while keys and (held > limit or len(keys) > MAX_GHOSTS):
-                    held -= keys.popitem(last=False)[1]
+                    held -= keys.popitem(False)[1]
             ghosts.bytes = held
 
     def ghost_keys(self) -> int:
@@ -321,10 +321,14 @@ class AdaptiveState:
         only then, as finding them costs the store two cursor seeks)."""
         if self.lru_lead <= 0 or probation <= 0 or main <= 0:
             return self.split.arc_part(probation, main)
-        probation_head, main_head = heads()
-        if probation_head is None or main_head is None:
-            return _MAIN if probation_head is None else _PROBATION
-        return _PROBATION if probation_head < main_head else _MAIN
+        return older_part(*heads())
+
+
+def older_part(probation_head: int | None, main_head: int | None) -> Part:
+    """The part whose oldest entry is older (given their stamps; None: the part is empty)."""
+    if probation_head is None or main_head is None:
+        return _MAIN if probation_head is None else _PROBATION
+    return _PROBATION if probation_head < main_head else _MAIN
 
 
 __all__ = [
@@ -341,5 +345,6 @@ __all__ = [
     "Parts",
     "Split",
     "digest",
+    "older_part",
     "sampled",
 ]
