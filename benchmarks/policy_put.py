@@ -46,7 +46,6 @@ shared machine."""
 REPLAYED = "adaptive-replayed"
 
 
-Heads = Callable[[], tuple[int | None, int | None]]
 Call = tuple[str, str, int, tuple[Any, ...]]
 """A call the store made: its name, the tenant and limit of the learner (or of ``observe``), its arguments."""
 
@@ -62,19 +61,24 @@ class _RecordingLearner:
         self.recording.admits.append(self.inner.admit(fkey, size, importance))
         return self.recording.admits[-1]
 
-    def evicted(self, fkey: bytes, size: int, proven: bool) -> None:
-        self.recording.calls.append(("evicted", self.tenant, self.limit, (fkey, size, proven)))
-        self.inner.evicted(fkey, size, proven)
+    def evicted(self, victim: tuple[bytes, int, bool]) -> None:
+        self.recording.calls.append(("evicted", self.tenant, self.limit, (victim,)))
+        self.inner.evicted(victim)
 
-    def walk_from(self, probation: int, main: int, heads: Heads) -> bytes:
-        asked: list[tuple[int | None, int | None]] = []
+    def settle(self) -> None:
+        self.recording.calls.append(("settle", self.tenant, self.limit, ()))
+        self.inner.settle()
 
-        def noted() -> tuple[int | None, int | None]:
-            asked.append(heads())
-            return asked[-1]
+    def walk_from(self, probation: int, main: int) -> bytes | None:
+        start = self.inner.walk_from(probation, main)
+        self.recording.calls.append(("walk_from", self.tenant, self.limit, (probation, main)))
+        if start is not None:
+            self.recording.starts.append(start)
+        return start
 
-        self.recording.starts.append(self.inner.walk_from(probation, main, noted))
-        self.recording.calls.append(("walk_from", self.tenant, self.limit, (probation, main, asked)))
+    def walk_by_heads(self, probation_head: int | None, main_head: int | None) -> bytes:
+        self.recording.calls.append(("walk_by_heads", self.tenant, self.limit, (probation_head, main_head)))
+        self.recording.starts.append(self.inner.walk_by_heads(probation_head, main_head))
         return self.recording.starts[-1]
 
 
@@ -112,8 +116,12 @@ def _learning_alone(calls: Sequence[Call], start: int, tries: int = 3) -> float:
                 learner.admit(*args)
             elif name == "evicted":
                 learner.evicted(*args)
+            elif name == "settle":
+                learner.settle()
+            elif name == "walk_from":
+                learner.walk_from(*args)
             else:
-                learner.walk_from(args[0], args[1], iter(args[2]).__next__)
+                learner.walk_by_heads(*args)
 
     best = float("inf")
     for _ in range(tries):
@@ -134,10 +142,16 @@ class _ReplayedLearner:
     def admit(self, fkey: bytes, size: int, importance: float) -> bool:
         return next(self.admits)
 
-    def evicted(self, fkey: bytes, size: int, proven: bool) -> None:
+    def evicted(self, victim: tuple[bytes, int, bool]) -> None:
         pass
 
-    def walk_from(self, probation: int, main: int, heads: Heads) -> bytes:
+    def settle(self) -> None:
+        pass
+
+    def walk_from(self, probation: int, main: int) -> bytes | None:
+        return next(self.starts)
+
+    def walk_by_heads(self, probation_head: int | None, main_head: int | None) -> bytes:
         return next(self.starts)
 
 

@@ -17,6 +17,7 @@ from tierkv.vault.policy.learning import (
     AdaptiveState,
     Part,
     Split,
+    digest,
     sampled,
 )
 from tierkv.vault.store import Store
@@ -176,6 +177,48 @@ def test_ghost_lists_are_bounded_by_bytes_and_count(monkeypatch: pytest.MonkeyPa
     for k in range(100):
         big.remember(Part.MAIN, k, 1)
     assert len(big.frequent) == 7 and big.ghost_keys() == 7
+
+
+def test_noted_evictions_are_remembered_in_order_within_the_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store only notes an eviction (a list's append); the notes reach the ghost lists in the order
+    they were made, bounded as when each is remembered at once."""
+    learner = AdaptivePolicy().state("t", 100)
+    fkeys = [b"\x02" + NS + _key("v", i) for i in range(1000)]
+    for i, fkey in enumerate(fkeys):
+        learner.evicted((fkey, 10, i % 2 == 1))
+    learner.settle()
+    split = learner.split
+    assert len(split.recent) == len(split.frequent) == GHOST_BUDGETS * 10
+    assert split.recent.bytes == split.frequent.bytes == GHOST_BUDGETS * 100
+    assert list(split.recent.keys) == [digest(k) for k in fkeys[-80::2]]  # the newest, oldest first
+    assert list(split.frequent.keys) == [digest(k) for k in fkeys[-79::2]]
+    monkeypatch.setattr("tierkv.vault.policy.learning.MAX_GHOSTS", 7)
+    big = AdaptivePolicy().state("t", 10**9)
+    for fkey in fkeys:
+        big.evicted((fkey, 1, True))
+    big.settle()
+    assert len(big.split.frequent) == 7 and big.keys() - len(big._shadow_lru.held) == 7
+
+
+def test_admission_sees_the_evictions_noted_before_it() -> None:
+    """A block evicted earlier in the same write (noted, not yet settled) and stored again is a
+    remembered key: it starts in main and moves the target, as when it was remembered at once."""
+    learner = AdaptivePolicy().state("t", 100)
+    fkey = b"\x02" + NS + _key("back", 0)
+    learner.evicted((fkey, 10, False))
+    assert learner.admit(fkey, 10, 0.5) is True
+    assert learner.split.target == 60 and learner.split.learned == 1
+    assert learner.admit(b"\x02" + NS + _key("new", 0), 10, 0.5) is False
+
+
+def test_the_store_settles_its_learners_notes_after_each_write(tmp_path: Path) -> None:
+    """Evictions noted in a Put are in the ghost lists once it returns, with no admission after them."""
+    policy = AdaptivePolicy()
+    with Store(tmp_path / "s", BUDGET, sync_mode="fast", policy=policy, maintenance_interval_s=1e6) as s:
+        _put(s, [_key("fill", i) for i in range(40)])
+        _put(s, [_key("new", i) for i in range(3)])
+        state = policy.state("default", BUDGET)
+        assert s.stats().evictions == 3 and state.split.ghost_keys() == 3
 
 
 def test_shadows_prefer_recency_where_arc_loses_and_arc_where_it_wins() -> None:

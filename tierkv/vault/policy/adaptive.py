@@ -9,27 +9,67 @@ starts at the range :meth:`TenantLearning.walk_from` names. Tags: importance ≥
 
 from __future__ import annotations
 
+import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from itertools import compress
+from operator import itemgetter, not_
 
 from tierkv.vault.policy.base import EntryInfo, Learner
-from tierkv.vault.policy.learning import SAMPLE_MASK, AdaptiveState, Part, digest
-
-Heads = Callable[[], tuple[int | None, int | None]]
+from tierkv.vault.policy.learning import (
+    HIGH_IMPORTANCE,
+    LAST_8,
+    SAMPLE_MASK,
+    AdaptiveState,
+    Part,
+    digest,
+    older_part,
+)
 
 
 class TenantLearning(AdaptiveState):
     """One tenant's :class:`AdaptiveState`, answering the store in its terms (a
-    :class:`~tierkv.vault.policy.base.Learner`): full keys in, rank prefixes out."""
+    :class:`~tierkv.vault.policy.base.Learner`): full keys in, rank prefixes out.
+
+    Each store call is one Python frame for the common case (the store makes one to three per stored
+    block): an eviction is only noted (``evicted`` is a list's ``append``), and the noted keys go into
+    the ghost lists at the next admission or :meth:`settle`, in the order they went, so every admission
+    sees the lists exactly as if each had been remembered at once (nothing else reads them)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._victims: list[tuple[bytes, int, bool]] = []
+        self.evicted = self._victims.append
+        self._recent, self._frequent = self.split.recent.keys, self.split.frequent.keys
+        """The ghost lists' maps, held directly: admission asks both for every stored block."""
 
     def admit(self, fkey: bytes, size: int, importance: float) -> bool:
-        return self.split.admit(digest(fkey), size, importance) is _MAIN
+        victims = self._victims
+        if victims:  # the evictions noted since the last admission first, as settle() takes them
+            self.split.remember_all(victims)
+            victims.clear()
+        key = LAST_8.unpack_from(fkey, -8)[0] if len(fkey) >= 8 else digest(fkey)
+        if key in self._recent or key in self._frequent:
+            return self.split.admit(key, size, importance) is _MAIN
+        return importance >= HIGH_IMPORTANCE  # Split.admit's answer for a key in neither list
 
-    def evicted(self, fkey: bytes, size: int, proven: bool) -> None:
-        self.split.remember(_PARTS[proven], digest(fkey), size)
+    def settle(self) -> None:
+        """Remember the noted evictions now (the store calls this after each write transaction)."""
+        self.split.remember_all(self._victims)
+        self._victims.clear()
 
-    def walk_from(self, probation: int, main: int, heads: Heads) -> bytes:
-        return _RANK_HEAD[self.victim_part(probation, main, heads)]
+    def walk_from(self, probation: int, main: int) -> bytes | None:
+        if self.lru_lead <= 0 or probation <= 0 or main <= 0:  # victim_part's first case, inline
+            if probation > 0 and (probation > self.split.target or main <= 0):  # Split.arc_part
+                return _PROBATION_HEAD
+            return _MAIN_HEAD
+        return None  # the LRU shadow leads: the older of the two parts' oldest entries
+
+    def walk_by_heads(self, probation_head: int | None, main_head: int | None) -> bytes:
+        return _RANK_HEAD[older_part(probation_head, main_head)]
+
+    def keys(self) -> int:
+        return super().keys() + len(self._victims)
 
 
 class AdaptivePolicy:
@@ -49,7 +89,7 @@ class AdaptivePolicy:
         only touched under the store's write lock."""
 
     def rank(self, entry: EntryInfo) -> bytes:
-        return _RANK_HEAD[entry.proven] + entry.clock.to_bytes(8, "big")
+        return _RANK.pack(entry.proven, entry.clock)
 
     def state(self, tenant: str, limit: int) -> TenantLearning:
         """The tenant's learning state (made on first use; a new limit starts it afresh)."""
@@ -63,7 +103,7 @@ class AdaptivePolicy:
         return self.state(tenant, limit)
 
     def observe(self, tenant: str, limit: int, fkeys: Sequence[bytes], size: int, *, read: bool) -> None:
-        keyed = [(digest(k), size) for k in fkeys if not k[-1] & SAMPLE_MASK]  # sampled(), cheaply
+        keyed = [(digest(k), size) for k in compress(fkeys, map(not_, map(_MASKED, map(_LAST, fkeys))))]
         if keyed:
             state = self.state(tenant, limit)
             with self._lock:
@@ -75,9 +115,13 @@ class AdaptivePolicy:
             return sum(s.keys() for s in self._states.values())
 
 
-_PARTS = (Part.PROBATION, Part.MAIN)
-_RANK_HEAD = (b"\x00", b"\x01")
+_PROBATION_HEAD, _MAIN_HEAD = _RANK_HEAD = (b"\x00", b"\x01")
 """A rank's first byte by part (indexed by the part, or by ``proven``)."""
+_LAST, _MASKED = itemgetter(-1), SAMPLE_MASK.__and__
+"""A key is sampled when its last byte's low bits are zero (:func:`~.learning.sampled`): selected by
+iterators in C rather than a test per key in Python, as every key of every Put and read passes."""
+_RANK = struct.Struct(">BQ")
+"""A rank: the part's byte (``proven``), then the clock; one compiled pack per entry ranked."""
 _MAIN = Part.MAIN
 
 

@@ -56,18 +56,27 @@ class Learner(Protocol):
     for each tenant's learner once and keeps it: these calls come once or more per stored block, so they
     take the store's own terms (full keys, bytes per part) and nothing that must be built per call."""
 
+    @property
+    def evicted(self) -> Callable[[tuple[bytes, int, bool]], object]:
+        """Told (full key, charge, proven) of each entry evicted (not deleted), to remember its key: a
+        callable the store calls once per victim, so a note (a list's ``append``, no Python frame) rather
+        than a method; the learner takes the notes in before its next admission, or at :meth:`settle`."""
+
     def admit(self, fkey: bytes, size: int, importance: float) -> bool:
         """Whether an entry stored now (its key not held) starts proven."""
 
-    def evicted(self, fkey: bytes, size: int, proven: bool) -> None:
-        """An entry was evicted (not deleted): remember its key."""
+    def settle(self) -> None:
+        """Take in what :attr:`evicted` noted (the store calls this once per write transaction that
+        evicted, so the notes stay bounded by one transaction's evictions)."""
 
-    def walk_from(
-        self, probation: int, main: int, heads: Callable[[], tuple[int | None, int | None]]
-    ) -> bytes:
+    def walk_from(self, probation: int, main: int) -> bytes | None:
         """The order-key prefix the victim search starts at, given the bytes in each part (committed or in
-        this transaction); ``heads`` gives the clocks of the oldest entry not proven and the oldest proven
-        one (None: there is none), asked only when needed."""
+        this transaction); None when that depends on the parts' oldest entries: the store then asks
+        :meth:`walk_by_heads` (finding them costs two cursor seeks, so only then)."""
+
+    def walk_by_heads(self, probation_head: int | None, main_head: int | None) -> bytes:
+        """The walk start, given the clocks of the oldest entry not proven and the oldest proven one
+        (None: there is none)."""
 
 
 class LearningPolicy(EvictionPolicy, Protocol):

@@ -38,7 +38,7 @@ import dataclasses
 import enum
 import struct
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 GHOST_BUDGETS: Final = 4
@@ -56,7 +56,8 @@ MEMORY: Final = 1000
 """The shadows' hit difference is decayed by 1/MEMORY per sampled access."""
 _DECAY: Final = 1.0 - 1.0 / MEMORY
 SAMPLE_MASK: Final = SAMPLE - 1
-_LAST_8: Final = struct.Struct(">Q")
+LAST_8: Final = struct.Struct(">Q")
+"""A key's last 8 bytes as one big-endian int (:func:`digest` for keys of 8 bytes or more)."""
 
 
 class Part(enum.IntEnum):
@@ -78,7 +79,7 @@ def digest(full_key: bytes) -> int:
     uniform); read with a compiled struct, cheaper than slicing for ``int.from_bytes``."""
     if len(full_key) < 8:
         return int.from_bytes(full_key, "big")
-    key: int = _LAST_8.unpack_from(full_key, -8)[0]
+    key: int = LAST_8.unpack_from(full_key, -8)[0]
     return key
 
 
@@ -103,7 +104,7 @@ class _Ghosts:
         held = self.bytes + size
         if held > max_bytes or len(keys) > MAX_GHOSTS:  # a full list, once it is full: trim the oldest
             while keys and (held > max_bytes or len(keys) > MAX_GHOSTS):
-                held -= keys.popitem(last=False)[1]
+                held -= keys.popitem(False)[1]
         self.bytes = held
 
     def take(self, key: int) -> int | None:
@@ -163,6 +164,26 @@ class Split:
         """An entry of ``part`` was evicted: its key goes to that part's ghost list."""
         ghosts = self.recent if part is _PROBATION else self.frequent
         ghosts.add(key, size, GHOST_BUDGETS * self.budget)
+
+    def remember_all(self, victims: Iterable[tuple[bytes, int, bool]]) -> None:
+        """Evicted entries as the store names them, (full key, size, proven), in the order they went."""
+        limit = GHOST_BUDGETS * self.budget
+        unpack = LAST_8.unpack_from
+        for fkey, size, proven in victims:
+            try:
+                key: int = unpack(fkey, -8)[0]
+            except struct.error:  # a key shorter than 8 bytes
+                key = digest(fkey)
+            ghosts = self.frequent if proven else self.recent
+            keys = ghosts.keys
+            if key in keys:
+                ghosts.bytes -= keys.pop(key)
+            keys[key] = size
+            held = ghosts.bytes + size
+            if held > limit or len(keys) > MAX_GHOSTS:
+                while keys and (held > limit or len(keys) > MAX_GHOSTS):
+                    held -= keys.popitem(False)[1]
+            ghosts.bytes = held
 
     def ghost_keys(self) -> int:
         return len(self.recent) + len(self.frequent)
@@ -300,16 +321,21 @@ class AdaptiveState:
         only then, as finding them costs the store two cursor seeks)."""
         if self.lru_lead <= 0 or probation <= 0 or main <= 0:
             return self.split.arc_part(probation, main)
-        probation_head, main_head = heads()
-        if probation_head is None or main_head is None:
-            return _MAIN if probation_head is None else _PROBATION
-        return _PROBATION if probation_head < main_head else _MAIN
+        return older_part(*heads())
+
+
+def older_part(probation_head: int | None, main_head: int | None) -> Part:
+    """The part whose oldest entry is older (given their stamps; None: the part is empty)."""
+    if probation_head is None or main_head is None:
+        return _MAIN if probation_head is None else _PROBATION
+    return _PROBATION if probation_head < main_head else _MAIN
 
 
 __all__ = [
     "GHOST_BUDGETS",
     "HIGH_IMPORTANCE",
     "INITIAL_TARGET",
+    "LAST_8",
     "LOW_IMPORTANCE",
     "MAX_GHOSTS",
     "SAMPLE",
@@ -319,5 +345,6 @@ __all__ = [
     "Parts",
     "Split",
     "digest",
+    "older_part",
     "sampled",
 ]

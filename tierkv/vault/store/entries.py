@@ -121,7 +121,13 @@ class EntryWriter:
         if charge > min(self.max_bytes, owner.quota or self.max_bytes):
             return False
         old = self.entries.drop(txn, ledger, owner, fkey)
-        proven = self._admitted(owner, fkey, charge, meta, old)
+        learner = owner.learner  # whether it starts proven: as it was when it replaces itself, else as
+        if learner is None:  # the tenant's learner admits it (never, under a policy that does not learn)
+            proven = False
+        elif old is not None:
+            proven = old.ext is not None and old.ext.proven
+        else:
+            proven = learner.admit(fkey, charge, NEUTRAL_IMPORTANCE if meta is None else meta.importance)
         if not self.evictor.make_room(txn, ledger, owner, charge):
             return False
         ledger.clock += 1
@@ -146,19 +152,6 @@ class EntryWriter:
             if not self.entries.adjust_sharing(txn, ledger, owner, parent, 1):
                 ledger.orphans[(owner.name, parent)] += 1
         return True
-
-    @staticmethod
-    def _admitted(
-        owner: Tenant, fkey: bytes, charge: int, meta: BlockMeta | None, old: IndexRecord | None
-    ) -> bool:
-        """Whether the entry starts proven: as it was when it replaces itself, else as the tenant's learner
-        admits it (never, under a policy that does not learn)."""
-        learner = owner.learner
-        if learner is None:
-            return False
-        if old is not None:
-            return old.ext is not None and old.ext.proven
-        return learner.admit(fkey, charge, meta.importance if meta is not None else NEUTRAL_IMPORTANCE)
 
     def _entry_meta(
         self, ledger: Ledger, owner: Tenant, charge: int, meta: BlockMeta | None, old: IndexRecord | None

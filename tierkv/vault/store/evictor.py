@@ -170,7 +170,7 @@ class Evictor:
         ext = victim.ext
         learner = tenant.learner
         if learner is not None:
-            learner.evicted(victim_fkey, victim.charge, ext is not None and ext.proven)
+            learner.evicted((victim_fkey, victim.charge, ext is not None and ext.proven))
         if ext is not None and ext.source:
             ledger.ghosts.append((tenant.name, victim_fkey, ext.source))
         return True
@@ -185,8 +185,8 @@ class Evictor:
             return b""
         name = tenant.name
         main = ledger.proven[name]
-        probation = ledger.used[name] - ledger.protected[name] - main
-        return learner.walk_from(probation, main, lambda: _part_heads(cur))
+        start = learner.walk_from(ledger.used[name] - ledger.protected[name] - main, main)
+        return learner.walk_by_heads(*_part_heads(cur)) if start is None else start
 
     def first_evictable(
         self,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import operator
 import threading
 import time
 from collections import Counter
@@ -57,6 +58,8 @@ from tierkv.vault.store.tenants import DEFAULT_TENANT, Tenant, Tenants
 log = logging.getLogger("tierkv.vault.store")
 
 Item = tuple[bytes, bytes | bytearray | memoryview, int]
+_FULL_KEY = operator.itemgetter(0)
+"""A prepared item's full key."""
 PURGE_BATCH = 10_000
 """The maintenance thread drops at most this many expired entries per tenant per interval."""
 
@@ -142,6 +145,10 @@ class Store:
         """Take a committed transaction's figures."""
         self._clock = ledger.clock
         ledger.take_into(self._tenants, self._counter_lock)
+        for name in ledger.evicted:  # what each learner noted of this transaction's evictions
+            learner = self._tenants[name].learner
+            if learner is not None:
+                learner.settle()
         if ledger.ghosts:
             self._ghosts.add(ledger.ghosts)
         if ledger.dropped and self.on_drop is not None:
@@ -190,7 +197,9 @@ class Store:
         learning = self._ranking.learning
         if learning is not None:
             limit = owner.quota or self.max_bytes
-            learning.observe(owner.name, limit, [p[0] for p in prepared], self._typical(owner), read=False)
+            learning.observe(
+                owner.name, limit, list(map(_FULL_KEY, prepared)), self._typical(owner), read=False
+            )
             if learning.leaf_first:  # the deepest block of a chain gets the oldest clock
                 prepared.reverse()
         with self._env.write_lock:
