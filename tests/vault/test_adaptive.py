@@ -249,3 +249,20 @@ def test_a_part_all_leased_sends_the_victim_search_to_the_other(tmp_path: Path) 
         outcome = store.put_many(NS, [(_key("new", 0), b"n" * BLOB, 0)])
         assert outcome.stored == 1 and outcome.evicted == 1
         assert store.prefix_lookup(NS, main) == 8 and store.prefix_lookup(NS, pinned) == 20
+
+
+def test_a_shadow_keeps_the_charge_a_key_was_stored_with() -> None:
+    """The store feeds the shadows each key at the tenant's current mean entry size, which moves between
+    the key's store and its next read: a hit must move the bytes it was charged, or the parts' byte
+    counts drift from what they hold and a later store tries to evict from an empty shadow."""
+    state = AdaptiveState(BUDGET)
+    keys = [i * 16 for i in range(1, 400)]  # low bits zero: every key is sampled
+    for size in (100, 3000, 800, 8000, 300):
+        for start in range(0, len(keys), 7):
+            batch = [(k, size) for k in keys[start : start + 7]]
+            state.observe(batch, read=False)
+            state.observe(batch[:3], read=True)
+    for shadow in (state._shadow_lru, state._shadow_arc):
+        held = {p: sum(shadow.held.parts[p].values()) for p in Part}
+        assert shadow.used == held
+        assert shadow.total == sum(held.values()) <= shadow.budget

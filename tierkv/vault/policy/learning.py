@@ -257,11 +257,12 @@ class _MiniCache:
             part = where.get(key)
             if part is not None:
                 hits += 1
+                charged = held.parts[part][key]  # as when stored: the caller's mean may have moved
                 if read and part is _PROBATION and split is not None:
-                    used[_PROBATION] -= size
-                    used[_MAIN] += size
+                    used[_PROBATION] -= charged
+                    used[_MAIN] += charged
                     part = _MAIN
-                held.touch(key, part, size)
+                held.touch(key, part, charged)
             elif size <= budget:
                 new = _MAIN if split is None else split.admit(key, size, 0.5)
                 while self.total + size > budget:

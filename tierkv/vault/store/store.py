@@ -198,7 +198,7 @@ class Store:
         if learning is not None:
             limit = owner.quota or self.max_bytes
             learning.observe(
-                owner.name, limit, list(map(_FULL_KEY, prepared)), self._typical(owner), read=False
+                owner.name, limit, list(map(_FULL_KEY, prepared)), self._typical(owner, prepared), read=False
             )
             if learning.leaf_first:  # the deepest block of a chain gets the oldest clock
                 prepared.reverse()
@@ -215,10 +215,16 @@ class Store:
             rejected = sorted(len(prepared) - 1 - i for i in rejected)
         return PutOutcome(stored=stored, rejected=rejected, evicted=evicted)
 
-    def _typical(self, owner: Tenant) -> int:
-        """The tenant's mean entry charge (what a learning policy's shadows charge a key they see)."""
+    def _typical(self, owner: Tenant, batch: Sequence[Prepared] = ()) -> int:
+        """The tenant's mean entry charge (what a learning policy's shadows charge a key they see); for a
+        tenant that holds nothing yet, the mean of the ``batch`` being stored (a shadow keeps the charge a
+        key came with, so the first batch must not come at 1 byte)."""
         with self._counter_lock:
-            return max(1, owner.used // owner.count) if owner.count else 1
+            if owner.count:
+                return max(1, owner.used // owner.count)
+        if not batch:
+            return 1
+        return max(1, sum(len(fkey) - 1 + len(data) for fkey, data, _, _ in batch) // len(batch))
 
     def _recency_order(self, fkeys: Sequence[bytes]) -> Sequence[bytes]:
         """Keys in the order their reads are noted: deepest first under a leaf-first policy."""
