@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,7 +14,7 @@ from hypothesis import strategies as st  # noqa: E402
 from tierkv.codec import torch_rows  # noqa: E402
 from tierkv.codec.expect import Expect  # noqa: E402
 from tierkv.codec.torch_codec import decode_tensor, encode_tensor  # noqa: E402
-from tierkv.codec.torch_rows import decode_rows  # noqa: E402
+from tierkv.codec.torch_rows import decode_rows, decode_slots  # noqa: E402
 from tierkv.errors import CodecError, CorruptBlobError  # noqa: E402
 
 SHAPE = (2, 3, 4, 16)
@@ -79,7 +81,7 @@ def test_a_run_of_int8_blobs_is_staged_and_scaled_once(monkeypatch: pytest.Monke
     assert runs == [5 * groups_per_blob]
 
 
-def test_rows_on_a_strided_tensor_decode_blob_by_blob() -> None:
+def test_rows_of_a_strided_tensor_hold_what_blob_by_blob_decoding_gives() -> None:
     blobs = [make_blob("int8", torch.float32, i) for i in range(3)]
     whole = torch.zeros((3, *SHAPE[:-1], 2 * SHAPE[-1]))
     into = whole[..., : SHAPE[-1]]
@@ -88,6 +90,64 @@ def test_rows_on_a_strided_tensor_decode_blob_by_blob() -> None:
     for n, blob in enumerate(blobs):
         assert torch.equal(into[n], decode_tensor(blob)[1])
     assert not whole[..., SHAPE[-1] :].any()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=9),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 1000),
+    order=st.randoms(use_true_random=False),
+)
+def test_slots_hold_what_blob_by_blob_decoding_gives_and_bad_slots_are_left_alone(
+    kinds: list[str], dtype: torch.dtype, seed: int, order: random.Random
+) -> None:
+    """Blob k into slot k wherever the slots lie: strided views of one buffer, in shuffled places."""
+    blobs = [make_blob(kind, dtype, seed + i) for i, kind in enumerate(kinds)]
+    places = list(range(len(blobs) + 2))
+    order.shuffle(places)
+    whole = torch.full((*SHAPE[:-1], len(places) * SHAPE[-1]), float("nan"), dtype=dtype)
+    slots = [whole[..., p * SHAPE[-1] : (p + 1) * SHAPE[-1]] for p in places[: len(blobs)]]
+    verdicts = decode_slots(blobs, slots, Expect(shape=SHAPE, tokens=4))
+
+    for blob, kind, verdict, slot in zip(blobs, kinds, verdicts, slots, strict=True):
+        if kind == "corrupt":
+            assert isinstance(verdict, CorruptBlobError)
+        elif kind == "wrong-shape":
+            assert isinstance(verdict, CodecError) and "shape" in str(verdict)
+        else:
+            assert verdict is None
+            assert torch.equal(bits(slot), bits(decode_tensor(blob, dtype=dtype)[1])), kind
+            continue
+        assert torch.isnan(slot.float()).all(), f"the slot of a {kind} blob was written"
+    for p in places[len(blobs) :]:
+        assert torch.isnan(whole[..., p * SHAPE[-1] : (p + 1) * SHAPE[-1]].float()).all()
+
+
+def test_a_run_of_int8_blobs_bound_for_slots_is_scaled_in_steps_of_whole_blobs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Slots of a run share one staging and one scaling per step, never one per blob."""
+    monkeypatch.setattr(torch_rows, "CPU_DECODE_VALUES", 2 * 2 * 3 * 4 * 16)  # two blobs a step
+    widened: list[int] = []
+    real = torch_rows.cpu_scratch
+    monkeypatch.setattr(torch_rows, "cpu_scratch", lambda n: (widened.append(n), real(n))[1])
+    blobs = [make_blob("int8", torch.bfloat16, i) for i in range(5)]
+    whole = torch.zeros((*SHAPE[:-1], 5 * SHAPE[-1]), dtype=torch.bfloat16)
+    slots = [whole[..., i * SHAPE[-1] : (i + 1) * SHAPE[-1]] for i in range(5)]
+    assert decode_slots(blobs, slots) == [None] * 5
+    assert widened == [2 * 2 * 3 * 4 * 16], "one scratch for the run, of one step's values"
+    for slot, blob in zip(slots, blobs, strict=True):
+        assert torch.equal(bits(slot), bits(decode_tensor(blob)[1]))
+
+
+def test_a_slot_of_another_shape_or_dtype_is_a_verdict_not_an_error() -> None:
+    blobs = [make_blob("int8", torch.float32, i) for i in range(3)]
+    slots = [torch.zeros(SHAPE), torch.zeros((1, *SHAPE[1:])), torch.zeros(SHAPE, dtype=torch.int32)]
+    verdicts = decode_slots(blobs, slots)
+    assert verdicts[0] is None and torch.equal(slots[0], decode_tensor(blobs[0])[1])
+    assert isinstance(verdicts[1], CodecError) and "decodes to" in str(verdicts[1]) and not slots[1].any()
+    assert isinstance(verdicts[2], CodecError) and "dtype" in str(verdicts[2]) and not slots[2].any()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -14,6 +14,7 @@ from tierkv.codec import LayerGroup, read_header
 from tierkv.records import PutResult
 from tierkv.roles import Role
 from tierkv.tiering import ColdTier, Expect, MemoryStorage, NumpyArrays, StreamSpec, codec_for
+from tierkv.tiering.arrays import Arrays
 from tierkv.tiering.tensors import TorchArrays
 
 NS = hashlib.sha256(b"pipeline").digest()
@@ -369,13 +370,25 @@ def test_into_needs_arrays_that_decode_rows_and_takes_every_block() -> None:
 class Recording(TorchArrays):
     """TorchArrays that say when a decode ran (and on which thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold: threading.Event | None = None) -> None:
         self.decoded = threading.Event()
         self.threads: set[str] = set()
+        self.runs: list[list[int]] = []
+        """Slots of each ``decode_slots`` call, by row of the test's buffer."""
+        self.hold = hold
 
     def decode_rows(self, blobs, into, expect):  # type: ignore[no-untyped-def]
         self.threads.add(threading.current_thread().name)
         verdicts = super().decode_rows(blobs, into, expect)
+        self.decoded.set()
+        return verdicts
+
+    def decode_slots(self, blobs, slots, expect):  # type: ignore[no-untyped-def]
+        self.threads.add(threading.current_thread().name)
+        self.runs.append([row_of(slot) for slot in slots])
+        if self.hold is not None:  # the first run waits until the rest has arrived
+            assert self.hold.wait(10)
+        verdicts = super().decode_slots(blobs, slots, expect)
         self.decoded.set()
         return verdicts
 
@@ -458,3 +471,104 @@ def test_a_leading_restore_decodes_behind_the_receive_into_the_same_slots(codec:
         assert storage.decoded_before_the_end == behind, "decoded only once every blob had arrived"
         results[behind] = slots[:3]
     assert torch.equal(results[False], results[True])
+
+
+BLOCK_TOKENS = SHAPE[2]
+
+
+def row_of(slot: torch.Tensor) -> int:
+    """Which block of a :func:`strided_slots` buffer ``slot`` is (its first token over the block size)."""
+    return slot.storage_offset() // (slot.stride(2) * BLOCK_TOKENS)
+
+
+def strided_slots(n: int) -> torch.Tensor:
+    """Room for ``n`` blocks laid as an engine's cache lies (every layer's tokens side by side, as the
+    transformers hook's buffer): block i is ``[:, :, i*T:(i+1)*T]``, a strided view; NaN until written."""
+    layers, kv, tokens, dim = SHAPE
+    return torch.full((layers, kv, n * tokens, dim), float("nan"), dtype=torch.bfloat16)
+
+
+class OneByOne:
+    """Arrays that decode blob by blob (no ``decode_slots``): how a run decoded behind the receive was
+    decoded before runs were batched."""
+
+    def __init__(self) -> None:
+        self.torch = TorchArrays()
+
+    def encode(self, block: torch.Tensor, codec: str, tokens: int, layer_group: LayerGroup) -> bytes:
+        return self.torch.encode(block, codec, tokens, layer_group)
+
+    def decode_into(self, blob: bytes, out: torch.Tensor, expect: Expect) -> None:
+        self.torch.decode_into(blob, out, expect)
+
+
+class Burst(MemoryStorage):
+    """Hands every blob over in key order, then lets the first decode finish: the run after it holds
+    every other blob, gaps and all."""
+
+    def __init__(self, arrived: threading.Event) -> None:
+        super().__init__()
+        self.arrived = arrived
+
+    def get_each(self, namespace, keys, on_blob, role=Role.KV_COLD):  # type: ignore[no-untyped-def]
+        sizes = super().get_each(namespace, keys, on_blob, role)
+        self.arrived.set()
+        return sizes
+
+
+@pytest.mark.parametrize("codec", ["raw", "int8"])
+@pytest.mark.parametrize("gaps", [("corrupt", "missing"), ("missing", "corrupt")])
+def test_a_batched_run_behind_the_receive_fills_every_slot_as_blob_by_blob(
+    codec: str, gaps: tuple[str, str]
+) -> None:
+    """A leading-only restore decoded behind the receive in runs (int8 blobs go to ``decode_slots`` a run
+    at once) leaves every slot as decoding blob by blob does, bit for bit: the leading run, the blobs past
+    the gaps in their own slots, the gaps unwritten; and the same verdicts (the first gap ends the run, a
+    corrupt blob there is reported and deleted)."""
+    n = 10
+    spec = KV if codec == "int8" else RAW
+    data = [torch.randn(SHAPE).to(torch.bfloat16) for _ in range(n)]
+    template = MemoryStorage()
+    ColdTier(template, TorchArrays()).store(
+        spec, [(k, d, TOKENS) for k, d in zip(keys(n), data, strict=True)]
+    )
+    blobs = dict(template.blobs[(spec.role, NS)])
+    for kind, i in zip(gaps, (3, 6), strict=True):
+        if kind == "missing":
+            del blobs[keys(n)[i]]
+        else:
+            bad = blobs[keys(n)[i]]
+            blobs[keys(n)[i]] = bad[:-1] + bytes([bad[-1] ^ 0xFF])
+    arrived = threading.Event()
+    batched = Recording(hold=arrived)
+    contenders: dict[str, Arrays[torch.Tensor]] = {"batched": batched, "one by one": OneByOne()}
+    filled = {}
+    for name, arrays in contenders.items():
+        storage = Burst(arrived)
+        storage.blobs[(spec.role, NS)] = dict(blobs)
+        tier = ColdTier(storage, arrays, decode_behind=True)
+        buffer = strided_slots(n)
+        out = lambda i, b=buffer: b[:, :, i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS]
+        got = tier.restore(spec, keys(n), spec.expect(SHAPE, TOKENS, "bfloat16"), out, leading_only=True)
+        corrupt = 3 if gaps[0] == "corrupt" else None
+        assert got.decoded == [0, 1, 2] and got.leading == 3 and got.rejected == (corrupt is not None)
+        space = storage.blobs[(spec.role, NS)]
+        assert got.gone == [keys(n)[3]] and keys(n)[3] not in space  # missing, or corrupt and deleted
+        assert (keys(n)[6] in space) == (gaps[1] == "corrupt"), "past the first gap nothing is settled"
+        assert storage.calls["delete"] == (corrupt is not None)
+        filled[name] = buffer
+    present = [i for i in range(n) if i not in (3, 6)] + [
+        i for i, g in zip((3, 6), gaps, strict=True) if g == "corrupt"
+    ]
+    if codec == "int8":
+        assert max(len(run) for run in batched.runs) > 1, "no run decoded more than one blob at once"
+        assert sorted(row for run in batched.runs for row in run) == sorted(present)
+    else:
+        assert batched.runs == [], "raw blobs are copied one by one, as before"
+    assert torch.equal(filled["batched"].view(torch.int16), filled["one by one"].view(torch.int16))
+    for i in range(n):
+        block = filled["batched"][:, :, i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS]
+        if i in (3, 6):
+            assert torch.isnan(block.float()).all(), f"gap {i} written"
+        else:
+            torch.testing.assert_close(block, data[i], atol=0.05, rtol=0.05)

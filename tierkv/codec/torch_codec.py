@@ -217,7 +217,7 @@ def scale_groups(q: torch.Tensor, scales: torch.Tensor, dst: torch.Tensor, *, ac
     an ``accelerator``, on CPU in steps whose float32 scratch stays in L2."""
     n, width = q.shape
     step = n if accelerator else max(1, CPU_DECODE_VALUES // width)
-    scratch = None if accelerator or dst.dtype == torch.float32 else _cpu_scratch(min(step, n) * width)
+    scratch = None if accelerator or dst.dtype == torch.float32 else cpu_scratch(min(step, n) * width)
     # narrow() rather than [a:b]: torch's Python indexing costs microseconds a call, which small blobs feel
     for r0 in range(0, n, step):
         rows = min(step, n - r0)
@@ -282,8 +282,9 @@ def _scale_rows(
     dst.copy_(wide)
 
 
-def _cpu_scratch(values: int) -> torch.Tensor:
-    """This thread's float32 scratch of at least ``values`` values (kept between calls)."""
+def cpu_scratch(values: int) -> torch.Tensor:
+    """This thread's float32 scratch of at least ``values`` values (kept between calls; also the one
+    :mod:`tierkv.codec.torch_rows` scales runs of blobs in)."""
     have: torch.Tensor | None = getattr(_SCRATCH, "f32", None)
     if have is None or have.numel() < values:
         have = torch.empty(max(values, CPU_DECODE_VALUES), dtype=torch.float32)

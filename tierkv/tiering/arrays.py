@@ -6,7 +6,9 @@ own module so this package never imports torch). ``decode_into`` verifies the bl
 :class:`~tierkv.tiering.spec.Expect` and writes the values into caller-provided memory. Implementations
 that can also hand out a ``raw`` blob's values without copying them (:class:`ViewingArrays`: ``view``
 verifies the same way) serve hooks that write blocks straight into their cache; those that decode many
-blobs into the rows of one array at once (:class:`RowArrays`) serve hooks that decode into a buffer. All raise
+blobs into the rows of one array at once (:class:`RowArrays`) serve hooks that decode into a buffer, and
+those that decode many blobs each into a slot of its own (:class:`SlotArrays`) serve restores decoded
+while they arrive. All raise
 :class:`~tierkv.errors.TierKVError` for anything that does not verify.
 """
 
@@ -48,6 +50,17 @@ class RowArrays(Arrays[A_contra], Protocol[A_contra]):
 
     def decode_rows(
         self, blobs: Sequence[Buffer], into: A_contra, expect: Expect
+    ) -> list[TierKVError | None]: ...
+
+
+@runtime_checkable
+class SlotArrays(Arrays[A_contra], Protocol[A_contra]):
+    """:class:`Arrays` that verify many blobs at once and decode blob k into ``slots[k]``, wherever the
+    slots lie: what a run of a restore decoded while it arrives needs (key i into its own slot), at the
+    cost per run rather than per blob that :class:`RowArrays` has."""
+
+    def decode_slots(
+        self, blobs: Sequence[Buffer], slots: Sequence[A_contra], expect: Expect
     ) -> list[TierKVError | None]: ...
 
 
@@ -98,4 +111,4 @@ class NumpyArrays:
         return values
 
 
-__all__ = ["A", "Arrays", "NumpyArrays", "RowArrays", "RowWindows", "ViewingArrays"]
+__all__ = ["A", "Arrays", "NumpyArrays", "RowArrays", "RowWindows", "SlotArrays", "ViewingArrays"]

@@ -25,7 +25,7 @@ from tierkv.codec import Buffer
 from tierkv.codec.blob import verify_parts
 from tierkv.codec.header import header_len
 from tierkv.errors import TierKVError
-from tierkv.tiering.arrays import A, Arrays, ViewingArrays
+from tierkv.tiering.arrays import A, Arrays, SlotArrays, ViewingArrays
 from tierkv.tiering.spec import Expect
 
 Place = Callable[[int, A], None]
@@ -103,9 +103,32 @@ class Target(Generic[A]):
 
     def decode_run(self, run: Sequence[tuple[int, bytes]]) -> None:
         """A :class:`~tierkv.tiering.behind.DecodeBehind` run of a leading-only restore: each key's blob
-        into its own slot, ``out(i)`` (the verdicts kept for :meth:`settle`, as on arrival)."""
-        for i, blob in run:
-            self.arrived(i, blob)
+        into its own slot, ``out(i)`` (the verdicts kept for :meth:`settle`, as on arrival). Arrays that
+        decode slots (:class:`SlotArrays`) take the whole run at once, where one expectation covers it and
+        the blobs are not raw: torch's int8 costs ~0.2 ms a blob on CPU one by one, about half that in
+        runs, which decides whether the worker keeps up with a link; a raw blob is one copy either way."""
+        batch = self._batch()
+        if batch is None:
+            for i, blob in run:
+                self.arrived(i, blob)
+            return
+        slots, out, expect = batch
+        t0 = time.perf_counter()
+        try:
+            verdicts = slots.decode_slots([blob for _, blob in run], [out(i) for i, _ in run], expect)
+        except Exception as exc:
+            with self._lock:
+                self._error = self._error or exc
+            return
+        with self._lock:
+            self.verify_s += time.perf_counter() - t0
+            self._early.update((i, verdict) for (i, _), verdict in zip(run, verdicts, strict=True))
+
+    def _batch(self) -> tuple[SlotArrays[A], Callable[[int], A], Expect] | None:
+        """What :meth:`decode_run` decodes a run at once with; None where it goes blob by blob."""
+        if not isinstance(self.arrays, SlotArrays) or self.out is None or not isinstance(self.expect, Expect):
+            return None
+        return None if self.expect.codec == "raw" else (self.arrays, self.out, self.expect)
 
     def land(self, i: int, size: int) -> _Landed | None:
         """Where key ``i``'s blob of ``size`` bytes can be received: a header buffer, then its rows; None

@@ -8,14 +8,15 @@ import torch
 
 from tierkv.codec import Buffer, LayerGroup
 from tierkv.codec.torch_codec import decode_tensor, encode_tensor, view_tensor
-from tierkv.codec.torch_rows import decode_rows
+from tierkv.codec.torch_rows import decode_rows, decode_slots
 from tierkv.errors import TierKVError
 from tierkv.tiering.spec import Expect
 
 
 class TorchArrays:
     """Encode blocks with :func:`encode_tensor`; decode into ``out`` (any device, strided) with one copy,
-    many blobs into the rows of one tensor at once, or view a raw blob without copying."""
+    many blobs into the rows of one tensor or into slots of their own at once, or view a raw blob
+    without copying."""
 
     def encode(self, block: torch.Tensor, codec: str, tokens: int, layer_group: LayerGroup) -> bytes:
         return encode_tensor(block, codec=codec, tokens=tokens, layer_group=layer_group)
@@ -28,6 +29,12 @@ class TorchArrays:
     ) -> list[TierKVError | None]:
         """Verify every blob, then decode the n-th good one into ``into[n]`` (int8 runs on CPU at once)."""
         return decode_rows(blobs, into, expect)
+
+    def decode_slots(
+        self, blobs: Sequence[Buffer], slots: Sequence[torch.Tensor], expect: Expect
+    ) -> list[TierKVError | None]:
+        """Verify every blob, then decode blob k into ``slots[k]`` (int8 runs bound for CPU at once)."""
+        return decode_slots(blobs, slots, expect)
 
     def rows_from(self, into: torch.Tensor, first: int) -> torch.Tensor:
         return into.narrow(0, first, into.shape[0] - first)
