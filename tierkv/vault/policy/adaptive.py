@@ -17,8 +17,6 @@ from operator import itemgetter, not_
 
 from tierkv.vault.policy.base import EntryInfo, Learner
 from tierkv.vault.policy.learning import (
-    HIGH_IMPORTANCE,
-    LAST_8,
     SAMPLE_MASK,
     AdaptiveState,
     Part,
@@ -31,27 +29,22 @@ class TenantLearning(AdaptiveState):
     """One tenant's :class:`AdaptiveState`, answering the store in its terms (a
     :class:`~tierkv.vault.policy.base.Learner`): full keys in, rank prefixes out.
 
-    Each store call is one Python frame for the common case (the store makes one to three per stored
-    block): an eviction is only noted (``evicted`` is a list's ``append``), and the noted keys go into
-    the ghost lists at the next admission or :meth:`settle`, in the order they went, so every admission
-    sees the lists exactly as if each had been remembered at once (nothing else reads them)."""
+    An eviction is only noted (``evicted`` is a list's ``append``, so no Python frame per victim), and
+    the noted keys go into the ghost lists at the next admission or :meth:`settle`, in the order they
+    went, so every admission sees the lists exactly as if each had been remembered at once (nothing else
+    reads them). Admission and the walk start ask :class:`~.learning.Split` itself."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._victims: list[tuple[bytes, int, bool]] = []
         self.evicted = self._victims.append
-        self._recent, self._frequent = self.split.recent.keys, self.split.frequent.keys
-        """The ghost lists' maps, held directly: admission asks both for every stored block."""
 
     def admit(self, fkey: bytes, size: int, importance: float) -> bool:
         victims = self._victims
         if victims:  # the evictions noted since the last admission first, as settle() takes them
             self.split.remember_all(victims)
             victims.clear()
-        key = LAST_8.unpack_from(fkey, -8)[0] if len(fkey) >= 8 else digest(fkey)
-        if key in self._recent or key in self._frequent:
-            return self.split.admit(key, size, importance) is _MAIN
-        return importance >= HIGH_IMPORTANCE  # Split.admit's answer for a key in neither list
+        return self.split.admit(digest(fkey), size, importance) is _MAIN
 
     def settle(self) -> None:
         """Remember the noted evictions now (the store calls this after each write transaction)."""
@@ -59,10 +52,8 @@ class TenantLearning(AdaptiveState):
         self._victims.clear()
 
     def walk_from(self, probation: int, main: int) -> bytes | None:
-        if self.lru_lead <= 0 or probation <= 0 or main <= 0:  # victim_part's first case, inline
-            if probation > 0 and (probation > self.split.target or main <= 0):  # Split.arc_part
-                return _PROBATION_HEAD
-            return _MAIN_HEAD
+        if self.lru_lead <= 0 or probation <= 0 or main <= 0:  # as victim_part, without the heads
+            return _RANK_HEAD[self.split.arc_part(probation, main)]
         return None  # the LRU shadow leads: the older of the two parts' oldest entries
 
     def walk_by_heads(self, probation_head: int | None, main_head: int | None) -> bytes:
@@ -115,7 +106,7 @@ class AdaptivePolicy:
             return sum(s.keys() for s in self._states.values())
 
 
-_PROBATION_HEAD, _MAIN_HEAD = _RANK_HEAD = (b"\x00", b"\x01")
+_RANK_HEAD = (b"\x00", b"\x01")
 """A rank's first byte by part (indexed by the part, or by ``proven``)."""
 _LAST, _MASKED = itemgetter(-1), SAMPLE_MASK.__and__
 """A key is sampled when its last byte's low bits are zero (:func:`~.learning.sampled`): selected by

@@ -167,23 +167,8 @@ class Split:
 
     def remember_all(self, victims: Iterable[tuple[bytes, int, bool]]) -> None:
         """Evicted entries as the store names them, (full key, size, proven), in the order they went."""
-        limit = GHOST_BUDGETS * self.budget
-        unpack = LAST_8.unpack_from
         for fkey, size, proven in victims:
-            try:
-                key: int = unpack(fkey, -8)[0]
-            except struct.error:  # a key shorter than 8 bytes
-                key = digest(fkey)
-            ghosts = self.frequent if proven else self.recent
-            keys = ghosts.keys
-            if key in keys:
-                ghosts.bytes -= keys.pop(key)
-            keys[key] = size
-            held = ghosts.bytes + size
-            if held > limit or len(keys) > MAX_GHOSTS:
-                while keys and (held > limit or len(keys) > MAX_GHOSTS):
-                    held -= keys.popitem(False)[1]
-            ghosts.bytes = held
+            self.remember(_MAIN if proven else _PROBATION, digest(fkey), size)
 
     def ghost_keys(self) -> int:
         return len(self.recent) + len(self.frequent)
