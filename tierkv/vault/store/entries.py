@@ -18,7 +18,7 @@ import lmdb
 from tierkv.retention.classes import NEUTRAL_IMPORTANCE, BlockMeta, pack_tokens
 from tierkv.vault.entrymeta import EntryMeta
 from tierkv.vault.store.evictor import Evictor, Ranking
-from tierkv.vault.store.format import IndexRecord, checksum, expiry_key, parent_key
+from tierkv.vault.store.format import IndexRecord, checksum, entry_charge, expiry_key, parent_key
 from tierkv.vault.store.ledger import Ledger
 from tierkv.vault.store.tenants import Tenant
 
@@ -117,7 +117,7 @@ class EntryWriter:
         """Write one entry after making room for it; False when it cannot fit (the item is rejected)."""
         fkey, data, priority, meta = item
         tokens = pack_tokens(meta.tokens) if meta is not None and meta.tokens else b""
-        charge = len(fkey) - 1 + len(data) + len(tokens)
+        charge = entry_charge(fkey, data, tokens)
         if charge > min(self.max_bytes, owner.quota or self.max_bytes):
             return False
         old = self.entries.drop(txn, ledger, owner, fkey)

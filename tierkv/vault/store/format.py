@@ -97,6 +97,12 @@ class IndexRecord:
         return "" if self.ext is None else self.ext.source
 
 
+def entry_charge(fkey: bytes, data: bytes | bytearray | memoryview, tokens: bytes = b"") -> int:
+    """The bytes an entry counts against its budgets: namespace and key (the full key less its length
+    byte), value and packed tokens."""
+    return len(fkey) - 1 + len(data) + len(tokens)
+
+
 def charge_of(raw: bytes | memoryview) -> int:
     """The charge of a raw index record without unpacking the rest."""
     return int(_U64.unpack_from(raw)[0])
@@ -179,6 +185,7 @@ __all__ = [
     "charge_of",
     "check_format",
     "checksum",
+    "entry_charge",
     "expiry_key",
     "expiry_ms",
     "full_key",

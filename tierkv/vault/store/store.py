@@ -44,7 +44,7 @@ from tierkv.vault.store.debug import StoreDebug
 from tierkv.vault.store.entries import Entries, EntryWriter, Prepared
 from tierkv.vault.store.env import StoreEnv
 from tierkv.vault.store.evictor import Evictor, Ranking
-from tierkv.vault.store.format import full_key
+from tierkv.vault.store.format import entry_charge, full_key
 from tierkv.vault.store.ledger import Ledger
 from tierkv.vault.store.maintenance import Maintainer
 from tierkv.vault.store.opening import count_retention, load_meta
@@ -224,7 +224,7 @@ class Store:
                 return max(1, owner.used // owner.count)
         if not batch:
             return 1
-        return max(1, sum(len(fkey) - 1 + len(data) for fkey, data, _, _ in batch) // len(batch))
+        return max(1, sum(entry_charge(fkey, data) for fkey, data, _, _ in batch) // len(batch))
 
     def _recency_order(self, fkeys: Sequence[bytes]) -> Sequence[bytes]:
         """Keys in the order their reads are noted: deepest first under a leaf-first policy."""
