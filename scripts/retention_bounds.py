@@ -22,6 +22,7 @@ from retention_figures import hash_traces
 from tierkv.bench.trace.bounds import (
     CLASSES,
     CONTINUATION_CLASSES,
+    FAN_OUTS,
     TURNS,
     ArrivalRates,
     OracleAdmission,
@@ -38,6 +39,7 @@ FRACTIONS = (0.02, 0.05, 0.1)
 HORIZONS: tuple[int | None, ...] = (None, 1, 2, 4)
 """Oracle horizons in LRU lifetimes (None: looked up again ever)."""
 CACHES: dict[str, Callable[[int], Cache]] = {"lru": LRUCache, "adaptive": AdaptiveCache}
+FAN_OUT_NAMES = tuple(name for name, _ in FAN_OUTS)
 
 
 def _horizon_name(h: int | None) -> str:
@@ -49,14 +51,18 @@ def _closed(stream: Stream, cache: Cache, lru: float, optimum: float) -> float |
     return None if optimum - lru < 0.001 else (rate - lru) / (optimum - lru)
 
 
-def _rate_cells(found: ArrivalRates, classes: tuple[str, ...], shares: tuple[str, ...] = ()) -> str:
-    """Table cells: each class's rate, with its share of the counted blocks for those in ``shares``."""
-    total = sum(found.counts[c] for c in shares) or 1
+def _rate_cells(found: ArrivalRates, classes: tuple[str, ...], *groups: tuple[str, ...]) -> str:
+    """Table cells: each class's rate, with, for the classes of each of ``groups`` (classes that part the
+    same blocks), its share of that group's blocks."""
+    share: dict[str, float] = {}
+    for group in groups:
+        total = sum(found.counts[c] for c in group) or 1
+        share.update((c, found.counts[c] / total) for c in group)
     cells = []
     for c in classes:
         rate = found.rate(c)
         cell = "—" if rate is None else f"{rate:.2f}"
-        cells.append(f"{cell} ({found.counts[c] / total:.0%})" if c in shares and rate is not None else cell)
+        cells.append(f"{cell} ({share[c]:.0%})" if c in share and rate is not None else cell)
     return " | ".join(cells)
 
 
@@ -78,7 +84,8 @@ def main() -> None:
             life = lru_lifetime(stream, ref.blocks)
             if ref.fraction == 0.05:
                 arrival = _rate_cells(arrival_rates(stream, life), CLASSES)
-                going_on = _rate_cells(continuation_rates(stream, life, times), CONTINUATION_CLASSES, TURNS)
+                continued = continuation_rates(stream, life, times)
+                going_on = _rate_cells(continued, CONTINUATION_CLASSES, TURNS, FAN_OUT_NAMES)
                 rates.append((name, life, arrival, going_on))
             for h in HORIZONS:
                 horizon = None if h is None else h * life

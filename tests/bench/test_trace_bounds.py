@@ -10,6 +10,7 @@ from tierkv.bench.trace.bounds import (
     EXTENDED_RECENT,
     EXTENDED_SECONDS,
     EXTENDED_STALE,
+    FAN_OUTS,
     HIT_RECENT,
     HIT_STALE,
     LAST_OF_PUT,
@@ -116,6 +117,11 @@ def test_continuation_rates_count_turns_and_the_time_since_the_chain_was_extende
     quick, slow = (name for name, _, _ in EXTENDED_SECONDS)
     assert (rates.counts[quick], rates.soon[quick]) == (4, 2)  # C D G Y
     assert (rates.counts[slow], rates.soon[slow]) == (2, 1)  # F X
+    # extensions of the parent before: C, D, F, G each their parent's first; X B's second, Y its third
+    first, once, few, many = (name for name, _ in FAN_OUTS)
+    assert (rates.counts[first], rates.soon[first]) == (4, 3)  # C D F G (G never back)
+    assert (rates.counts[once], rates.soon[once]) == (1, 0)  # X
+    assert (rates.counts[few], rates.soon[few]) == (1, 0) and not rates.counts[many]  # Y
     untimed = continuation_rates(stream, 4, [None] * len(times))
     assert not untimed.counts[quick] and not untimed.counts[slow]
     assert untimed.counts[EXTENDED_RECENT] == 4 and untimed.counts[TURNS[3]] == 2

@@ -132,11 +132,20 @@ EXTENDED_SECONDS: tuple[tuple[str, float, float], ...] = (
     ("chain extended ≥ 1 min ago", 60.0, float("inf")),
 )
 """Classes by the seconds since the chain's previous extension (where the trace has timestamps)."""
+FAN_OUTS: tuple[tuple[str, int], ...] = (
+    ("parent's first extension", 0),
+    ("parent extended once before", 1),
+    ("parent extended 2-3 times before", 2),
+    ("parent extended 4+ times before", 4),
+)
+"""Classes of a continued chain's new blocks by how many times their parent was extended before (a
+branch point such as a shared document or system prompt, against a conversation's own last turn)."""
 CONTINUATION_CLASSES: tuple[str, ...] = (
     *TURNS,
     EXTENDED_RECENT,
     EXTENDED_STALE,
     *(name for name, _, _ in EXTENDED_SECONDS),
+    *(name for name, _ in FAN_OUTS),
 )
 
 
@@ -148,14 +157,20 @@ def _since_classes(requests: int, seconds: float | None, horizon: int) -> list[s
     return out
 
 
+def _fan_out_class(before: int) -> str:
+    return next(name for name, low in reversed(FAN_OUTS) if before >= low)
+
+
 def continuation_rates(stream: Stream, horizon: int, times: Sequence[float | None]) -> ArrivalRates:
     """Rates of "looked up again within ``horizon`` requests" of new blocks (every block is stored on its
     first appearance) by how their chain went on. A request's new blocks extend its last hit block, their
     parent: they inherit its turn count plus one, capped at :data:`TURN_CAP` (0 when nothing hit), as a
     vault could count turns per entry. The parent's chain was last extended when the parent was stored or
-    last given new blocks; ``times[t]`` is request ``t``'s timestamp in ms (None: none)."""
+    last given new blocks; ``times[t]`` is request ``t``'s timestamp in ms (None: none). Each parent's
+    extensions are counted too (:data:`FAN_OUTS`)."""
     uses = next_uses(stream)
     turns: dict[int, int] = {}
+    fan_out: Counter[int] = Counter()
     extended: dict[int, tuple[int, float | None]] = {}
     out = ArrivalRates(horizon)
     for t, (ids, lookable) in enumerate(stream.requests):
@@ -172,7 +187,12 @@ def continuation_rates(stream: Stream, horizon: int, times: Sequence[float | Non
             turn = min(TURN_CAP, turns[parent] + 1)
             then, stamp = extended[parent]
             seconds = None if now is None or stamp is None else (now - stamp) / 1000
-            classes = [TURNS[turn], *_since_classes(t - then, seconds, horizon)]
+            classes = [
+                TURNS[turn],
+                *_since_classes(t - then, seconds, horizon),
+                _fan_out_class(fan_out[parent]),
+            ]
+            fan_out[parent] += 1
             extended[parent] = (t, now)
         for i in new:
             soon = uses[t][i] != NEVER and uses[t][i] - t <= horizon
@@ -186,6 +206,7 @@ def continuation_rates(stream: Stream, horizon: int, times: Sequence[float | Non
 __all__ = [
     "CLASSES",
     "CONTINUATION_CLASSES",
+    "FAN_OUTS",
     "TURNS",
     "TURN_CAP",
     "ArrivalRates",
