@@ -34,6 +34,9 @@ class TenantLearning(AdaptiveState):
     went, so every admission sees the lists exactly as if each had been remembered at once (nothing else
     reads them). Admission and the walk start ask :class:`~.learning.Split` itself."""
 
+    journaled = True
+    """Its changes belong to the store's write transactions, which may abort."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self._victims: list[tuple[bytes, int, bool]] = []
@@ -47,9 +50,16 @@ class TenantLearning(AdaptiveState):
         return self.split.admit(digest(fkey), size, importance) is _MAIN
 
     def settle(self) -> None:
-        """Remember the noted evictions now (the store calls this after each write transaction)."""
+        """Remember the noted evictions now: the write transaction committed."""
         self.split.remember_all(self._victims)
         self._victims.clear()
+        self.split.commit()
+
+    def abandon(self) -> None:
+        """Forget what the aborted write transaction taught: its evictions did not happen, and its
+        admissions' ghost lookups are undone (the store retries it, or the Put fails)."""
+        self._victims.clear()
+        self.split.rollback()
 
     def walk_from(self, probation: int, main: int) -> bytes | None:
         if self.lru_lead <= 0 or probation <= 0 or main <= 0:  # as victim_part, without the heads

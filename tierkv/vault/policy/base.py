@@ -66,8 +66,13 @@ class Learner(Protocol):
         """Whether an entry stored now (its key not held) starts proven."""
 
     def settle(self) -> None:
-        """Take in what :attr:`evicted` noted (the store calls this once per write transaction that
-        evicted, so the notes stay bounded by one transaction's evictions)."""
+        """The write transaction the learner was told of committed: take in what :attr:`evicted` noted
+        (the store calls this once per transaction that admitted or evicted, so the notes stay bounded by
+        one transaction's)."""
+
+    def abandon(self) -> None:
+        """That transaction aborted: forget its notes and undo what its admissions learned, so that the
+        learner never holds what did not happen (the store retries the write, or the Put fails)."""
 
     def walk_from(self, probation: int, main: int) -> bytes | None:
         """The order-key prefix the victim search starts at, given the bytes in each part (committed or in

@@ -39,7 +39,7 @@ import enum
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Final
+from typing import ClassVar, Final
 
 GHOST_BUDGETS: Final = 4
 """Each ghost list remembers keys worth this many budgets: reuse comes back within a few turnovers."""
@@ -89,33 +89,71 @@ def sampled(key: int) -> bool:
     return not key & SAMPLE_MASK
 
 
-class _Ghosts:
-    """Keys recently evicted from one part (oldest first), with their sizes; bounded by bytes and count."""
+Undo = list[tuple["_Ghosts", int, int]]
+"""A journal of the keys ghost lists gave up: (list, key, what it held), oldest first (a key added is
+not journaled: its sequence number tells it from those the last commit saw)."""
+SIZE_BITS: Final = 48
+_SIZE_MASK: Final = (1 << SIZE_BITS) - 1
 
-    def __init__(self) -> None:
+
+class _Ghosts:
+    """Keys recently evicted from one part (oldest first), bounded by bytes and count. Each key holds its
+    sequence number and size packed in one int (``seq << SIZE_BITS | size``: no bigger than a size alone
+    in memory): the sequence number is its place in the order, so an undone change can put a key back
+    where it was (:meth:`Split.rollback`). ``journal``, when given, records every change."""
+
+    def __init__(self, journal: Undo | None = None) -> None:
         self.keys: OrderedDict[int, int] = OrderedDict()
         self.bytes = 0
+        self.seq = 0
+        self.journal = journal
 
     def add(self, key: int, size: int, max_bytes: int) -> None:
-        keys = self.keys
+        keys, journal = self.keys, self.journal
         if key in keys:
-            self.bytes -= keys.pop(key)
-        keys[key] = size
+            old = keys.pop(key)
+            self.bytes -= old & _SIZE_MASK
+            if journal is not None:
+                journal.append((self, key, old))
+        self.seq += 1
+        keys[key] = self.seq << SIZE_BITS | size  # not journaled: an undo drops keys newer than the commit
         held = self.bytes + size
         if held > max_bytes or len(keys) > MAX_GHOSTS:  # a full list, once it is full: trim the oldest
             while keys and (held > max_bytes or len(keys) > MAX_GHOSTS):
-                held -= keys.popitem(False)[1]
+                gone, kept = keys.popitem(False)
+                held -= kept & _SIZE_MASK
+                if journal is not None:
+                    journal.append((self, gone, kept))
         self.bytes = held
 
     def take(self, key: int) -> int | None:
         """The remembered size of ``key`` (forgetting it), or None."""
-        size = self.keys.pop(key, None)
-        if size is not None:
-            self.bytes -= size
-        return size
+        kept = self.keys.pop(key, None)
+        if kept is None:
+            return None
+        self.bytes -= kept & _SIZE_MASK
+        if self.journal is not None:
+            self.journal.append((self, key, kept))
+        return kept & _SIZE_MASK
+
+    def sizes(self) -> list[tuple[int, int]]:
+        """(key, size), oldest first."""
+        return [(key, kept & _SIZE_MASK) for key, kept in self.keys.items()]
+
+    def restore(self, seq: int) -> None:
+        """After the journal's keys were put back: drop the keys added after sequence number ``seq``, put
+        the rest in sequence order and recount the bytes (an undo, so rare: O(n log n))."""
+        self.seq = seq
+        kept = sorted((item for item in self.keys.items() if item[1] >> SIZE_BITS <= seq), key=_SEQ)
+        self.keys = OrderedDict(kept)
+        self.bytes = sum(packed & _SIZE_MASK for _, packed in kept)
 
     def __len__(self) -> int:
         return len(self.keys)
+
+
+def _SEQ(item: tuple[int, int]) -> int:  # noqa: N802 - a sort key, named as the field it reads
+    return item[1] >> SIZE_BITS
 
 
 @dataclasses.dataclass
@@ -125,14 +163,40 @@ class Split:
 
     budget: int
     target: float = -1.0
-    recent: _Ghosts = dataclasses.field(default_factory=_Ghosts)
-    frequent: _Ghosts = dataclasses.field(default_factory=_Ghosts)
+    journaled: bool = False
+    """Record every change since :meth:`commit`, so that :meth:`rollback` can undo them (the store's
+    learner, whose changes belong to a write transaction that may abort; the shadows need none)."""
     learned: int = 0
     """Stores of remembered keys (the target moved on each)."""
+    journal: Undo | None = dataclasses.field(init=False)
+    recent: _Ghosts = dataclasses.field(init=False)
+    frequent: _Ghosts = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         if self.target < 0:
             self.target = INITIAL_TARGET * self.budget
+        self.journal = [] if self.journaled else None
+        self.recent, self.frequent = _Ghosts(self.journal), _Ghosts(self.journal)
+        self._committed = (self.target, self.learned, 0, 0)
+
+    def commit(self) -> None:
+        """What was learned since the last commit stands (its write transaction committed)."""
+        if self.journal:
+            self.journal.clear()
+        self._committed = (self.target, self.learned, self.recent.seq, self.frequent.seq)
+
+    def rollback(self) -> None:
+        """Undo everything since the last commit (its write transaction aborted: the admissions and
+        evictions it learned from never happened), ghost lists in their order included."""
+        self.target, self.learned, recent_seq, frequent_seq = self._committed
+        if self.recent.seq == recent_seq and self.frequent.seq == frequent_seq and not self.journal:
+            return
+        for ghosts, key, before in reversed(self.journal or ()):
+            ghosts.keys[key] = before
+        if self.journal:
+            self.journal.clear()
+        self.recent.restore(recent_seq)
+        self.frequent.restore(frequent_seq)
 
     def admit(self, key: int, size: int, importance: float) -> Part:
         """The part a block stored now (not held) starts in; learns from its ghost, if any."""
@@ -278,9 +342,11 @@ class AdaptiveState:
     split: Split = dataclasses.field(init=False)
     lru_lead: float = 0.0
     """Decayed (LRU shadow hits − ARC shadow hits): positive means plain recency is doing better."""
+    journaled: ClassVar[bool] = False
+    """Whether the split journals its changes (:attr:`Split.journaled`)."""
 
     def __post_init__(self) -> None:
-        self.split = Split(self.budget)
+        self.split = Split(self.budget, journaled=self.journaled)
         self._shadow_lru = _MiniCache(self.budget // SAMPLE, arc=False)
         self._shadow_arc = _MiniCache(self.budget // SAMPLE, arc=True)
 

@@ -35,6 +35,8 @@ class Ledger:
         self.total = sum(self.used.values())
         self.population = sum(self.count.values())
         self.evicted: Counter[str] = Counter()
+        self.admitting: set[str] = set()
+        """Tenants whose learner admitted entries in this transaction (beside those it evicted from)."""
         self.overflow: Counter[str] = Counter()
         self.ghosts: list[tuple[str, bytes, str]] = []
         self.dropped: list[tuple[str, bytes]] = []

@@ -39,7 +39,7 @@ from tierkv.retention.classes import BlockMeta
 from tierkv.vault.entrymeta import ClassBook, EntryMeta, Ghosts
 from tierkv.vault.files import OnDamage
 from tierkv.vault.leases import LeaseTable
-from tierkv.vault.policy import EvictionPolicy, LRUPolicy
+from tierkv.vault.policy import EvictionPolicy, Learner, LRUPolicy
 from tierkv.vault.store.debug import StoreDebug
 from tierkv.vault.store.entries import Entries, EntryWriter, Prepared
 from tierkv.vault.store.env import StoreEnv
@@ -145,16 +145,26 @@ class Store:
         """Take a committed transaction's figures."""
         self._clock = ledger.clock
         ledger.take_into(self._tenants, self._counter_lock)
-        for name in ledger.evicted:  # what each learner noted of this transaction's evictions
-            learner = self._tenants[name].learner
-            if learner is not None:
-                learner.settle()
+        for learner in self._learners(ledger):  # what each learned in this transaction stands
+            learner.settle()
         if ledger.ghosts:
             self._ghosts.add(ledger.ghosts)
         if ledger.dropped and self.on_drop is not None:
             self.on_drop(ledger.dropped)
         if ledger.overflow:
             self._writer.log_overflow(ledger.overflow)
+
+    def _learners(self, ledger: Ledger) -> Iterator[Learner]:
+        """The learners told of what ``ledger``'s transaction admitted or evicted."""
+        for name in ledger.admitting.union(ledger.evicted):
+            learner = self._tenants[name].learner
+            if learner is not None:
+                yield learner
+
+    def _abandon(self, ledger: Ledger) -> None:
+        """``ledger``'s transaction aborted: its learners forget it."""
+        for learner in self._learners(ledger):
+            learner.abandon()
 
     @contextlib.contextmanager
     def _transaction(self, *, evicts: bool = False) -> Iterator[tuple[lmdb.Transaction, Ledger]]:
@@ -163,9 +173,13 @@ class Store:
         evicting = self._leases.writing() if evicts else contextlib.nullcontext()
         with self._env.write_lock, self._env.rw.shared(), evicting:
             ledger = self._ledger()
-            with self._env.env.begin(write=True) as txn:
-                yield txn, ledger
-                self._save(txn, ledger)
+            try:
+                with self._env.env.begin(write=True) as txn:
+                    yield txn, ledger
+                    self._save(txn, ledger)
+            except BaseException:
+                self._abandon(ledger)
+                raise
             self._commit(ledger)
 
     # -- writes ------------------------------------------------------------------------------------
@@ -234,13 +248,18 @@ class Store:
     def _put_txn(self, owner: Tenant, items: Sequence[Prepared]) -> PutOutcome:
         """One write transaction of a Put (the caller holds the write lock and the shared lock)."""
         ledger = self._ledger()
+        ledger.admitting.add(owner.name)
         rejected: list[int] = []
-        with self._leases.writing(), self._env.env.begin(write=True) as txn:
-            self._touches.apply(txn, ledger, self._tenants.__getitem__, self._entries)
-            for i, item in enumerate(items):
-                if not self._writer.put_one(txn, ledger, owner, item):
-                    rejected.append(i)
-            self._save(txn, ledger)
+        try:
+            with self._leases.writing(), self._env.env.begin(write=True) as txn:
+                self._touches.apply(txn, ledger, self._tenants.__getitem__, self._entries)
+                for i, item in enumerate(items):
+                    if not self._writer.put_one(txn, ledger, owner, item):
+                        rejected.append(i)
+                self._save(txn, ledger)
+        except BaseException:
+            self._abandon(ledger)
+            raise
         self._commit(ledger)
         evicted = sum(ledger.evicted.values())
         return PutOutcome(stored=len(items) - len(rejected), rejected=rejected, evicted=evicted)
