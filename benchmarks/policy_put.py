@@ -69,6 +69,10 @@ class _RecordingLearner:
         self.recording.calls.append(("settle", self.tenant, self.limit, ()))
         self.inner.settle()
 
+    def abandon(self) -> None:
+        self.recording.calls.append(("abandon", self.tenant, self.limit, ()))
+        self.inner.abandon()
+
     def walk_from(self, probation: int, main: int) -> bytes | None:
         start = self.inner.walk_from(probation, main)
         self.recording.calls.append(("walk_from", self.tenant, self.limit, (probation, main)))
@@ -118,6 +122,8 @@ def _learning_alone(calls: Sequence[Call], start: int, tries: int = 3) -> float:
                 learner.evicted(*args)
             elif name == "settle":
                 learner.settle()
+            elif name == "abandon":
+                learner.abandon()
             elif name == "walk_from":
                 learner.walk_from(*args)
             else:
@@ -146,6 +152,9 @@ class _ReplayedLearner:
         pass
 
     def settle(self) -> None:
+        pass
+
+    def abandon(self) -> None:
         pass
 
     def walk_from(self, probation: int, main: int) -> bytes | None:
