@@ -4,6 +4,7 @@ ghost lists, protection kept, the parts surviving a reopen; and its learning sta
 from __future__ import annotations
 
 import hashlib
+import random
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from tierkv.vault.policy import DEFAULT_POLICY, AdaptivePolicy, LRUPolicy, make_
 from tierkv.vault.policy.learning import (
     GHOST_BUDGETS,
     INITIAL_TARGET,
+    MAX_GHOSTS,
+    MAX_SHADOW_KEYS,
     AdaptiveState,
     Part,
     Split,
@@ -266,3 +269,70 @@ def test_a_shadow_keeps_the_charge_a_key_was_stored_with() -> None:
         held = {p: sum(shadow.held.parts[p].values()) for p in Part}
         assert shadow.used == held
         assert shadow.total == sum(held.values()) <= shadow.budget
+
+
+def _shadows_consistent(state: AdaptiveState) -> None:
+    """Every shadow holds only sampled keys, within its budget, its byte counts equal to what it holds,
+    its ghost lists sampled and within their bounds."""
+    for shadow in (state._shadow_lru, state._shadow_arc):
+        assert shadow.budget == max(1, state.budget // (state.mask + 1))
+        assert not any(k & state.mask for k in shadow.held.where)
+        held = {p: sum(shadow.held.parts[p].values()) for p in Part}
+        assert shadow.used == held and shadow.total == sum(held.values()) <= shadow.budget
+        if shadow.split is not None:
+            for ghosts in (shadow.split.recent, shadow.split.frequent):
+                assert not any(k & state.mask for k in ghosts.keys)
+                assert (
+                    ghosts.bytes == sum(size for _, size in ghosts.sizes()) <= GHOST_BUDGETS * shadow.budget
+                )
+                assert len(ghosts) <= GHOST_BUDGETS * MAX_SHADOW_KEYS
+
+
+def test_shadows_sample_fewer_keys_rather_than_outgrow_their_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget of many more blocks than a shadow may hold keys: each time a shadow outgrows the bound,
+    both keep only a sample half as large in half the budget, so the learning state stays bounded
+    however large the budget; what they keep is still a consistent cache of the smaller sample."""
+    monkeypatch.setattr("tierkv.vault.policy.learning.MAX_SHADOW_KEYS", 50)
+    rng = random.Random(7)
+    state = AdaptiveState(budget=16 * 1000)  # a shadow of 20 keys of 50 bytes, then of 1,000 of 1 byte
+    for i in range(3000):  # blocks of 50 bytes first: the shadows evict, and ARC's ghost lists fill
+        size = 50 if i < 500 else 1
+        batch = [(rng.getrandbits(64) & ~0xF, size) for _ in range(8)]  # each one sampled at first
+        mask = state.mask
+        state.observe(batch, read=False)
+        state.observe(batch[:2], read=True)
+        assert len(state._shadow_lru.held) <= 50 and len(state._shadow_arc.held) <= 50
+        if state.mask != mask:
+            _shadows_consistent(state)  # right after narrowing, before new keys push old ones out
+    assert state.mask == (1 << 9) - 1  # 1,000 keys → 500 → … → 31 ≤ 50: five bits more
+    _shadows_consistent(state)
+
+
+def test_a_narrowed_shadow_still_tells_arc_from_recency(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan with a hot set of the test above, in a budget that makes the shadows narrow twice: ARC
+    still takes the lead (the hot keys are in the final sample)."""
+    monkeypatch.setattr("tierkv.vault.policy.learning.MAX_SHADOW_KEYS", 40)
+    rng = random.Random(3)
+    state = AdaptiveState(budget=64 * 40)  # 160 keys at 1 in 16, 40 at 1 in 64
+    hot = [rng.getrandbits(64) << 6 for _ in range(10)]
+    for i in range(40 * 64 * 30):
+        state.observe([(rng.getrandbits(64), 1)], read=False)
+        if i % (60 * 64) == 0:
+            state.observe([(h, 1) for h in hot], read=True)
+    assert state.mask == (1 << 6) - 1
+    assert state.lru_lead < 0
+    _shadows_consistent(state)
+
+
+def test_the_learning_state_is_bounded_whatever_the_budget() -> None:
+    """A budget of millions of blocks: the keys held stay within the stated bound (ghost lists at
+    MAX_GHOSTS each, shadows at MAX_SHADOW_KEYS each, the ARC shadow's ghost lists at four times that)."""
+    state = AdaptiveState(budget=1 << 40)
+    rng = random.Random(1)
+    for _ in range(300):
+        batch = [(rng.getrandbits(64) & ~0xF, 1000) for _ in range(1000)]
+        state.observe(batch, read=False)
+    bound = 2 * MAX_GHOSTS + 2 * MAX_SHADOW_KEYS + 2 * GHOST_BUDGETS * MAX_SHADOW_KEYS
+    assert len(state._shadow_lru.held) <= MAX_SHADOW_KEYS and state.mask > 0xF
+    assert state.keys() <= bound
+    _shadows_consistent(state)

@@ -26,10 +26,12 @@ remembered (protected blocks are outside eviction altogether, as with every poli
 
 Learning state, per budget (the vault's, or a tenant's quota): two ghost lists of at most
 :data:`GHOST_BUDGETS` budgets' bytes and :data:`MAX_GHOSTS` keys each; two shadow caches of 1/SAMPLE of
-the budget (the ARC one with its own ghost lists); a few counters. Keys are kept as 8-byte ints (≈ 100
-bytes each in a Python ordered map), so the state is at most ≈ 2.4 × MAX_GHOSTS keys ≈ 32 MB per budget,
-and much less for budgets of fewer blocks. It lives in memory and starts empty after a restart; which
-part an entry is in is stored with the entry (its rank), so eviction order survives.
+the budget, or of a smaller sample once they would hold more than :data:`MAX_SHADOW_KEYS` keys (the ARC
+one with ghost lists of its own, at most GHOST_BUDGETS × MAX_SHADOW_KEYS keys each); a few counters. At
+most 2 × 131,072 + 2 × 8,192 + 2 × 32,768 = 344,064 keys, ≈ 200–240 bytes each in Python
+(``benchmarks/learning_memory.py``: ≈ 62 MB for a budget of a million blocks or more), and much less for
+budgets of fewer blocks. It lives in memory and starts empty after a restart; which part an entry is in
+is stored with the entry (its rank), so eviction order survives.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ MEMORY: Final = 1000
 """The shadows' hit difference is decayed by 1/MEMORY per sampled access."""
 _DECAY: Final = 1.0 - 1.0 / MEMORY
 SAMPLE_MASK: Final = SAMPLE - 1
+MAX_SHADOW_KEYS: Final = 8192
+"""A shadow holds at most this many keys: past it, both shadows keep only the keys of a sample half as
+large, in half the budget (fixed-size SHARDS, Waldspurger et al., FAST'15), so their memory is bounded
+however many blocks a budget holds. The traces of docs/performance/retention.md stay below it."""
 LAST_8: Final = struct.Struct(">Q")
 """A key's last 8 bytes as one big-endian int (:func:`digest` for keys of 8 bytes or more)."""
 
@@ -102,10 +108,11 @@ class _Ghosts:
     in memory): the sequence number is its place in the order, so an undone change can put a key back
     where it was (:meth:`Split.rollback`). ``journal``, when given, records every change."""
 
-    def __init__(self, journal: Undo | None = None) -> None:
+    def __init__(self, max_keys: int, journal: Undo | None = None) -> None:
         self.keys: OrderedDict[int, int] = OrderedDict()
         self.bytes = 0
         self.seq = 0
+        self.max_keys = max_keys
         self.journal = journal
 
     def add(self, key: int, size: int, max_bytes: int) -> None:
@@ -118,8 +125,9 @@ class _Ghosts:
         self.seq += 1
         keys[key] = self.seq << SIZE_BITS | size  # not journaled: an undo drops keys newer than the commit
         held = self.bytes + size
-        if held > max_bytes or len(keys) > MAX_GHOSTS:  # a full list, once it is full: trim the oldest
-            while keys and (held > max_bytes or len(keys) > MAX_GHOSTS):
+        most = self.max_keys
+        if held > max_bytes or len(keys) > most:  # a full list, once it is full: trim the oldest
+            while keys and (held > max_bytes or len(keys) > most):
                 gone, kept = keys.popitem(False)
                 held -= kept & _SIZE_MASK
                 if journal is not None:
@@ -148,6 +156,13 @@ class _Ghosts:
         self.keys = OrderedDict(kept)
         self.bytes = sum(packed & _SIZE_MASK for _, packed in kept)
 
+    def narrow(self, mask: int, max_bytes: int) -> None:
+        """Keep only the keys with none of ``mask``'s bits (a smaller sample), within ``max_bytes``."""
+        self.keys = OrderedDict((k, packed) for k, packed in self.keys.items() if not k & mask)
+        self.bytes = sum(packed & _SIZE_MASK for packed in self.keys.values())
+        while self.keys and (self.bytes > max_bytes or len(self.keys) > self.max_keys):
+            self.bytes -= self.keys.popitem(False)[1] & _SIZE_MASK
+
     def __len__(self) -> int:
         return len(self.keys)
 
@@ -168,6 +183,8 @@ class Split:
     learner, whose changes belong to a write transaction that may abort; the shadows need none)."""
     learned: int = 0
     """Stores of remembered keys (the target moved on each)."""
+    max_keys: int = 0
+    """Keys per ghost list at most (0: :data:`MAX_GHOSTS`)."""
     journal: Undo | None = dataclasses.field(init=False)
     recent: _Ghosts = dataclasses.field(init=False)
     frequent: _Ghosts = dataclasses.field(init=False)
@@ -176,7 +193,8 @@ class Split:
         if self.target < 0:
             self.target = INITIAL_TARGET * self.budget
         self.journal = [] if self.journaled else None
-        self.recent, self.frequent = _Ghosts(self.journal), _Ghosts(self.journal)
+        most = self.max_keys or MAX_GHOSTS
+        self.recent, self.frequent = _Ghosts(most, self.journal), _Ghosts(most, self.journal)
         self._committed = (self.target, self.learned, 0, 0)
 
     def commit(self) -> None:
@@ -237,6 +255,14 @@ class Split:
     def ghost_keys(self) -> int:
         return len(self.recent) + len(self.frequent)
 
+    def narrow(self, mask: int, budget: int) -> None:
+        """Learn for a smaller sample of keys (those with none of ``mask``'s bits) in ``budget``: the
+        target keeps its share of the budget (a shadow's split only: it is never journaled)."""
+        self.target *= budget / self.budget
+        self.budget = budget
+        for ghosts in (self.recent, self.frequent):
+            ghosts.narrow(mask, GHOST_BUDGETS * budget)
+
 
 def _ratio(a: _Ghosts, b: _Ghosts) -> float:
     return len(a) / len(b) if len(b) else 1.0
@@ -285,13 +311,19 @@ class Parts:
         del self.stamp[key]
         return key, size
 
+    def discard(self, key: int) -> tuple[Part, int]:
+        """Forget ``key`` (held): its part and size."""
+        part = self.where.pop(key)
+        del self.stamp[key]
+        return part, self.parts[part].pop(key)
+
 
 class _MiniCache:
     """A shadow: the policy in small, ARC (``arc``) or leaf-first LRU, counting hits per access."""
 
     def __init__(self, budget: int, *, arc: bool) -> None:
         self.budget = max(1, budget)
-        self.split = Split(self.budget) if arc else None
+        self.split = Split(self.budget, max_keys=GHOST_BUDGETS * MAX_SHADOW_KEYS) if arc else None
         self.held = Parts()
         self.used = {p: 0 for p in Part}
         self.total = 0
@@ -321,6 +353,20 @@ class _MiniCache:
                 self.total += size
         return hits
 
+    def narrow(self, mask: int, budget: int) -> None:
+        """Model a smaller sample of keys (those with none of ``mask``'s bits) in ``budget``: the others
+        are forgotten, then the oldest go until it fits (as a cache of that sample would hold)."""
+        held, used = self.held, self.used
+        for key in [k for k in held.where if k & mask]:
+            part, size = held.discard(key)
+            used[part] -= size
+            self.total -= size
+        self.budget = max(1, budget)
+        if self.split is not None:
+            self.split.narrow(mask, self.budget)
+        while self.total > self.budget:
+            self._evict()
+
     def _evict(self) -> None:
         part = _MAIN
         if self.split is not None:
@@ -347,17 +393,26 @@ class AdaptiveState:
 
     def __post_init__(self) -> None:
         self.split = Split(self.budget, journaled=self.journaled)
+        self.mask = SAMPLE_MASK
+        """The shadows' keys are those with none of these bits: :data:`SAMPLE_MASK` at first, one bit
+        more each time a shadow outgrows :data:`MAX_SHADOW_KEYS`."""
         self._shadow_lru = _MiniCache(self.budget // SAMPLE, arc=False)
         self._shadow_arc = _MiniCache(self.budget // SAMPLE, arc=True)
 
     def observe(self, keys: Sequence[tuple[int, int]], *, read: bool) -> None:
         """A batch read or stored, (key, size) in chain order: its sampled keys go through the shadows
-        (the caller may pass only those)."""
-        mine = [(k, s) for k, s in keys if not k & SAMPLE_MASK]  # sampled(k), without a call per key
+        (the caller may pass only those with none of :data:`SAMPLE_MASK`'s bits)."""
+        mask = self.mask
+        mine = [(k, s) for k, s in keys if not k & mask]  # sampled, without a call per key
         if not mine:
             return
-        lead = self._shadow_lru.access(mine, read=read) - self._shadow_arc.access(mine, read=read)
+        lru, arc = self._shadow_lru, self._shadow_arc
+        lead = lru.access(mine, read=read) - arc.access(mine, read=read)
         self.lru_lead = self.lru_lead * _DECAY ** len(mine) + lead
+        if len(lru.held) > MAX_SHADOW_KEYS or len(arc.held) > MAX_SHADOW_KEYS:
+            self.mask = mask = mask << 1 | 1
+            for shadow in (lru, arc):
+                shadow.narrow(mask, self.budget // (mask + 1))
 
     def keys(self) -> int:
         """Keys held in ghost lists and shadows (the learning state's size)."""
@@ -390,6 +445,7 @@ __all__ = [
     "LAST_8",
     "LOW_IMPORTANCE",
     "MAX_GHOSTS",
+    "MAX_SHADOW_KEYS",
     "SAMPLE",
     "SAMPLE_MASK",
     "AdaptiveState",
