@@ -213,6 +213,19 @@ def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path) -> None:
     assert_clean_error(result, "vault.metrics_port", f"port {port}", "taken")
 
 
+def test_a_taken_vault_port_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    """Only tierkv's line: not gRPC's core log, its advice about GRPC_VERBOSITY, or a "vault stopped" for a
+    vault that never served."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = tierkv("vault", "--port", port, "--path", str(tmp_path / "v"))
+    assert_clean_error(result, f"127.0.0.1:{port}", "Address already in use", "--port", code=3)
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot bind"), lines
+
+
 def test_bad_paths_and_addresses_on_the_command_line_are_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     cases = [

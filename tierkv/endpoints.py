@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,4 +60,18 @@ def check_port(port: int, *, allow_zero: bool = False) -> int:
     return port
 
 
-__all__ = ["HostPort", "bare_host", "check_port", "join_host_port"]
+def bind_problem(host: str, port: int) -> str:
+    """Why binding ``host:port`` fails right now ('' if it would not), as the OS says it ("Address already
+    in use"). The probe socket is closed at once; ``socket.gaierror`` when ``host`` does not resolve."""
+    infos = socket.getaddrinfo(bare_host(host), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _name, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is no matter
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return str(exc.strerror or exc)
+    return ""
+
+
+__all__ = ["HostPort", "bare_host", "bind_problem", "check_port", "join_host_port"]
