@@ -231,6 +231,10 @@ def test_bad_paths_and_addresses_on_the_command_line_are_clear_errors(tmp_path: 
     cases = [
         (("vault", "--port", "0", "--path", str(tmp_path / "file" / "v")), ("vault.path", "cannot create")),
         (
+            ("vault", "--port", "0", "--path", str(tmp_path / "file")),
+            ("vault.path", "exists and is not a directory"),
+        ),
+        (
             vault_args(tmp_path, "--ready-file", str(tmp_path / "no" / "r")),
             ("--ready-file", "does not exist"),
         ),

@@ -72,6 +72,8 @@ def _check_readable(cfg: Config, names: Iterable[str]) -> None:
 
 
 def _check_data_dir(path: Path, source: str, *, create: bool) -> None:
+    if path.exists() and not path.is_dir():  # else mkdir says "File exists", as if that were the problem
+        raise ConfigError(source, "vault.path", f"{path} exists and is not a directory")
     if create:
         try:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the store makes it: 0700
