@@ -527,6 +527,12 @@ def snapshot(
 
     cfg, _ = _admin_setup(config, vault)
     snap = take_snapshot(cfg, vaults=vault or (), tenant=tenant, limit=limit, timeout=timeout)
+    for line in snap.errors:
+        err().print(f"[red]{escape(line)}[/red]", soft_wrap=True)
+    if snap.errors and not snap.prefixes:
+        # an empty file would replace the last good snapshot while a vault is merely down
+        err().print(f"nothing written to {output}: not every vault answered, and no prefix came back")
+        raise typer.Exit(1)
     snap.write(output)
     tokens = sum(len(p.tokens) for p in snap.prefixes)
     out().print(f"{len(snap.prefixes)} prefixes ({tokens} tokens) written to {output}", highlight=False)
@@ -540,8 +546,6 @@ def snapshot(
             ),
             highlight=False,
         )
-    for line in snap.errors:
-        err().print(f"[red]{escape(line)}[/red]", soft_wrap=True)
     if snap.errors:
         raise typer.Exit(1)
 
