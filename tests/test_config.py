@@ -85,7 +85,9 @@ def test_example_file_parses_to_the_defaults() -> None:
 @pytest.mark.parametrize(
     ("text", "key", "expected"),
     [
-        ("[vault]\nprot = 1\n", "vault.prot", "unknown key"),
+        ("[vault]\nprot = 1\n", "vault.prot", "unknown key, did you mean 'port'?"),
+        ('[vault]\nmax_byte = "1GiB"\n', "vault.max_byte", "unknown key, did you mean 'max_bytes'?"),
+        ("[vualt]\nport = 1\n", "vualt", "unknown key, did you mean 'vault'?"),
         ('[vault]\nport = "fifty"\n', "vault.port", "expected an integer, got string 'fifty'"),
         ("[vault]\nport = 70000\n", "vault.port", "expected a port number"),
         ('[vault]\nmax_bytes = "lots"\n', "vault.max_bytes", "not a byte size"),
@@ -279,7 +281,9 @@ class HookSample:
         ({"vaults": "::1:5"}, "vaults", "brackets"),
         ({"vaults": 5}, "vaults", "expected 'host:port' or a list of them"),
         ({"model_id": 3}, "model_id", "expected a string"),
-        ({"codecs": "raw"}, "codecs", "unknown key (expected one of: budget, codec"),
+        ({"codecs": "raw"}, "codecs", "unknown key, did you mean 'codec'? (expected one of: budget, codec"),
+        ({"vaultz": "h:1"}, "vaultz", "unknown key, did you mean 'vaults'?"),
+        ({"compression": "int8"}, "compression", "unknown key (expected one of: budget, codec"),
     ],
 )
 def test_any_source_gets_the_same_checks_and_error_shape(
