@@ -269,6 +269,24 @@ def test_require_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- status ------------------------------------------------------------------------------------------------
 
 
+def test_status_points_at_the_files_own_vault_when_no_cluster_entry_names_it(tmp_path: Path) -> None:
+    """A first tierkv.toml often moves [vault] off 50051 and leaves [cluster] (or its default) behind."""
+    cfg = tmp_path / "tierkv.toml"
+    with refusing_port() as asked, refusing_port() as served:
+        cfg.write_text(
+            f"[cluster]\ntimeout = 1.0\n[cluster.kv_cold]\nport = {asked}\n[vault]\nport = {served}\n"
+        )
+        result = tierkv("status", "-c", str(cfg))
+        assert result.returncode == 1, result.stderr
+        assert f"its [vault] serves on port {served}, which no [cluster] vault has" in result.stderr
+        assert f"127.0.0.1:{asked}" in result.stderr and "[cluster.kv_cold]" in result.stderr
+        cfg.write_text(
+            f"[cluster]\ntimeout = 1.0\n[cluster.kv_cold]\nport = {served}\n[vault]\nport = {served}\n"
+        )
+        result = tierkv("status", "-c", str(cfg))
+        assert result.returncode == 1 and "hint" not in result.stderr, result.stderr
+
+
 def test_status_tells_a_refused_token_from_an_unreachable_vault(
     vault_factory: VaultFactory, tmp_path: Path
 ) -> None:

@@ -498,16 +498,27 @@ def _show_status(cfg: Config, nodes: list[NodeStatus], *, as_json: bool, watchin
             out().clear()
         stamp = time.strftime(" %H:%M:%S") if watching else ""
         out().print(status_table(nodes, f"tierkv status ({cfg.source}){stamp}", width=out().width))
-        for n in nodes:
-            if not n.reachable:
-                err().print(f"[red]{n.role} {n.address} {n.state}:[/red] {escape(n.error)}")
-            elif n.auth == "off":
-                err().print(
-                    f"[yellow]{n.role} {n.address}: auth is OFF:[/yellow] it answers callers without a "
-                    "token, each an admin of tenant 'default'",
-                    soft_wrap=True,
-                )
+        _status_notes(cfg, nodes)
     return all(n.reachable for n in nodes)
+
+
+def _status_notes(cfg: Config, nodes: list[NodeStatus]) -> None:
+    """Below the table, on stderr: why each vault could not be asked, which answer anyone, and a hint when
+    the file's own vault is not among those asked."""
+    from tierkv.status import unlisted_vault
+
+    for n in nodes:
+        if not n.reachable:
+            err().print(f"[red]{n.role} {n.address} {n.state}:[/red] {escape(n.error)}")
+        elif n.auth == "off":
+            err().print(
+                f"[yellow]{n.role} {n.address}: auth is OFF:[/yellow] it answers callers without a "
+                "token, each an admin of tenant 'default'",
+                soft_wrap=True,
+            )
+    hint = "" if all(n.reachable for n in nodes) else unlisted_vault(cfg)
+    if hint:
+        err().print(f"[yellow]hint:[/yellow] {escape(hint)}", soft_wrap=True)
 
 
 @app.command()

@@ -17,7 +17,7 @@ from typing import Any
 from rich.table import Table
 
 from tierkv.client.vault import VaultClient
-from tierkv.config import Config
+from tierkv.config import Config, VaultConfig
 from tierkv.errors import AuthError, VaultError
 from tierkv.roles import COLD_ROLES, Role
 
@@ -130,6 +130,22 @@ def cluster_status(config: Config, timeout: float | None = None) -> list[NodeSta
     nodes = [(role, address) for role in COLD_ROLES for address in config.cluster.addresses(role)]
     with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
         return list(pool.map(lambda n: probe(n[0], n[1], config, t, token), nodes))
+
+
+def unlisted_vault(config: Config) -> str:
+    """What to say when the file's own ``[vault]`` serves on a port no ``[cluster]`` vault has ('' if
+    none): a file whose vault moved off 50051 while ``[cluster]`` (or its default) still names 50051, so
+    that status asks a port where nothing listens."""
+    vc = config.vault
+    endpoints = (*config.cluster.kv_cold, *config.cluster.ssm_cold)
+    if vc == VaultConfig() or not vc.port or vc.port in {e.port for e in endpoints}:
+        return ""
+    role = config.cluster.role if config.cluster.role.cold else Role.KV_COLD
+    listed = ", ".join(e.address for e in endpoints) or "none"
+    return (
+        f"{config.source}: its [vault] serves on port {vc.port}, which no [cluster] vault has (they are: "
+        f"{listed}); name that vault under [cluster.{role}] to ask it"
+    )
 
 
 NARROW = 110
