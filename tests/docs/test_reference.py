@@ -76,6 +76,18 @@ def test_a_readme_link_outside_the_manual_becomes_its_name() -> None:
     assert page == "`LICENSE`, the unit, [a](a/b.md#c), [b](https://x.org/docs/d), [c](#e)"
 
 
+def test_no_comment_or_docstring_sends_readers_to_a_readme_section() -> None:
+    """The README is a front page: what it once held in sections is on the docs site now, and the
+    example config's comments (what `tierkv config init` writes and the reference shows) say where."""
+    files = [*(ROOT / "tierkv").rglob("*.py"), ROOT / "tierkv" / "data" / "tierkv.toml.example"]
+    stale = [
+        f"{path.relative_to(ROOT)}: {hit}"
+        for path in files
+        for hit in re.findall(r'README,?\s*(?:#\s*)?"[^"]+"', path.read_text())
+    ]
+    assert not stale, stale
+
+
 def dashboard_metrics() -> set[str]:
     exprs = [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
     return set(re.findall(r"\btierkv_[a-z_]+", " ".join(exprs)))

@@ -215,7 +215,7 @@ class ClusterConfig:
     timeout: float = setting(2.0, positive=True)
     replication: int = setting(1, minimum=1)
     prefetch_bytes: ByteSize = setting(ByteSize(0), minimum=0)
-    """Host memory for blocks prefetched after a restore (README, "Predictive prefetch"); 0 = off."""
+    """Host memory for blocks prefetched after a restore (docs/concepts/prefetch.md); 0 = off."""
     prefetch_timeout_s: float = setting(0.5, positive=True)
     decode_behind: bool = False
     """Restores decode each blob while the rest still arrives: for links slower than the decoder (see
@@ -246,7 +246,7 @@ class ContextWeights:
     reads) as the vault holds entries, but at least ``min_turnover`` events, and hits halve every
     ``hit_half_life`` turnovers without a read. ``min_turnover`` (0: off) keeps what the application said
     worth as many events in a vault far smaller than its working set as in a roomy one: there the
-    population shrinks, a turnover with it, and so does the time importance buys (README, "Retention").
+    population shrinks, a turnover with it, and so does the time importance buys (docs/concepts/retention.md).
     """
 
     importance: float = setting(4.0, minimum=0, what="a weight")
@@ -321,7 +321,7 @@ class TTLSettings:
 @dataclasses.dataclass(frozen=True)
 class RetentionConfig:
     """``[retention]``: the source classes and times to live the engine hooks tag blocks with, and what a
-    vault does with the metadata blocks carry (README, "Retention")."""
+    vault does with the metadata blocks carry (docs/concepts/retention.md)."""
 
     max_protected_fraction: float = setting(0.5, minimum=0, maximum=1, what="a fraction")
     """Protected bytes per tenant stay under this fraction of its quota (or of the vault's budget for a
@@ -332,7 +332,7 @@ class RetentionConfig:
     warm_tokens: bool = False
     """The engine hooks send each stored block's token ids (even without a layout) so ``tierkv snapshot``
     and ``tierkv warm`` can replay the hottest prefixes; off: the ids are the prompt's text to whoever
-    reads the vault (README, "Warm start")."""
+    reads the vault (docs/concepts/warm-start.md)."""
 
 
 def retention_from_config(config: Config) -> Retention:
