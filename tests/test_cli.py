@@ -287,6 +287,25 @@ def test_status_points_at_the_files_own_vault_when_no_cluster_entry_names_it(tmp
         assert result.returncode == 1 and "hint" not in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("status", "--timeout", "0"),
+        ("status", "--timeout", "-1"),
+        ("admin", "namespaces", "--timeout", "0"),
+        ("snapshot", "--timeout", "-2"),
+        ("pages", "--timeout", "0"),
+    ],
+)
+def test_a_deadline_of_zero_or_less_is_refused_before_any_vault_is_asked(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Not every vault shown unreachable ("no answer within the deadline"), and not 0 read as "unset"."""
+    result = tierkv(*args, cwd=tmp_path)
+    assert_clean_error(result, "--timeout", "expected a positive number of seconds")
+    assert "unreachable" not in result.stdout + result.stderr and not list(tmp_path.iterdir())
+
+
 def test_status_tells_a_refused_token_from_an_unreachable_vault(
     vault_factory: VaultFactory, tmp_path: Path
 ) -> None:

@@ -289,8 +289,20 @@ VaultOpt = Annotated[
 TenantOpt = Annotated[
     str, typer.Option(help="Act in this tenant's namespaces (admin tokens only; default: the token's own).")
 ]
+
+
+def _positive_seconds(value: float | None) -> float | None:
+    """A deadline of 0 or less times every call out at once, and each vault would show as unreachable."""
+    if value is not None and value <= 0:
+        raise typer.BadParameter(f"expected a positive number of seconds, got {value:g}")
+    return value
+
+
 AdminTimeout = Annotated[
-    float, typer.Option(help="Per-vault deadline in seconds (listing reads the whole index).")
+    float,
+    typer.Option(
+        help="Per-vault deadline in seconds (listing reads the whole index).", callback=_positive_seconds
+    ),
 ]
 ADMIN_TIMEOUT_S = 30.0
 NamespaceArg = Annotated[
@@ -447,7 +459,10 @@ def status(
     config: ConfigOpt = None,
     as_json: JsonFlag = False,
     timeout: Annotated[
-        float | None, typer.Option(help="Per-vault deadline in seconds (default: [cluster] timeout).")
+        float | None,
+        typer.Option(
+            help="Per-vault deadline in seconds (default: [cluster] timeout).", callback=_positive_seconds
+        ),
     ] = None,
     watch: Annotated[
         float,
@@ -673,7 +688,9 @@ def pages(
             help="Tokens per vault block where a namespace's blob headers do not say (chains without ids).",
         ),
     ] = 32,
-    timeout: Annotated[float, typer.Option(help="Per replica and vault deadline in seconds.")] = 10.0,
+    timeout: Annotated[
+        float, typer.Option(help="Per replica and vault deadline in seconds.", callback=_positive_seconds)
+    ] = 10.0,
     as_json: JsonFlag = False,
 ) -> None:
     """Which prefixes sit on which replica's GPU and in the vaults, per tenant and class, and their tokens."""
