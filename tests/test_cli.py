@@ -483,6 +483,7 @@ def test_the_start_line_is_said_once(vault_factory: VaultFactory) -> None:
     v = vault_factory()
     v.stop()
     assert v.log_file.read_text().count("vault serving on") == 1, v.log_tail()
+    assert "budget 64MiB," in v.log_file.read_text(), "the budget as tierkv.toml spells it, not in bytes"
 
 
 def test_a_vault_creates_its_data_directory_0700(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tierkv import __version__
 from tierkv._malloc import tune_malloc
-from tierkv.config import Config
+from tierkv.config import Config, format_size
 from tierkv.endpoints import bind_problem, join_host_port
 from tierkv.errors import ConfigError
 from tierkv.logs import console_shows
@@ -229,7 +229,9 @@ class VaultServer:
         facts = self.startup_facts()
         if self.config.log.json:
             return json.dumps(facts)
-        rest = ", ".join(f"{k} {v}" for k, v in facts.items() if k not in ("event", "address", "version"))
+        rest = ", ".join(
+            _text_fact(k, v) for k, v in facts.items() if k not in ("event", "address", "version")
+        )
         return f"tierkv {facts['version']} vault serving on {facts['address']} ({rest})"
 
     def _abandon(self) -> None:
@@ -288,6 +290,11 @@ class VaultServer:
             self.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _text_fact(key: str, value: Any) -> str:
+    """One fact of the start line as a person reads it: the budget as it is written in tierkv.toml."""
+    return f"budget {format_size(value)}" if key == "budget_bytes" else f"{key} {value}"
 
 
 def wait_for_signal(done: threading.Event) -> None:
