@@ -97,6 +97,19 @@ def test_example_file_parses_to_the_defaults() -> None:
         ("[cluster.kv_cold]\nport = true\n", "cluster.kv_cold[0].port", "expected an integer"),
         ("vault = 3\n", "vault", "expected a table"),
         ("[[cluster.kv_cold]]\nhots = 'x'\n", "cluster.kv_cold[0].hots", "unknown key"),
+        (
+            '[cluster.kv_cold]\nhost = "10.0.0.5:50051"\n',
+            "cluster.kv_cold[0].host",
+            "without a port, got '10.0.0.5:50051' (port = 50051 is its own key)",
+        ),
+        (
+            '[cluster.kv_cold]\nhost = "http://10.0.0.5"\n',
+            "cluster.kv_cold[0].host",
+            "no scheme, path or spaces",
+        ),
+        ('[cluster.kv_cold]\nhost = "10.0.0.5 "\n', "cluster.kv_cold[0].host", "no scheme, path or spaces"),
+        ('[vault]\nhost = "0.0.0.0:50051"\n', "vault.host", "without a port"),
+        ('[vault]\nmetrics_host = "localhost:9100"\n', "vault.metrics_host", "without a port"),
         ("[vault\n", "<file>", "not valid TOML"),
         ("[retention.classes.axioms]\nimportance = 1.5\n", "retention.classes.axioms.importance", "0..1"),
         ('[retention.classes.tools]\nimportance = "high"\n', "retention.classes.tools.importance", "number"),
@@ -297,6 +310,14 @@ def test_any_source_gets_the_same_checks_and_error_shape(
         assert str(info.value).startswith(f"{source}: {key}: ")
 
 
+@pytest.mark.parametrize("host", ["::1", "[::1]", "fe80::1%eth0", "vault-1.example", "10.0.0.5", "localhost"])
+def test_a_host_without_a_port_is_fine_ipv6_literals_included(tmp_path: Path, host: str) -> None:
+    cfg = load_config(
+        write(tmp_path, f'[cluster.kv_cold]\nhost = "{host}"\nport = 7\n[vault]\nhost = "{host}"\n')
+    )
+    assert cfg.cluster.kv_cold[0].port == 7 and cfg.vault.host == host
+
+
 def test_settings_take_defaults_and_coerce_values() -> None:
     assert settings_from_dict(HookSample, {}, "x") == HookSample()
     s = settings_from_dict(HookSample, {"budget": "1KiB", "vaults": "h:1, [::1]:2", "model_id": None}, "x")
@@ -319,21 +340,23 @@ def test_session_settings_are_the_transformers_hook_schema() -> None:
 @given(
     port=st.integers(0, 65535),
     max_bytes=st.integers(1024**2, 1 << 50),
-    host=st.text(alphabet=st.characters(codec="utf-8"), min_size=1, max_size=20),
+    host=st.one_of(
+        st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,19}", fullmatch=True), st.ip_addresses().map(str)
+    ),
+    text=st.text(alphabet=st.characters(codec="utf-8"), min_size=1, max_size=20),
     sync=st.sampled_from(["durable", "fast"]),
     grace=st.floats(0, 1e6, allow_nan=False),
     n_vaults=st.integers(0, 3),
     role=st.sampled_from(list(Role)),
 )
 def test_the_effective_config_reads_back_as_itself(
-    port: int, max_bytes: int, host: str, sync: str, grace: float, n_vaults: int, role: Role
+    port: int, max_bytes: int, host: str, text: str, sync: str, grace: float, n_vaults: int, role: Role
 ) -> None:
-    host = host if host.strip() else "h"
-    vaults = [{"host": f"{host}{i}", "port": i + 1} for i in range(n_vaults)]
+    vaults = [{"host": host, "port": i + 1} for i in range(n_vaults)]
     data = {
         "cluster": {"role": role.value, "ssm_cold": vaults},
         "vault": {"host": host, "port": port, "max_bytes": max_bytes, "sync": sync, "grace_s": grace},
-        "log": {"file": host},
+        "log": {"file": text},
     }
     cfg = config_from_dict(data, source="s")
     text = to_toml(config_to_dict(cfg))

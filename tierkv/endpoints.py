@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import socket
 
 
@@ -60,6 +61,25 @@ def check_port(port: int, *, allow_zero: bool = False) -> int:
     return port
 
 
+def host_problem(host: str) -> str:
+    """What is wrong with ``host`` as a bare host name or address ('' if nothing). A port, a scheme or a
+    path in it would otherwise pass every check and fail only at the first call, as a name lookup error."""
+    bare = bare_host(host)
+    if not bare.strip():
+        return "expected a host name or address, got ''"
+    if "/" in bare or any(c.isspace() for c in bare):
+        return f"expected a host name or address (no scheme, path or spaces), got {host!r}"
+    if ":" in bare:
+        try:
+            ipaddress.IPv6Address(bare)
+        except ValueError:
+            port = bare.rpartition(":")[2]
+            return (
+                f"expected a host name or address without a port, got {host!r} (port = {port} is its own key)"
+            )
+    return ""
+
+
 def bind_problem(host: str, port: int) -> str:
     """Why binding ``host:port`` fails right now ('' if it would not), as the OS says it ("Address already
     in use"). The probe socket is closed at once; ``socket.gaierror`` when ``host`` does not resolve."""
@@ -74,4 +94,4 @@ def bind_problem(host: str, port: int) -> str:
     return ""
 
 
-__all__ = ["HostPort", "bare_host", "bind_problem", "check_port", "join_host_port"]
+__all__ = ["HostPort", "bare_host", "bind_problem", "check_port", "host_problem", "join_host_port"]

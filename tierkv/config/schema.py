@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from tierkv.endpoints import join_host_port
+from tierkv.endpoints import host_problem, join_host_port
 from tierkv.errors import ConfigError
 from tierkv.limits import FRAME_BYTES, MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
 from tierkv.retention.classes import (
@@ -111,8 +111,9 @@ class Endpoint:
         return join_host_port(self.host, self.port)
 
     def _validate(self, source: str, key: str) -> None:
-        if not self.host.strip():
-            raise ConfigError(source, f"{key}.host", "expected a host name or address, got ''")
+        problem = host_problem(self.host)
+        if problem:
+            raise ConfigError(source, f"{key}.host", problem)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +204,10 @@ class VaultConfig:
         return base / "tierkv" / f"vault-{self.port}"
 
     def _validate(self, source: str, key: str) -> None:
+        for name in ("host", "metrics_host"):
+            problem = host_problem(getattr(self, name)) if getattr(self, name) else ""
+            if problem:
+                raise ConfigError(source, f"{key}.{name}", problem)
         if self.frame_bytes > self.max_message_bytes // 2:
             raise ConfigError(source, f"{key}.frame_bytes", "expected 4KiB .. max_message_bytes / 2")
 
