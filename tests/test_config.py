@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import socket
 import sys
 from pathlib import Path
@@ -308,6 +309,18 @@ def test_any_source_gets_the_same_checks_and_error_shape(
         assert (info.value.source, info.value.key) == (source, key)
         assert problem in info.value.problem
         assert str(info.value).startswith(f"{source}: {key}: ")
+
+
+def test_a_config_that_is_not_a_regular_file_is_read_all_the_same() -> None:
+    """``-c /dev/null`` (the defaults) and ``-c <(...)`` (a pipe) were "file does not exist"."""
+    assert load_config("/dev/null") == dataclasses.replace(Config(), source="/dev/null")
+    read, write = os.pipe()
+    os.write(write, b"[vault]\nport = 7\n")
+    os.close(write)
+    try:
+        assert load_config(f"/dev/fd/{read}").vault.port == 7
+    finally:
+        os.close(read)
 
 
 @pytest.mark.parametrize("host", ["::1", "[::1]", "fe80::1%eth0", "vault-1.example", "10.0.0.5", "localhost"])

@@ -46,9 +46,9 @@ def find_config(explicit: str | os.PathLike[str] | None = None) -> Path | None:
 def _existing_file(path: Path, key: str) -> Path:
     if path.is_dir():
         raise ConfigError(str(path), key, "is a directory; expected a tierkv.toml file")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(str(path), key, "file does not exist")
-    return path
+    return path  # a regular file, or one a shell made: /dev/null (the defaults), <(...) (a pipe)
 
 
 def load_config(explicit: str | os.PathLike[str] | None = None) -> Config:
