@@ -48,7 +48,10 @@ def _existing_file(path: Path, key: str) -> Path:
         raise ConfigError(str(path), key, "is a directory; expected a tierkv.toml file")
     if not path.exists():
         raise ConfigError(str(path), key, "file does not exist")
-    return path  # a regular file, or one a shell made: /dev/null (the defaults), <(...) (a pipe)
+    if not (path.is_file() or path.is_char_device()):  # /dev/null: the defaults
+        # a pipe (-c <(...)) reads once, and an engine's processes each read the file
+        raise ConfigError(str(path), key, "is not a regular file; expected a tierkv.toml file")
+    return path
 
 
 def load_config(explicit: str | os.PathLike[str] | None = None) -> Config:
