@@ -226,6 +226,29 @@ def test_a_taken_vault_port_is_one_line_and_exit_3(tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: cannot bind"), lines
 
 
+def test_a_budget_whose_map_does_not_fit_the_address_space_says_so(tmp_path: Path) -> None:
+    """LMDB reserves 4 x max_bytes + 1 GiB of address space at once; where that does not fit (here: a
+    16 GiB address-space limit against a 17 GiB map) the error says which setting to lower."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "tierkv", *vault_args(tmp_path, "--max-bytes", "4GiB")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=limit,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output
+    assert (
+        "its map of 17.0 GiB (4 x max_bytes + 1 GiB) does not fit" in output and "lower max_bytes" in output
+    )
+
+
 def test_bad_paths_and_addresses_on_the_command_line_are_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     cases = [

@@ -17,7 +17,7 @@ from typing import Any
 from rich.table import Table
 
 from tierkv.client.vault import VaultClient
-from tierkv.config import Config, VaultConfig
+from tierkv.config import Config, VaultConfig, human_bytes
 from tierkv.errors import AuthError, VaultError
 from tierkv.roles import COLD_ROLES, Role
 
@@ -205,12 +205,3 @@ def _class_rows(table: Table, n: NodeStatus) -> None:
         }
         rest = (cells.get(str(col.header), "") for col in table.columns[3:])
         table.add_row("", f"  {c['tenant']}/{name}", "", *rest)
-
-
-def human_bytes(n: float) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"

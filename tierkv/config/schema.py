@@ -77,6 +77,16 @@ def format_size(n: int) -> str:
     return str(n)
 
 
+def human_bytes(n: float) -> str:
+    """``n`` bytes for a person to read, one decimal in the largest binary unit: 1.0 GiB, 512 B."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
 def setting(
     default: T,
     *,
@@ -400,6 +410,7 @@ __all__ = [
     "VaultConfig",
     "default_class_table",
     "format_size",
+    "human_bytes",
     "parse_size",
     "retention_from_config",
     "setting",
