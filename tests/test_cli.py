@@ -342,6 +342,9 @@ def test_status_tells_a_refused_token_from_an_unreachable_vault(
         assert nodes["kv_cold"]["state"] == "auth refused" and nodes["ssm_cold"]["state"] == "unreachable"
         table = tierkv("status", "--config", str(cfg), env={"MY_TOKEN": "wrong"})
         assert "auth refused" in table.stdout and "unreachable" in table.stdout
+        assert "the token from $MY_TOKEN is not one that vault accepts" in table.stderr, table.stderr
+        none = tierkv("status", "--config", str(cfg), env={"MY_TOKEN": ""})
+        assert f"this side sent no token: set [auth] token_file in {cfg}, or $MY_TOKEN" in none.stderr
         right = tierkv("status", "--config", str(cfg), "--json", env={"MY_TOKEN": "right"})
     assert {n["role"]: n["state"] for n in json.loads(right.stdout)["nodes"]}["kv_cold"] == "ok"
 

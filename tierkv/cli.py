@@ -520,11 +520,13 @@ def _show_status(cfg: Config, nodes: list[NodeStatus], *, as_json: bool, watchin
 def _status_notes(cfg: Config, nodes: list[NodeStatus]) -> None:
     """Below the table, on stderr: why each vault could not be asked, which answer anyone, and a hint when
     the file's own vault is not among those asked."""
-    from tierkv.status import unlisted_vault
+    from tierkv.status import AUTH_REFUSED, refused_hint, unlisted_vault
 
     for n in nodes:
         if not n.reachable:
             err().print(f"[red]{n.role} {n.address} {n.state}:[/red] {escape(n.error)}")
+            if n.state == AUTH_REFUSED:
+                err().print(f"  {escape(refused_hint(cfg))}", soft_wrap=True)
         elif n.auth == "off":
             err().print(
                 f"[yellow]{n.role} {n.address}: auth is OFF:[/yellow] it answers callers without a "

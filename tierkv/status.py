@@ -148,6 +148,15 @@ def unlisted_vault(config: Config) -> str:
     )
 
 
+def refused_hint(config: Config) -> str:
+    """What to do about a vault that refused the token: send one, or send the one it knows."""
+    auth = config.auth
+    where = f"[auth] token_file {auth.token_file}" if auth.token_file else f"${auth.token_env}"
+    if config.token() is None:
+        return f"this side sent no token: set [auth] token_file in {config.source}, or ${auth.token_env}"
+    return f"the token from {where} is not one that vault accepts (its [auth] token_file lists those it does)"
+
+
 NARROW = 110
 """Below this many columns the table keeps what an operator reads first: the wider columns go to --json."""
 
