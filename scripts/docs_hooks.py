@@ -2,7 +2,7 @@
 
 ``operations/config.md`` carries a marker that becomes the configuration reference generated from the
 settings schema (:mod:`config_reference`); ``--strict`` turns a key missing from tierkv.toml.example into a
-failed build.
+failed build. ``index.md`` carries one that becomes the README (:mod:`readme_page`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import config_reference
+import readme_page
 
 MARKER = "<!-- generated: config reference -->"
+README_MARKER = "<!-- generated: README -->"
 
 
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
-    """Fill the marker of the configuration page with the generated reference."""
-    if MARKER not in markdown:
-        return markdown
-    return markdown.replace(MARKER, config_reference.render())
+    """Fill the markers: the configuration page's with the generated reference, the home page's with the
+    README."""
+    if MARKER in markdown:
+        markdown = markdown.replace(MARKER, config_reference.render())
+    if README_MARKER in markdown:
+        markdown = markdown.replace(README_MARKER, readme_page.render())
+    return markdown

@@ -213,10 +213,50 @@ def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path) -> None:
     assert_clean_error(result, "vault.metrics_port", f"port {port}", "taken")
 
 
+def test_a_taken_vault_port_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    """Only tierkv's line: not gRPC's core log, its advice about GRPC_VERBOSITY, or a "vault stopped" for a
+    vault that never served."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = tierkv("vault", "--port", port, "--path", str(tmp_path / "v"))
+    assert_clean_error(result, f"127.0.0.1:{port}", "Address already in use", "--port", code=3)
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot bind"), lines
+
+
+def test_a_budget_whose_map_does_not_fit_the_address_space_says_so(tmp_path: Path) -> None:
+    """LMDB reserves 4 x max_bytes + 1 GiB of address space at once; where that does not fit (here: a
+    16 GiB address-space limit against a 17 GiB map) the error says which setting to lower."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "tierkv", *vault_args(tmp_path, "--max-bytes", "4GiB")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=limit,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output
+    assert (
+        "its map of 17.0 GiB (4 x max_bytes + 1 GiB) does not fit" in output and "lower max_bytes" in output
+    )
+
+
 def test_bad_paths_and_addresses_on_the_command_line_are_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     cases = [
         (("vault", "--port", "0", "--path", str(tmp_path / "file" / "v")), ("vault.path", "cannot create")),
+        (
+            ("vault", "--port", "0", "--path", str(tmp_path / "file")),
+            ("vault.path", "exists and is not a directory"),
+        ),
         (
             vault_args(tmp_path, "--ready-file", str(tmp_path / "no" / "r")),
             ("--ready-file", "does not exist"),
@@ -252,6 +292,43 @@ def test_require_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- status ------------------------------------------------------------------------------------------------
 
 
+def test_status_points_at_the_files_own_vault_when_no_cluster_entry_names_it(tmp_path: Path) -> None:
+    """A first tierkv.toml often moves [vault] off 50051 and leaves [cluster] (or its default) behind."""
+    cfg = tmp_path / "tierkv.toml"
+    with refusing_port() as asked, refusing_port() as served:
+        cfg.write_text(
+            f"[cluster]\ntimeout = 1.0\n[cluster.kv_cold]\nport = {asked}\n[vault]\nport = {served}\n"
+        )
+        result = tierkv("status", "-c", str(cfg))
+        assert result.returncode == 1, result.stderr
+        assert f"its [vault] serves on port {served}, which no [cluster] vault has" in result.stderr
+        assert f"127.0.0.1:{asked}" in result.stderr and "[cluster.kv_cold]" in result.stderr
+        cfg.write_text(
+            f"[cluster]\ntimeout = 1.0\n[cluster.kv_cold]\nport = {served}\n[vault]\nport = {served}\n"
+        )
+        result = tierkv("status", "-c", str(cfg))
+        assert result.returncode == 1 and "hint" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("status", "--timeout", "0"),
+        ("status", "--timeout", "-1"),
+        ("admin", "namespaces", "--timeout", "0"),
+        ("snapshot", "--timeout", "-2"),
+        ("pages", "--timeout", "0"),
+    ],
+)
+def test_a_deadline_of_zero_or_less_is_refused_before_any_vault_is_asked(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Not every vault shown unreachable ("no answer within the deadline"), and not 0 read as "unset"."""
+    result = tierkv(*args, cwd=tmp_path)
+    assert_clean_error(result, "--timeout", "expected a positive number of seconds")
+    assert "unreachable" not in result.stdout + result.stderr and not list(tmp_path.iterdir())
+
+
 def test_status_tells_a_refused_token_from_an_unreachable_vault(
     vault_factory: VaultFactory, tmp_path: Path
 ) -> None:
@@ -265,6 +342,9 @@ def test_status_tells_a_refused_token_from_an_unreachable_vault(
         assert nodes["kv_cold"]["state"] == "auth refused" and nodes["ssm_cold"]["state"] == "unreachable"
         table = tierkv("status", "--config", str(cfg), env={"MY_TOKEN": "wrong"})
         assert "auth refused" in table.stdout and "unreachable" in table.stdout
+        assert "the token from $MY_TOKEN is not one that vault accepts" in table.stderr, table.stderr
+        none = tierkv("status", "--config", str(cfg), env={"MY_TOKEN": ""})
+        assert f"this side sent no token: set [auth] token_file in {cfg}, or $MY_TOKEN" in none.stderr
         right = tierkv("status", "--config", str(cfg), "--json", env={"MY_TOKEN": "right"})
     assert {n["role"]: n["state"] for n in json.loads(right.stdout)["nodes"]}["kv_cold"] == "ok"
 
@@ -429,6 +509,7 @@ def test_the_start_line_is_said_once(vault_factory: VaultFactory) -> None:
     v = vault_factory()
     v.stop()
     assert v.log_file.read_text().count("vault serving on") == 1, v.log_tail()
+    assert "budget 64MiB," in v.log_file.read_text(), "the budget as tierkv.toml spells it, not in bytes"
 
 
 def test_a_vault_creates_its_data_directory_0700(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import socket
 import sys
 from pathlib import Path
@@ -85,7 +86,9 @@ def test_example_file_parses_to_the_defaults() -> None:
 @pytest.mark.parametrize(
     ("text", "key", "expected"),
     [
-        ("[vault]\nprot = 1\n", "vault.prot", "unknown key"),
+        ("[vault]\nprot = 1\n", "vault.prot", "unknown key, did you mean 'port'?"),
+        ('[vault]\nmax_byte = "1GiB"\n', "vault.max_byte", "unknown key, did you mean 'max_bytes'?"),
+        ("[vualt]\nport = 1\n", "vualt", "unknown key, did you mean 'vault'?"),
         ('[vault]\nport = "fifty"\n', "vault.port", "expected an integer, got string 'fifty'"),
         ("[vault]\nport = 70000\n", "vault.port", "expected a port number"),
         ('[vault]\nmax_bytes = "lots"\n', "vault.max_bytes", "not a byte size"),
@@ -95,6 +98,19 @@ def test_example_file_parses_to_the_defaults() -> None:
         ("[cluster.kv_cold]\nport = true\n", "cluster.kv_cold[0].port", "expected an integer"),
         ("vault = 3\n", "vault", "expected a table"),
         ("[[cluster.kv_cold]]\nhots = 'x'\n", "cluster.kv_cold[0].hots", "unknown key"),
+        (
+            '[cluster.kv_cold]\nhost = "10.0.0.5:50051"\n',
+            "cluster.kv_cold[0].host",
+            "without a port, got '10.0.0.5:50051' (port = 50051 is its own key)",
+        ),
+        (
+            '[cluster.kv_cold]\nhost = "http://10.0.0.5"\n',
+            "cluster.kv_cold[0].host",
+            "no scheme, path or spaces",
+        ),
+        ('[cluster.kv_cold]\nhost = "10.0.0.5 "\n', "cluster.kv_cold[0].host", "no scheme, path or spaces"),
+        ('[vault]\nhost = "0.0.0.0:50051"\n', "vault.host", "without a port"),
+        ('[vault]\nmetrics_host = "localhost:9100"\n', "vault.metrics_host", "without a port"),
         ("[vault\n", "<file>", "not valid TOML"),
         ("[retention.classes.axioms]\nimportance = 1.5\n", "retention.classes.axioms.importance", "0..1"),
         ('[retention.classes.tools]\nimportance = "high"\n', "retention.classes.tools.importance", "number"),
@@ -279,7 +295,9 @@ class HookSample:
         ({"vaults": "::1:5"}, "vaults", "brackets"),
         ({"vaults": 5}, "vaults", "expected 'host:port' or a list of them"),
         ({"model_id": 3}, "model_id", "expected a string"),
-        ({"codecs": "raw"}, "codecs", "unknown key (expected one of: budget, codec"),
+        ({"codecs": "raw"}, "codecs", "unknown key, did you mean 'codec'? (expected one of: budget, codec"),
+        ({"vaultz": "h:1"}, "vaultz", "unknown key, did you mean 'vaults'?"),
+        ({"compression": "int8"}, "compression", "unknown key (expected one of: budget, codec"),
     ],
 )
 def test_any_source_gets_the_same_checks_and_error_shape(
@@ -291,6 +309,28 @@ def test_any_source_gets_the_same_checks_and_error_shape(
         assert (info.value.source, info.value.key) == (source, key)
         assert problem in info.value.problem
         assert str(info.value).startswith(f"{source}: {key}: ")
+
+
+def test_dev_null_is_the_defaults_and_a_pipe_is_refused_as_what_it_is() -> None:
+    """``-c /dev/null`` was "file does not exist"; so was ``-c <(...)``, which is refused because a pipe
+    reads once and an engine's processes each read the file."""
+    assert load_config("/dev/null") == dataclasses.replace(Config(), source="/dev/null")
+    read, write = os.pipe()
+    os.write(write, b"[vault]\nport = 7\n")
+    os.close(write)  # a reader that got past the check would read this, not block
+    try:
+        with pytest.raises(ConfigError, match="is not a regular file"):
+            load_config(f"/dev/fd/{read}")
+    finally:
+        os.close(read)
+
+
+@pytest.mark.parametrize("host", ["::1", "[::1]", "fe80::1%eth0", "vault-1.example", "10.0.0.5", "localhost"])
+def test_a_host_without_a_port_is_fine_ipv6_literals_included(tmp_path: Path, host: str) -> None:
+    cfg = load_config(
+        write(tmp_path, f'[cluster.kv_cold]\nhost = "{host}"\nport = 7\n[vault]\nhost = "{host}"\n')
+    )
+    assert cfg.cluster.kv_cold[0].port == 7 and cfg.vault.host == host
 
 
 def test_settings_take_defaults_and_coerce_values() -> None:
@@ -315,21 +355,23 @@ def test_session_settings_are_the_transformers_hook_schema() -> None:
 @given(
     port=st.integers(0, 65535),
     max_bytes=st.integers(1024**2, 1 << 50),
-    host=st.text(alphabet=st.characters(codec="utf-8"), min_size=1, max_size=20),
+    host=st.one_of(
+        st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,19}", fullmatch=True), st.ip_addresses().map(str)
+    ),
+    text=st.text(alphabet=st.characters(codec="utf-8"), min_size=1, max_size=20),
     sync=st.sampled_from(["durable", "fast"]),
     grace=st.floats(0, 1e6, allow_nan=False),
     n_vaults=st.integers(0, 3),
     role=st.sampled_from(list(Role)),
 )
 def test_the_effective_config_reads_back_as_itself(
-    port: int, max_bytes: int, host: str, sync: str, grace: float, n_vaults: int, role: Role
+    port: int, max_bytes: int, host: str, text: str, sync: str, grace: float, n_vaults: int, role: Role
 ) -> None:
-    host = host if host.strip() else "h"
-    vaults = [{"host": f"{host}{i}", "port": i + 1} for i in range(n_vaults)]
+    vaults = [{"host": host, "port": i + 1} for i in range(n_vaults)]
     data = {
         "cluster": {"role": role.value, "ssm_cold": vaults},
         "vault": {"host": host, "port": port, "max_bytes": max_bytes, "sync": sync, "grace_s": grace},
-        "log": {"file": host},
+        "log": {"file": text},
     }
     cfg = config_from_dict(data, source="s")
     text = to_toml(config_to_dict(cfg))

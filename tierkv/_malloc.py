@@ -3,7 +3,7 @@
 The data path allocates many short-lived buffers of 256 KiB – 4 MiB (gRPC messages, blobs). With glibc's
 defaults each one is a fresh ``mmap`` or is trimmed off the heap top when freed, so every batch pays page
 faults again: on 2 cores that alone caps a BatchGet near 0.5 GB/s, while reused heap memory gets ~1.4 GB/s
-(see README, "Performance"). Raising the mmap and trim thresholds keeps that memory in the heap for reuse.
+(see docs/performance/index.md). Raising the mmap and trim thresholds keeps that memory in the heap for reuse.
 
 It is process-wide, so it is applied once, on first use of a client or vault, and only with glibc. Set
 ``TIERKV_MALLOC_TUNING=0`` to leave the allocator alone.

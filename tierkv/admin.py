@@ -19,8 +19,8 @@ from rich.table import Table
 
 from tierkv.client.fanout import Answer, Target, ask, targets
 from tierkv.client.types import EntryInfo, NamespaceInfo, blob_header
+from tierkv.config import human_bytes
 from tierkv.errors import CodecError, ConfigError
-from tierkv.status import human_bytes
 
 T = TypeVar("T")
 UNKNOWN_MODEL = "unknown: the namespace is a digest"

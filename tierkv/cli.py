@@ -289,8 +289,20 @@ VaultOpt = Annotated[
 TenantOpt = Annotated[
     str, typer.Option(help="Act in this tenant's namespaces (admin tokens only; default: the token's own).")
 ]
+
+
+def _positive_seconds(value: float | None) -> float | None:
+    """A deadline of 0 or less times every call out at once, and each vault would show as unreachable."""
+    if value is not None and value <= 0:
+        raise typer.BadParameter(f"expected a positive number of seconds, got {value:g}")
+    return value
+
+
 AdminTimeout = Annotated[
-    float, typer.Option(help="Per-vault deadline in seconds (listing reads the whole index).")
+    float,
+    typer.Option(
+        help="Per-vault deadline in seconds (listing reads the whole index).", callback=_positive_seconds
+    ),
 ]
 ADMIN_TIMEOUT_S = 30.0
 NamespaceArg = Annotated[
@@ -447,7 +459,10 @@ def status(
     config: ConfigOpt = None,
     as_json: JsonFlag = False,
     timeout: Annotated[
-        float | None, typer.Option(help="Per-vault deadline in seconds (default: [cluster] timeout).")
+        float | None,
+        typer.Option(
+            help="Per-vault deadline in seconds (default: [cluster] timeout).", callback=_positive_seconds
+        ),
     ] = None,
     watch: Annotated[
         float,
@@ -498,16 +513,29 @@ def _show_status(cfg: Config, nodes: list[NodeStatus], *, as_json: bool, watchin
             out().clear()
         stamp = time.strftime(" %H:%M:%S") if watching else ""
         out().print(status_table(nodes, f"tierkv status ({cfg.source}){stamp}", width=out().width))
-        for n in nodes:
-            if not n.reachable:
-                err().print(f"[red]{n.role} {n.address} {n.state}:[/red] {escape(n.error)}")
-            elif n.auth == "off":
-                err().print(
-                    f"[yellow]{n.role} {n.address}: auth is OFF:[/yellow] it answers callers without a "
-                    "token, each an admin of tenant 'default'",
-                    soft_wrap=True,
-                )
+        _status_notes(cfg, nodes)
     return all(n.reachable for n in nodes)
+
+
+def _status_notes(cfg: Config, nodes: list[NodeStatus]) -> None:
+    """Below the table, on stderr: why each vault could not be asked, which answer anyone, and a hint when
+    the file's own vault is not among those asked."""
+    from tierkv.status import AUTH_REFUSED, refused_hint, unlisted_vault
+
+    for n in nodes:
+        if not n.reachable:
+            err().print(f"[red]{n.role} {n.address} {n.state}:[/red] {escape(n.error)}")
+            if n.state == AUTH_REFUSED:
+                err().print(f"  {escape(refused_hint(cfg))}", soft_wrap=True)
+        elif n.auth == "off":
+            err().print(
+                f"[yellow]{n.role} {n.address}: auth is OFF:[/yellow] it answers callers without a "
+                "token, each an admin of tenant 'default'",
+                soft_wrap=True,
+            )
+    hint = "" if all(n.reachable for n in nodes) else unlisted_vault(cfg)
+    if hint:
+        err().print(f"[yellow]hint:[/yellow] {escape(hint)}", soft_wrap=True)
 
 
 @app.command()
@@ -527,6 +555,12 @@ def snapshot(
 
     cfg, _ = _admin_setup(config, vault)
     snap = take_snapshot(cfg, vaults=vault or (), tenant=tenant, limit=limit, timeout=timeout)
+    for line in snap.errors:
+        err().print(f"[red]{escape(line)}[/red]", soft_wrap=True)
+    if snap.errors and not snap.prefixes:
+        # an empty file would replace the last good snapshot while a vault is merely down
+        err().print(f"nothing written to {output}: not every vault answered, and no prefix came back")
+        raise typer.Exit(1)
     snap.write(output)
     tokens = sum(len(p.tokens) for p in snap.prefixes)
     out().print(f"{len(snap.prefixes)} prefixes ({tokens} tokens) written to {output}", highlight=False)
@@ -540,8 +574,6 @@ def snapshot(
             ),
             highlight=False,
         )
-    for line in snap.errors:
-        err().print(f"[red]{escape(line)}[/red]", soft_wrap=True)
     if snap.errors:
         raise typer.Exit(1)
 
@@ -658,7 +690,9 @@ def pages(
             help="Tokens per vault block where a namespace's blob headers do not say (chains without ids).",
         ),
     ] = 32,
-    timeout: Annotated[float, typer.Option(help="Per replica and vault deadline in seconds.")] = 10.0,
+    timeout: Annotated[
+        float, typer.Option(help="Per replica and vault deadline in seconds.", callback=_positive_seconds)
+    ] = 10.0,
     as_json: JsonFlag = False,
 ) -> None:
     """Which prefixes sit on which replica's GPU and in the vaults, per tenant and class, and their tokens."""

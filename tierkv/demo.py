@@ -21,10 +21,10 @@ from rich.table import Table
 from tierkv.bench.shapes import SHAPES
 from tierkv.client.cluster import Cluster
 from tierkv.codec import LayerGroup, decode, encode
-from tierkv.config import Config, load_config, to_toml
+from tierkv.config import Config, human_bytes, load_config, to_toml
 from tierkv.keys import Namespace, block_keys
 from tierkv.roles import Role, role_for
-from tierkv.status import cluster_status, human_bytes, status_table
+from tierkv.status import cluster_status, status_table
 from tierkv.vault.launcher import VaultProcess
 
 

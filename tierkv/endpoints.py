@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import socket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,4 +61,37 @@ def check_port(port: int, *, allow_zero: bool = False) -> int:
     return port
 
 
-__all__ = ["HostPort", "bare_host", "check_port", "join_host_port"]
+def host_problem(host: str) -> str:
+    """What is wrong with ``host`` as a bare host name or address ('' if nothing). A port, a scheme or a
+    path in it would otherwise pass every check and fail only at the first call, as a name lookup error."""
+    bare = bare_host(host)
+    if not bare.strip():
+        return "expected a host name or address, got ''"
+    if "/" in bare or any(c.isspace() for c in bare):
+        return f"expected a host name or address (no scheme, path or spaces), got {host!r}"
+    if ":" in bare:
+        try:
+            ipaddress.IPv6Address(bare)
+        except ValueError:
+            port = bare.rpartition(":")[2]
+            return (
+                f"expected a host name or address without a port, got {host!r} (port = {port} is its own key)"
+            )
+    return ""
+
+
+def bind_problem(host: str, port: int) -> str:
+    """Why binding ``host:port`` fails right now ('' if it would not), as the OS says it ("Address already
+    in use"). The probe socket is closed at once; ``socket.gaierror`` when ``host`` does not resolve."""
+    infos = socket.getaddrinfo(bare_host(host), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _name, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is no matter
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return str(exc.strerror or exc)
+    return ""
+
+
+__all__ = ["HostPort", "bare_host", "bind_problem", "check_port", "host_problem", "join_host_port"]

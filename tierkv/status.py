@@ -17,7 +17,7 @@ from typing import Any
 from rich.table import Table
 
 from tierkv.client.vault import VaultClient
-from tierkv.config import Config
+from tierkv.config import Config, VaultConfig, human_bytes
 from tierkv.errors import AuthError, VaultError
 from tierkv.roles import COLD_ROLES, Role
 
@@ -132,6 +132,31 @@ def cluster_status(config: Config, timeout: float | None = None) -> list[NodeSta
         return list(pool.map(lambda n: probe(n[0], n[1], config, t, token), nodes))
 
 
+def unlisted_vault(config: Config) -> str:
+    """What to say when the file's own ``[vault]`` serves on a port no ``[cluster]`` vault has ('' if
+    none): a file whose vault moved off 50051 while ``[cluster]`` (or its default) still names 50051, so
+    that status asks a port where nothing listens."""
+    vc = config.vault
+    endpoints = (*config.cluster.kv_cold, *config.cluster.ssm_cold)
+    if vc == VaultConfig() or not vc.port or vc.port in {e.port for e in endpoints}:
+        return ""
+    role = config.cluster.role if config.cluster.role.cold else Role.KV_COLD
+    listed = ", ".join(e.address for e in endpoints) or "none"
+    return (
+        f"{config.source}: its [vault] serves on port {vc.port}, which no [cluster] vault has (they are: "
+        f"{listed}); name that vault under [cluster.{role}] to ask it"
+    )
+
+
+def refused_hint(config: Config) -> str:
+    """What to do about a vault that refused the token: send one, or send the one it knows."""
+    auth = config.auth
+    where = f"[auth] token_file {auth.token_file}" if auth.token_file else f"${auth.token_env}"
+    if config.token() is None:
+        return f"this side sent no token: set [auth] token_file in {config.source}, or ${auth.token_env}"
+    return f"the token from {where} is not one that vault accepts (its [auth] token_file lists those it does)"
+
+
 NARROW = 110
 """Below this many columns the table keeps what an operator reads first: the wider columns go to --json."""
 
@@ -189,12 +214,3 @@ def _class_rows(table: Table, n: NodeStatus) -> None:
         }
         rest = (cells.get(str(col.header), "") for col in table.columns[3:])
         table.add_row("", f"  {c['tenant']}/{name}", "", *rest)
-
-
-def human_bytes(n: float) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"

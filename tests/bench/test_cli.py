@@ -127,3 +127,18 @@ def test_options_of_another_mode_are_refused_by_the_subcommands(tmp_path: Path) 
     assert result.returncode == 2 and "--codec" in result.stderr
     assert bench("synthetic", "--device", "cpu", cwd=tmp_path).returncode == 2
     assert bench("hf", "--hf", cwd=tmp_path).returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--vaults", "kv_cold=nohost"], "expected host:port (IPv6 as [addr]:port), got 'nohost'"),
+        (["--tokens", "4k,abc"], "--tokens: expected lengths like 512,4k,16k (k = 1024), got 'abc'"),
+    ],
+)
+def test_a_bad_option_is_one_line_that_says_what_was_expected(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    result = bench("synthetic", *args, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert says in result.stderr, result.stderr

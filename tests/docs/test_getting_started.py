@@ -68,7 +68,7 @@ def test_install_page(tmp_path: Path) -> None:
 
 def test_first_vault_page(tmp_path: Path) -> None:
     out = run_page("first-vault.md", tmp_path, timeout=180)
-    assert "stored: 1 restored: True missing: True" in out
+    assert "stored: 1 restored: True block-1 missing: True" in out
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.ports import refusing_port
 from tests.test_cli import assert_clean_error, tierkv
 from tierkv.client import VaultClient
 from tierkv.client.fanout import Answer, Target
@@ -226,3 +227,16 @@ def test_an_empty_snapshot_says_why(vault: VaultProcess, tmp_path: Path) -> None
     result = tierkv("snapshot", "--vault", vault.address, "--output", str(tmp_path / "s.json"))
     assert result.returncode == 0, result.stderr
     assert "0 prefixes" in result.stdout and "[retention] warm_tokens = true" in result.stdout
+
+
+def test_a_vault_that_does_not_answer_leaves_the_last_snapshot_alone(tmp_path: Path) -> None:
+    """Not an empty file in its place, and no advice about warm_tokens: the vault was not asked."""
+    last = tmp_path / "s.json"
+    last.write_text("the last good snapshot")
+    with refusing_port() as port:
+        result = tierkv("snapshot", "--vault", f"127.0.0.1:{port}", "--output", str(last))
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert f"127.0.0.1:{port}" in output and f"nothing written to {last}" in output, output
+    assert "warm_tokens" not in output and "Traceback" not in output, output
+    assert last.read_text() == "the last good snapshot"

@@ -183,6 +183,8 @@ def _run(
     config: str | None, verbose: int, json_out: str | None, measure: Callable[[Config, Console], BenchResult]
 ) -> None:
     """Load the config, run ``measure``, render; exit 2 on a setup error, 1 when the run failed."""
+    from rich.markup import escape
+
     from tierkv.bench.record import write_json
     from tierkv.bench.runner import render_result
     from tierkv.console import err, load, out
@@ -193,7 +195,7 @@ def _run(
     try:
         result = measure(cfg, console)
     except (BenchError, TierKVError) as exc:
-        err().print(f"[red]bench error:[/red] {exc}")
+        err().print(f"[red]bench error:[/red] {escape(str(exc))}")  # "[addr]:port" is text, not markup
         raise typer.Exit(2) from exc
     render_result(result, console)
     if json_out:

@@ -14,7 +14,7 @@ from rich.table import Table
 from tierkv.bench.breakeven import BreakEven
 from tierkv.bench.common import BenchRun
 from tierkv.bench.record import RunMeta
-from tierkv.status import human_bytes
+from tierkv.config import human_bytes
 
 if TYPE_CHECKING:
     from tierkv.bench.engine import EngineResult, EngineRow

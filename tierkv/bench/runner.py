@@ -45,7 +45,10 @@ def parse_lengths(text: str) -> tuple[int, ...]:
 def _count(text: str) -> int:
     """``4096``, ``4k`` or ``32K`` (k = 1024, tokens are counted in powers of two)."""
     t = text.strip().lower()
-    value = int(t[:-1]) * 1024 if t.endswith("k") else int(t)
+    digits = t.removesuffix("k")
+    if not digits.isdigit():
+        raise ValueError(f"expected lengths like 512,4k,16k (k = 1024), got {text.strip()!r}")
+    value = int(digits) * (1024 if t.endswith("k") else 1)
     if value < 1:
         raise ValueError(f"lengths must be positive, got {text!r}")
     return value

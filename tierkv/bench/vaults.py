@@ -25,11 +25,10 @@ from typing import Any, Protocol, TypeVar
 from tierkv.bench import BenchError
 from tierkv.client.cluster import Cluster
 from tierkv.client.types import VaultStats
-from tierkv.config import BUILTIN, Config
+from tierkv.config import BUILTIN, Config, human_bytes
 from tierkv.endpoints import HostPort
 from tierkv.errors import VaultError
 from tierkv.roles import COLD_ROLE_NAMES, Role
-from tierkv.status import human_bytes
 from tierkv.vault.launcher import VaultProcess
 
 logger = logging.getLogger(__name__)

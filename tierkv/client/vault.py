@@ -42,7 +42,7 @@ class VaultClient(ClientBase):
 
     def put(self, namespace: bytes, items: Items, *, priority: int = 0, meta: Metas | None = None) -> int:
         """Store blobs; returns how many the vault's replies said it stored (refusals are logged).
-        ``meta`` gives keys their retention metadata (README, "Retention"); keys it lacks are untagged.
+        ``meta`` gives keys their retention metadata (docs/concepts/retention.md); keys it lacks are untagged.
 
         Not atomic: the client sends batches of at most ``max_batch_bytes`` and the vault writes each in
         write transactions of at most a sixteenth of its budget, so a put cut short (a killed client or
@@ -80,7 +80,7 @@ class VaultClient(ClientBase):
         self, namespace: bytes, keys: Sequence[bytes], *, timeout: float | None = None, lease_ms: int = 0
     ) -> int:
         """How many leading keys of a chain the vault holds; with ``lease_ms`` it keeps them that long
-        (README, "Lookup leases")."""
+        (docs/concepts/leases.md)."""
         return self._run(self.calls.prefix_lookup(namespace, keys, timeout, lease_ms))
 
     def delete(

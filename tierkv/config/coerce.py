@@ -14,6 +14,7 @@ is small because the schema is plain dataclasses.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import types
 import typing
@@ -92,9 +93,18 @@ def coerced(cls: type, data: Mapping[str, Any], source: str, prefix: str) -> dic
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if key not in fields:
-            raise ConfigError(source, dotted, f"unknown key (expected one of: {', '.join(sorted(fields))})")
+            raise ConfigError(source, dotted, _unknown_key(str(key), fields))
         out[key] = _field_value(fields[key], hints[key], value, source, dotted)
     return out
+
+
+def _unknown_key(key: str, known: Iterable[str]) -> str:
+    """What to say about ``key``: the known key it was most likely meant to be first (a typo among two
+    dozen names is hard to spot in a list), then all of them."""
+    names = sorted(known)
+    near = difflib.get_close_matches(key, names, n=1, cutoff=0.75)
+    hint = f", did you mean {near[0]!r}?" if near else ""
+    return f"unknown key{hint} (expected one of: {', '.join(names)})"
 
 
 def _field_value(field: dataclasses.Field[Any], tp: Any, value: Any, source: str, key: str) -> Any:

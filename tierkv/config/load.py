@@ -46,8 +46,11 @@ def find_config(explicit: str | os.PathLike[str] | None = None) -> Path | None:
 def _existing_file(path: Path, key: str) -> Path:
     if path.is_dir():
         raise ConfigError(str(path), key, "is a directory; expected a tierkv.toml file")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(str(path), key, "file does not exist")
+    if not (path.is_file() or path.is_char_device()):  # /dev/null: the defaults
+        # a pipe (-c <(...)) reads once, and an engine's processes each read the file
+        raise ConfigError(str(path), key, "is not a regular file; expected a tierkv.toml file")
     return path
 
 

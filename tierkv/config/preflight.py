@@ -14,6 +14,7 @@ from tierkv.certs import certificate_problem
 from tierkv.config.schema import (
     Config,
 )
+from tierkv.endpoints import bind_problem
 from tierkv.errors import ConfigError
 
 
@@ -71,6 +72,8 @@ def _check_readable(cfg: Config, names: Iterable[str]) -> None:
 
 
 def _check_data_dir(path: Path, source: str, *, create: bool) -> None:
+    if path.exists() and not path.is_dir():  # else mkdir says "File exists", as if that were the problem
+        raise ConfigError(source, "vault.path", f"{path} exists and is not a directory")
     if create:
         try:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the store makes it: 0700
@@ -100,21 +103,14 @@ def _check_free_port(host: str, port: int, source: str, key: str) -> None:
 
 
 def _bind_problem(host: str, port: int, source: str, key: str) -> str:
-    """Why binding ``host:port`` fails right now ('' if it would not); the probe socket is closed at once."""
+    """Why binding ``host:port`` fails right now ('' if it would not); a host that does not resolve is a
+    ConfigError naming ``key``."""
     import socket
 
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        return bind_problem(host, port)
     except (socket.gaierror, UnicodeError) as exc:
         raise ConfigError(source, key, f"cannot resolve {host!r}: {exc}") from exc
-    family, kind, proto, _name, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            return str(exc.strerror or exc)
-    return ""
 
 
 __all__ = ["check_client_files", "check_vault_start"]

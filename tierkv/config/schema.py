@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from tierkv.endpoints import join_host_port
+from tierkv.endpoints import host_problem, join_host_port
 from tierkv.errors import ConfigError
 from tierkv.limits import FRAME_BYTES, MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
 from tierkv.retention.classes import (
@@ -77,6 +77,16 @@ def format_size(n: int) -> str:
     return str(n)
 
 
+def human_bytes(n: float) -> str:
+    """``n`` bytes for a person to read, one decimal in the largest binary unit: 1.0 GiB, 512 B."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
 def setting(
     default: T,
     *,
@@ -111,8 +121,9 @@ class Endpoint:
         return join_host_port(self.host, self.port)
 
     def _validate(self, source: str, key: str) -> None:
-        if not self.host.strip():
-            raise ConfigError(source, f"{key}.host", "expected a host name or address, got ''")
+        problem = host_problem(self.host)
+        if problem:
+            raise ConfigError(source, f"{key}.host", problem)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +214,10 @@ class VaultConfig:
         return base / "tierkv" / f"vault-{self.port}"
 
     def _validate(self, source: str, key: str) -> None:
+        for name in ("host", "metrics_host"):
+            problem = host_problem(getattr(self, name)) if getattr(self, name) else ""
+            if problem:
+                raise ConfigError(source, f"{key}.{name}", problem)
         if self.frame_bytes > self.max_message_bytes // 2:
             raise ConfigError(source, f"{key}.frame_bytes", "expected 4KiB .. max_message_bytes / 2")
 
@@ -215,7 +230,7 @@ class ClusterConfig:
     timeout: float = setting(2.0, positive=True)
     replication: int = setting(1, minimum=1)
     prefetch_bytes: ByteSize = setting(ByteSize(0), minimum=0)
-    """Host memory for blocks prefetched after a restore (README, "Predictive prefetch"); 0 = off."""
+    """Host memory for blocks prefetched after a restore (docs/concepts/prefetch.md); 0 = off."""
     prefetch_timeout_s: float = setting(0.5, positive=True)
     decode_behind: bool = False
     """Restores decode each blob while the rest still arrives: for links slower than the decoder (see
@@ -246,7 +261,7 @@ class ContextWeights:
     reads) as the vault holds entries, but at least ``min_turnover`` events, and hits halve every
     ``hit_half_life`` turnovers without a read. ``min_turnover`` (0: off) keeps what the application said
     worth as many events in a vault far smaller than its working set as in a roomy one: there the
-    population shrinks, a turnover with it, and so does the time importance buys (README, "Retention").
+    population shrinks, a turnover with it, and so does the time importance buys (docs/concepts/retention.md).
     """
 
     importance: float = setting(4.0, minimum=0, what="a weight")
@@ -321,7 +336,7 @@ class TTLSettings:
 @dataclasses.dataclass(frozen=True)
 class RetentionConfig:
     """``[retention]``: the source classes and times to live the engine hooks tag blocks with, and what a
-    vault does with the metadata blocks carry (README, "Retention")."""
+    vault does with the metadata blocks carry (docs/concepts/retention.md)."""
 
     max_protected_fraction: float = setting(0.5, minimum=0, maximum=1, what="a fraction")
     """Protected bytes per tenant stay under this fraction of its quota (or of the vault's budget for a
@@ -332,7 +347,7 @@ class RetentionConfig:
     warm_tokens: bool = False
     """The engine hooks send each stored block's token ids (even without a layout) so ``tierkv snapshot``
     and ``tierkv warm`` can replay the hottest prefixes; off: the ids are the prompt's text to whoever
-    reads the vault (README, "Warm start")."""
+    reads the vault (docs/concepts/warm-start.md)."""
 
 
 def retention_from_config(config: Config) -> Retention:
@@ -395,6 +410,7 @@ __all__ = [
     "VaultConfig",
     "default_class_table",
     "format_size",
+    "human_bytes",
     "parse_size",
     "retention_from_config",
     "setting",

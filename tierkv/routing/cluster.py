@@ -1,6 +1,6 @@
 """A multi-replica deployment on one host: vaults, vLLM replicas with TierKVConnector, vllm-router.
 
-The launch lines built here are the documented ones (README, "Several replicas behind a router"):
+The launch lines built here are the documented ones (docs/concepts/routing.md):
 each replica runs ``--enable-scale-out`` (vllm-router tokenizes through ``/v1/completions/render``) and
 publishes its KV events, the connector's cold-tier events included (``kv_events: true``), to a bound
 :class:`~tierkv.routing.forward.Forwarder` on the loopback interface; the router subscribes to each

@@ -26,6 +26,7 @@ from typing import IO, Any, Literal
 
 import lmdb
 
+from tierkv.config import human_bytes
 from tierkv.errors import TierKVError
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,12 @@ class VaultDirectory:
                 return lmdb.open(str(self.path), mode=FILE_MODE, **options)
             except (lmdb.InvalidError, lmdb.CorruptedError) as exc:
                 self._check(f"LMDB rejects it ({exc})")
+            except lmdb.MemoryError as exc:  # the map is reserved at once: address space, not disk or RAM
+                raise VaultDirectoryError(
+                    f"cannot open the LMDB store in {self.path}: its map of "
+                    f"{human_bytes(options.get('map_size', 0))} (4 x max_bytes + 1 GiB) does not fit this "
+                    "process's address space; lower max_bytes"
+                ) from exc
             except lmdb.Error as exc:
                 raise VaultDirectoryError(f"cannot open the LMDB store in {self.path}: {exc}") from exc
         raise DataFileDamaged(f"{self.path / DATA_FILE}: LMDB rejects it even after it was set aside")
@@ -212,12 +219,12 @@ def warn_if_disk_small(path: Path, budget: int) -> None:
     needed = int(budget * FOOTPRINT)
     if needed > room:
         log.warning(
-            "max_bytes %.1f MiB needs about %.1f MiB on disk, but %s has room for %.1f MiB: Puts will fail "
+            "max_bytes %s needs about %s on disk, but %s has room for %s: Puts will fail "
             "with 'disk full' before the budget is reached; lower max_bytes or free disk space",
-            budget / 2**20,
-            needed / 2**20,
+            human_bytes(budget),
+            human_bytes(needed),
             path,
-            room / 2**20,
+            human_bytes(room),
         )
 
 

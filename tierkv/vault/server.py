@@ -30,8 +30,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tierkv import __version__
 from tierkv._malloc import tune_malloc
-from tierkv.config import Config
-from tierkv.endpoints import join_host_port
+from tierkv.config import Config, format_size
+from tierkv.endpoints import bind_problem, join_host_port
 from tierkv.errors import ConfigError
 from tierkv.logs import console_shows
 from tierkv.roles import Role
@@ -162,6 +162,14 @@ class VaultServer:
     def start(self) -> int:
         vc = self.config.vault
         address = join_host_port(vc.host, vc.port)
+        taken = bind_problem(vc.host, vc.port) if vc.port else ""
+        if taken:
+            # asked before gRPC tries: its own failure is a core log line and a message about GRPC_VERBOSITY
+            self._abandon()
+            raise PortInUseError(
+                f"cannot bind {address}: {taken} "
+                "(is another vault running there? pick another --port or [vault] port)"
+            )
         try:
             if self.config.tls.enabled:
                 port = self._server.add_secure_port(address, _server_credentials(self.config))
@@ -221,10 +229,15 @@ class VaultServer:
         facts = self.startup_facts()
         if self.config.log.json:
             return json.dumps(facts)
-        rest = ", ".join(f"{k} {v}" for k, v in facts.items() if k not in ("event", "address", "version"))
+        rest = ", ".join(
+            _text_fact(k, v) for k, v in facts.items() if k not in ("event", "address", "version")
+        )
         return f"tierkv {facts['version']} vault serving on {facts['address']} ({rest})"
 
     def _abandon(self) -> None:
+        """Undo what ``__init__`` opened when the vault never started: nothing is left for ``stop`` to do
+        (and no "vault stopped" line for a vault that never served)."""
+        self._stopped.set()
         if self._bulk_listener is not None:
             self._bulk_listener.close()
         self.store.close()
@@ -277,6 +290,11 @@ class VaultServer:
             self.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _text_fact(key: str, value: Any) -> str:
+    """One fact of the start line as a person reads it: the budget as it is written in tierkv.toml."""
+    return f"budget {format_size(value)}" if key == "budget_bytes" else f"{key} {value}"
 
 
 def wait_for_signal(done: threading.Event) -> None:

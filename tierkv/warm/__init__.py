@@ -2,7 +2,7 @@
 started engine (:mod:`.replay`), so the connector restores them into the GPU cache before traffic comes.
 
 The vaults know which chains are hit (``Hottest``); the replay needs their token ids, which the engine
-hooks send only with ``[retention] warm_tokens = true`` (README, "Warm start").
+hooks send only with ``[retention] warm_tokens = true`` (docs/concepts/warm-start.md).
 """
 
 from tierkv.warm.replay import Replayed, engine_model, replay

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from tierkv.bench.trace.reference import Reference
 from tierkv.bench.trace.replay import ALL, IMPORTANT_GROUP, PROTECTED, PolicyRun, Tally, Workload
-from tierkv.status import human_bytes
+from tierkv.config import human_bytes
 
 log = logging.getLogger(__name__)
 

@@ -5,10 +5,10 @@ each first writes the recency of reads noted since the last one, makes its own r
 (:mod:`.evictor`) before each write and stores the new totals in the same transaction (:mod:`.ledger`):
 the budget holds at every commit and the accounting is exactly as durable as the data.
 
-Retention (README, "Retention"): an entry past its time to live reads as a miss and is the first to go when
-room is needed (the maintenance thread also clears them); a protected entry is kept out of the eviction
-order while the tenant's protected bytes fit under ``max_protected_fraction`` of its quota (or of the
-budget) and all tenants' under that fraction of the budget — past it, the store is kept unprotected,
+Retention (docs/concepts/retention.md): an entry past its time to live reads as a miss and is the first to
+go when room is needed (the maintenance thread also clears them); a protected entry is kept out of the
+eviction order while the tenant's protected bytes fit under ``max_protected_fraction`` of its quota (or of
+the budget) and all tenants' under that fraction of the budget — past it, the store is kept unprotected,
 counted and logged. A stored child with a parent key counts once in its parent's sharing.
 
 A tenant with a quota evicts only its own entries to stay within it and is never evicted by another
