@@ -4,6 +4,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
+# where that torch comes from: empty, pip's own indexes (the test machines keep a CPU build of 2.13.0 on
+# disk, which pip takes; elsewhere PyPI's torch is the CUDA build, several GB): `make test
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu` takes the CPU build there
+TORCH_INDEX ?=
 # the main suite runs in parallel workers, one per core up to four (more workers mostly add vaults and
 # torch copies in memory); PARALLEL= runs it in one process
 PARALLEL ?= -n auto --maxprocesses 4 --dist loadgroup
@@ -13,8 +17,8 @@ PARALLEL ?= -n auto --maxprocesses 4 --dist loadgroup
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first and pinned, so the [hf] extra never pulls a multi-GB CUDA build
-	$(PY) -m pip install -q "$(TORCH)"
+	# torch first and pinned, so the [hf] extra does not pick a release of its own (see TORCH_INDEX)
+	$(PY) -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e '.[dev,hf,docs]'
 	touch $@
 
