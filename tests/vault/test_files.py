@@ -226,3 +226,21 @@ def test_budget_larger_than_the_disk_is_warned_at_start(small_disk: Path) -> Non
     quiet = VaultProcess(small_disk / "q", max_bytes="8MiB", log_file=small_disk.parent / "q.log").start()
     quiet.stop()
     assert "disk full" not in quiet.log_tail()
+
+
+def test_a_put_the_disk_fills_part_way_through_acknowledges_what_it_stored(small_disk: Path) -> None:
+    """One Put of 40 MiB to a vault whose budget writes it in 16 MiB transactions, on a 24 MiB disk: the
+    first transaction commits, a later one cannot. The reply says which blobs were stored, and exactly
+    those are there (an error for the whole Put would say none were)."""
+    v = VaultProcess(small_disk / "v", max_bytes="256MiB", log_file=small_disk.parent / "v.log").start()
+    blobs = {f"k{i:02d}".encode(): os.urandom(1 << 20) for i in range(40)}
+    try:
+        with VaultClient(v.address, timeout=30, bulk=False) as c:
+            ack = c.put_acks(b"ns", list(blobs.items()))
+            assert ack.stored and ack.rejected, ack
+            there = c.get(b"ns", list(blobs))
+        stored = {i for i, blob in enumerate(there) if blob is not None}
+        assert stored == set(ack.stored), (sorted(stored), ack)
+        assert "disk full" in v.log_tail()
+    finally:
+        v.stop()

@@ -42,7 +42,7 @@ from tierkv.vault.leases import LeaseTable
 from tierkv.vault.policy import EvictionPolicy, LRUPolicy
 from tierkv.vault.store.debug import StoreDebug
 from tierkv.vault.store.entries import Entries, EntryWriter, Prepared
-from tierkv.vault.store.env import StoreEnv
+from tierkv.vault.store.env import StoreEnv, StoreFullError
 from tierkv.vault.store.evictor import Evictor, Ranking
 from tierkv.vault.store.format import entry_charge, full_key
 from tierkv.vault.store.ledger import Ledger
@@ -184,6 +184,8 @@ class Store:
         The items are written in transactions of at most ``max_bytes / 16``: LMDB reuses the pages a
         transaction frees only two transactions later, so the size of the last few transactions is what
         ``data.mdb`` grows beyond the budget (TROUBLESHOOTING.md, "data.mdb is larger than max_bytes").
+        A transaction that fails after others committed (a full disk) refuses the items from it on, so the
+        outcome says what is stored; one that fails first raises (:class:`StoreFullError`).
         """
         owner = self._tenants[tenant]
         if metas is not None and len(metas) != len(items):
@@ -204,11 +206,19 @@ class Store:
                 prepared.reverse()
         with self._env.write_lock:
             for start, chunk in _chunks(prepared, max(1, self.max_bytes // 16)):
-                outcome = self._env.write_retrying(
-                    functools.partial(self._put_txn, owner, chunk),
-                    wanted=functools.partial(_blob_bytes, chunk),
-                    clock=self._clock,
-                )
+                try:
+                    outcome = self._env.write_retrying(
+                        functools.partial(self._put_txn, owner, chunk),
+                        wanted=functools.partial(_blob_bytes, chunk),
+                        clock=self._clock,
+                    )
+                except StoreFullError as exc:
+                    if not start:
+                        raise  # nothing committed: the error is the whole truth
+                    # earlier transactions committed: the reply must say so, and refuse only the rest
+                    log.warning("a Put stored %d of %d blobs: %s", stored, len(prepared), exc)
+                    rejected += range(start, len(prepared))
+                    break
                 stored, evicted = stored + outcome.stored, evicted + outcome.evicted
                 rejected += [start + i for i in outcome.rejected]
         if learning is not None and learning.leaf_first:
