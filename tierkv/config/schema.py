@@ -43,6 +43,15 @@ DEFAULT_PORT = 50051
 BUILTIN = "<built-in defaults>"
 
 
+MAX_VAULT_BYTES = 1024**5
+"""The largest ``max_bytes`` (1 PiB): LMDB's map is four times the budget, and past this it exceeds what a
+64-bit address space (and LMDB's size arithmetic) holds."""
+
+
+MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
+"""gRPC takes its message limits as a C int."""
+
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 
 
@@ -161,7 +170,9 @@ class VaultConfig:
     host: str = "127.0.0.1"
     port: int = _port(DEFAULT_PORT)
     path: str = ""
-    max_bytes: ByteSize = setting(ByteSize(8 * 1024**3), minimum=1024**2)
+    max_bytes: ByteSize = setting(
+        ByteSize(8 * 1024**3), minimum=1024**2, maximum=MAX_VAULT_BYTES, what="a size"
+    )
     sync: SyncMode = "durable"
     policy: PolicyName = "adaptive"
     on_damage: Literal["refuse", "move-aside"] = "refuse"
@@ -172,7 +183,9 @@ class VaultConfig:
     """Vault calls (both transports) that run at once; twice as many may wait up to 0.25 s for a slot, one
     connection holds at most this many, and with several tenants one tenant runs at most 3/4 of them. Past
     that a call is refused (RESOURCE_EXHAUSTED: a miss to the client). Health checks are never counted."""
-    max_message_bytes: ByteSize = setting(ByteSize(MAX_MESSAGE_BYTES), minimum=64 * 1024)
+    max_message_bytes: ByteSize = setting(
+        ByteSize(MAX_MESSAGE_BYTES), minimum=64 * 1024, maximum=MAX_GRPC_MESSAGE_BYTES, what="a size"
+    )
     frame_bytes: ByteSize = setting(ByteSize(FRAME_BYTES), minimum=4096)
     bulk: bool = True
     bulk_port: int = _port(0)
