@@ -360,9 +360,8 @@ def test_tls_files_are_checked_before_use(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as info:
             check(cfg)
         assert info.value.key == "tls.key_file" and str(tmp_path / "k") in info.value.problem
-    only_cert = config_from_dict({"tls": {"cert_file": str(tmp_path / "cert.pem")}})
     with pytest.raises(ConfigError, match=r"needs both tls\.cert_file and tls\.key_file"):
-        check_vault_start(only_cert)
+        config_from_dict({"tls": {"cert_file": str(tmp_path / "cert.pem")}})
 
 
 def vault_cfg(tmp_path: Path, **flags: object) -> Config:

@@ -134,7 +134,18 @@ class TLSConfig:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.cert_file or self.ca_file)
+        return bool(self.cert_file or self.key_file or self.ca_file)
+
+    def _validate(self, source: str, key: str) -> None:
+        # a key without its certificate (or the reverse) is TLS half-configured: refused on either side,
+        # never taken as "TLS off" (a vault would serve plaintext, its bulk port included)
+        if bool(self.cert_file) != bool(self.key_file):
+            given, missing = ("key_file", "cert_file") if self.key_file else ("cert_file", "key_file")
+            problem = (
+                f"empty while {key}.{given} is set: a certificate needs both tls.cert_file and "
+                f"tls.key_file (leave [tls] empty for no TLS)"
+            )
+            raise ConfigError(source, f"{key}.{missing}", problem)
 
 
 @dataclasses.dataclass(frozen=True)
