@@ -7,6 +7,8 @@ exactly as durable as the data) and is taken into the tenants only after the com
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 from collections import Counter
 from collections.abc import Iterable
@@ -16,6 +18,8 @@ import lmdb
 
 from tierkv.vault.store.format import CLOCK_KEY, COUNT_KEY, USED_KEY, IndexRecord, get_u64, put_u64
 from tierkv.vault.store.tenants import DEFAULT_TENANT, Tenant
+
+log = logging.getLogger("tierkv.vault.store")
 
 
 class Ledger:
@@ -54,6 +58,11 @@ class Ledger:
         self._apply(tenant, entry, 1)
 
     def remove(self, tenant: str, entry: IndexRecord) -> None:
+        if entry.charge > self.used[tenant]:
+            # a record damaged on disk (its checksum covers the blob, not the record): taking its charge
+            # off whole would make the totals negative, and no write could save them again
+            log.warning("an index record charges %d bytes, more than its tenant holds", entry.charge)
+            entry = dataclasses.replace(entry, charge=self.used[tenant])
         self._apply(tenant, entry, -1)
 
     def _apply(self, tenant: str, entry: IndexRecord, sign: int) -> None:
