@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import lmdb
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -101,6 +102,35 @@ def test_vault_refuses_a_truncated_data_file_with_one_clear_line(
     assert str(tmp_path / "v" / DATA_FILE) in output
     assert ("truncated" if cut == "half" else "empty") in output
     assert "on_damage" in output, "the message says how to go on"
+
+
+def set_meta_record(path: Path, key: bytes, value: bytes) -> None:
+    env = lmdb.open(str(path), max_dbs=4)
+    meta = env.open_db(b"meta")
+    with env.begin(write=True) as txn:
+        txn.put(key, value, db=meta)
+    env.close()
+
+
+@pytest.mark.parametrize("key", [b"used", b"count", b"clock", b"format"])
+def test_a_damaged_totals_record_is_one_clear_line_not_a_traceback(
+    vault_factory: VaultFactory, tmp_path: Path, key: bytes
+) -> None:
+    filled_store(tmp_path / "v", entries=2)
+    set_meta_record(tmp_path / "v", key, b"\x01")
+    code, output = failed_start(vault_factory(name="v", start=False))
+    assert code == DataFileDamaged.exit_code, output
+    assert "Traceback" not in output
+    assert str(tmp_path / "v" / DATA_FILE) in output and repr(key.decode()) in output
+
+
+def test_a_damaged_policy_record_only_reranks(vault_factory: VaultFactory, tmp_path: Path) -> None:
+    filled_store(tmp_path / "v", entries=2)
+    set_meta_record(tmp_path / "v", b"policy", b"\xff\xfe")
+    v = vault_factory(name="v")
+    with VaultClient(v.address) as c:
+        assert c.stats().keys == 2 and c.get(b"ns", [b"k0"])[0] is not None
+    assert v.stop() == 0 and "Traceback" not in v.log_tail(100)
 
 
 def test_move_aside_keeps_the_damaged_file_and_starts_empty(

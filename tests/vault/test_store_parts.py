@@ -30,7 +30,7 @@ def test_a_store_gets_its_format_version_and_a_newer_one_is_refused(tmp_path: Pa
     env = lmdb.open(str(tmp_path), max_dbs=4, subdir=True)
     with env.begin(write=True) as txn:
         meta = env.open_db(META, txn=txn)
-        assert get_u64(txn, meta, FORMAT_KEY) == FORMAT_VERSION
+        assert get_u64(txn, meta, FORMAT_KEY, str(tmp_path)) == FORMAT_VERSION
         put_u64(txn, meta, FORMAT_KEY, FORMAT_VERSION + 1)
     env.close()
     with pytest.raises(StoreFormatError, match=f"data format {FORMAT_VERSION + 1} is newer"):

@@ -121,22 +121,23 @@ class Ledger:
                 t.class_protected = +self.class_protected[t.name]
 
 
-def load_totals(txn: lmdb.Transaction, meta: Any, tenants: Iterable[Tenant]) -> int:
-    """Read the totals into the tenants (the default tenant has what the others do not); the clock."""
+def load_totals(txn: lmdb.Transaction, meta: Any, tenants: Iterable[Tenant], source: str) -> int:
+    """Read the totals into the tenants (the default tenant has what the others do not); the clock.
+    ``source`` names the store in the error a damaged record is."""
     tenants = list(tenants)
-    used = get_u64(txn, meta, USED_KEY)
-    count = get_u64(txn, meta, COUNT_KEY)
+    used = get_u64(txn, meta, USED_KEY, source)
+    count = get_u64(txn, meta, COUNT_KEY, source)
     default = None
     for t in tenants:
         if t.name == DEFAULT_TENANT:
             default = t
             continue
-        t.used = get_u64(txn, meta, USED_KEY + t.meta_suffix)
-        t.count = get_u64(txn, meta, COUNT_KEY + t.meta_suffix)
+        t.used = get_u64(txn, meta, USED_KEY + t.meta_suffix, source)
+        t.count = get_u64(txn, meta, COUNT_KEY + t.meta_suffix, source)
         used, count = used - t.used, count - t.count
     if default is not None:
         default.used, default.count = max(0, used), max(0, count)
-    return get_u64(txn, meta, CLOCK_KEY)
+    return get_u64(txn, meta, CLOCK_KEY, source)
 
 
 __all__ = ["Ledger", "load_totals"]
