@@ -76,10 +76,18 @@ class Entries:
         return True
 
     def drop(
-        self, txn: lmdb.Transaction, ledger: Ledger, owner: Tenant, fkey: bytes, *, ordered: bool = True
+        self,
+        txn: lmdb.Transaction,
+        ledger: Ledger,
+        owner: Tenant,
+        fkey: bytes,
+        *,
+        ordered: bool = True,
+        keep_data: bool = False,
     ) -> IndexRecord | None:
         """Remove an entry (and its order key unless the caller already did, its expiry key and its
-        parent's count of children), booked in ``ledger``."""
+        parent's count of children), booked in ``ledger``. ``keep_data`` leaves the blob's record where
+        LMDB cannot delete it (a damaged page): the entry is gone for reads, accounting and eviction."""
         raw = txn.get(fkey, db=owner.index)
         if raw is None:
             return None
@@ -87,7 +95,8 @@ class Entries:
         if ordered and not entry.protected:
             txn.delete(self.ranking.rank(entry) + fkey, db=owner.order)
         txn.delete(fkey, db=owner.index)
-        txn.delete(fkey, db=owner.data)
+        if not keep_data:
+            txn.delete(fkey, db=owner.data)
         txn.delete(fkey, db=owner.tokens)
         ledger.remove(owner.name, entry)
         ledger.dropped.append((owner.name, fkey))

@@ -318,11 +318,11 @@ class Store:
         with self._counter_lock:
             owner.hits += found
             owner.misses += tally.lookups - found
-            owner.corrupt += len(tally.corrupt)
+            owner.corrupt += len(tally.corrupt) + len(tally.damaged)
             owner.expired += sum(tally.expired.values())
         misses = Counter(self._ghosts.classes(owner.name, tally.missing))
         misses.update(tally.expired)
-        misses[""] += len(tally.corrupt)
+        misses[""] += len(tally.corrupt) + len(tally.damaged)
         self.classes.note(owner.name, tally.hits, +misses, tally.expired)
         self._touches.note(owner.name, self._recency_order(tally.found), hit=True)
         learning = self._ranking.learning
@@ -334,6 +334,25 @@ class Store:
             corrupt = tally.corrupt
             log.warning("dropping %d corrupt entries", len(corrupt))
             self._delete_entries(owner, lambda _txn: corrupt)
+        if tally.damaged:
+            self._forget_damaged(owner, tally.damaged)
+
+    def _forget_damaged(self, owner: Tenant, fkeys: Sequence[bytes]) -> None:
+        """Entries whose blob LMDB cannot read: out of the index, the totals and the eviction order, so
+        eviction never picks them (deleting the blob's record would read the damaged page and fail every
+        write that needs room); their blobs' records stay behind."""
+        log.error(
+            "%s is damaged: LMDB cannot read %d entries, now misses; restore a backup or set the directory "
+            "aside when convenient (a Put of the same key fails until then)",
+            self.path / "data.mdb",
+            len(fkeys),
+        )
+        try:
+            with self._transaction() as (txn, ledger):
+                for fkey in fkeys:
+                    self._entries.drop(txn, ledger, owner, fkey, keep_data=True)
+        except lmdb.Error as exc:  # the damage is in the index itself
+            log.error("could not set the damaged entries aside: %s", exc)
 
     def get_many(
         self, namespace: bytes, keys: Sequence[bytes], *, tenant: str = DEFAULT_TENANT
