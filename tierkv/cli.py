@@ -708,7 +708,9 @@ def config_check(
     auth = ""
     try:
         if vault:
-            auth = load_tokens(cfg.auth, cfg.source).describe()
+            tokens = load_tokens(cfg.auth, cfg.source)
+            tokens.check_budget(cfg.vault.max_bytes, cfg.source)
+            auth = tokens.describe()
         check_client_files(cfg)
         exposed = exposure_warning(cfg.auth)
         if exposed:

@@ -87,6 +87,24 @@ class TokenTable:
         tenants = len(self.tenants)
         return f"auth is on: {len(self._entries)} token(s), {tenants} tenant(s)"
 
+    def check_budget(self, max_bytes: int, source: str) -> None:
+        """ConfigError (naming ``vault.max_bytes``) when the quotas leave a tenant with a token no room.
+
+        A tenant with a quota is never evicted by another tenant's writes, so quotas past the budget
+        (or a budget they fill while some tenant has none) would let one tenant fill the vault and every
+        other tenant's Puts be refused from then on."""
+        quotas = sum(self.quotas.values())
+        open_tenants = [t for t, quota in self.tenants.items() if not quota]
+        if quotas > max_bytes or (open_tenants and quotas >= max_bytes):
+            left = f"; tenant {open_tenants[0]!r} has no quota and would get nothing" if open_tenants else ""
+            problem = (
+                f"{format_size(max_bytes)} is less than the tenants' quotas need ({format_size(quotas)} "
+                f"together{left}): a tenant with a quota is never evicted by the others' writes, so a "
+                "tenant could fill the vault for good; lower the quotas in the token file or raise "
+                "max_bytes"
+            )
+            raise ConfigError(source, "vault.max_bytes", problem)
+
     def principal(self, token: bytes | None) -> Principal:
         """Who sent ``token``; Abort(UNAUTHENTICATED) when the table is on and the token is not in it.
 

@@ -72,6 +72,7 @@ class VaultServer:
         vc = config.vault
         tune_malloc()
         self.tokens = load_tokens(config.auth, config.source)
+        self.tokens.check_budget(vc.max_bytes, config.source_of("vault.max_bytes"))
         exposed = exposure_warning(config.auth)
         if exposed:
             log.warning("%s", exposed)
