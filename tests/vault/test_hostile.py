@@ -193,3 +193,22 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize("policy", ["adaptive", "lru"])
+def test_a_key_given_twice_in_one_put_holds_its_last_blob(
+    vault_factory: VaultFactory, tmp_path: Path, policy: str
+) -> None:
+    """The adaptive policy writes a Put deepest block first (in reverse): a key sent twice kept its
+    first blob, while the reply acknowledged the second as stored too."""
+    cfg = tmp_path / "policy.toml"
+    cfg.write_text(f'[vault]\npolicy = "{policy}"\n')
+    v = vault_factory(extra_args=["--config", str(cfg)])
+    blobs = [Blob(key=b"x", data=b"first"), Blob(key=b"y", data=b"y"), Blob(key=b"x", data=b"second")]
+    ident = lambda b: b
+    with grpc.insecure_channel(v.address) as ch:
+        frames = encode_frames(blobs, frame_bytes=1 << 20, namespace=b"ns")
+        reply = pb.PutReply.FromString(ch.stream_unary(f"/{SERVICE}/Put", ident, ident)(frames, timeout=10))
+        assert (reply.stored, reply.rejected) == (3, 0)
+        assert get(ch, b"ns", [b"x", b"y"]) == [b"second", b"y"]
+        assert stats(ch).keys == 2

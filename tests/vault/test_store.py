@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tierkv.vault.policy import PriorityLRUPolicy
+from tierkv.config import ContextWeights
+from tierkv.vault.policy import PriorityLRUPolicy, make_policy
 from tierkv.vault.store import Lookup, Store, full_key
 
 
@@ -231,3 +232,15 @@ def test_policy_change_reranks_existing_entries(tmp_path: Path) -> None:
     with Store(tmp_path, 1 << 20, policy=PriorityLRUPolicy()) as s:
         ranks = s.debug.order_keys()
         assert len(ranks) == 1 and ranks[0][:2] == (3).to_bytes(2, "big")
+
+
+def test_a_key_twice_in_one_put_shares_the_fate_of_its_last_blob(tmp_path: Path) -> None:
+    """Under a leaf-first policy a Put is written last item first; a key given twice still ends with its
+    last blob, and each of its positions is acknowledged as that blob fared."""
+    with Store(tmp_path, 2 << 20, policy=make_policy("adaptive", ContextWeights())) as s:
+        outcome = s.put_many(b"ns", [(b"x", b"small", 0), (b"y", b"y", 0), (b"x", b"x" * (3 << 20), 0)])
+        assert (outcome.stored, outcome.rejected) == (1, [0, 2])
+        assert s.get_many(b"ns", [b"x", b"y"]) == [None, b"y"]
+        outcome = s.put_many(b"ns", [(b"x", b"old", 0), (b"x", b"new", 0)])
+        assert (outcome.stored, outcome.rejected) == (2, [])
+        assert s.get_many(b"ns", [b"x"]) == [b"new"] and s.stats().keys == 2

@@ -194,18 +194,35 @@ class Store:
             (full_key(namespace, key), data, prio, None if metas is None else metas[i])
             for i, (key, data, prio) in enumerate(items)
         ]
-        stored = evicted = 0
-        rejected: list[int] = []
         learning = self._ranking.learning
         if learning is not None:
             limit = owner.quota or self.max_bytes
             learning.observe(
                 owner.name, limit, list(map(_FULL_KEY, prepared)), self._typical(owner, prepared), read=False
             )
-            if learning.leaf_first:  # the deepest block of a chain gets the oldest clock
-                prepared.reverse()
+        if learning is None or not learning.leaf_first:
+            evicted, rejected = self._write_batch(owner, prepared)
+        else:
+            evicted, rejected = self._write_leaf_first(owner, prepared)
+        return PutOutcome(stored=len(prepared) - len(rejected), rejected=rejected, evicted=evicted)
+
+    def _write_leaf_first(self, owner: Tenant, prepared: Sequence[Prepared]) -> tuple[int, list[int]]:
+        """Write ``prepared`` last item first, so the deepest block of a chain gets the oldest clock. A key
+        given twice is written once, with its last blob (written in order, the earlier blob would win):
+        every position of that key is stored, or refused, with it."""
+        last = {item[0]: i for i, item in enumerate(prepared)}
+        batch = [prepared[i] for i in sorted(last.values(), reverse=True)]
+        evicted, refused = self._write_batch(owner, batch)
+        refused_keys = {batch[i][0] for i in refused}
+        return evicted, [i for i, item in enumerate(prepared) if item[0] in refused_keys]
+
+    def _write_batch(self, owner: Tenant, batch: Sequence[Prepared]) -> tuple[int, list[int]]:
+        """Write ``batch`` in transactions of at most ``max_bytes / 16``: the entries evicted and the
+        positions refused (from a transaction that failed after others committed on, all of them)."""
+        evicted = 0
+        refused: list[int] = []
         with self._env.write_lock:
-            for start, chunk in _chunks(prepared, max(1, self.max_bytes // 16)):
+            for start, chunk in _chunks(batch, max(1, self.max_bytes // 16)):
                 try:
                     outcome = self._env.write_retrying(
                         functools.partial(self._put_txn, owner, chunk),
@@ -216,14 +233,12 @@ class Store:
                     if not start:
                         raise  # nothing committed: the error is the whole truth
                     # earlier transactions committed: the reply must say so, and refuse only the rest
-                    log.warning("a Put stored %d of %d blobs: %s", stored, len(prepared), exc)
-                    rejected += range(start, len(prepared))
+                    log.warning("a Put stored %d of %d blobs: %s", start - len(refused), len(batch), exc)
+                    refused += range(start, len(batch))
                     break
-                stored, evicted = stored + outcome.stored, evicted + outcome.evicted
-                rejected += [start + i for i in outcome.rejected]
-        if learning is not None and learning.leaf_first:
-            rejected = sorted(len(prepared) - 1 - i for i in rejected)
-        return PutOutcome(stored=stored, rejected=rejected, evicted=evicted)
+                evicted += outcome.evicted
+                refused += [start + i for i in outcome.rejected]
+        return evicted, refused
 
     def _typical(self, owner: Tenant, batch: Sequence[Prepared] = ()) -> int:
         """The tenant's mean entry charge (what a learning policy's shadows charge a key they see); for a
