@@ -73,9 +73,9 @@ class VaultServer:
         tune_malloc()
         self.tokens = load_tokens(config.auth, config.source)
         self.tokens.check_budget(vc.max_bytes, config.source_of("vault.max_bytes"))
-        exposed = exposure_warning(config.auth)
-        if exposed:
-            log.warning("%s", exposed)
+        for warning in (*self.tokens.warnings, exposure_warning(config.auth)):
+            if warning:
+                log.warning("%s", warning)
         self.store = Store(
             vc.resolved_path(),
             vc.max_bytes,
