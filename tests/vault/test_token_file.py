@@ -247,3 +247,27 @@ def test_a_guessable_token_is_warned_about_with_its_line(tmp_path: Path, vault_f
     assert len(warned) == 1 and f"{tokens}:3:" in warned[0] and "Qz" not in warned[0]
     env = vault_factory(name="env", env={"TIERKV_TOKEN": "short"})
     assert "$TIERKV_TOKEN: a token of 5 bytes is guessable" in env.log_tail()
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "huge"])
+def test_a_token_file_that_is_no_file_is_one_clear_line(tmp_path: Path, kind: str) -> None:
+    """/dev/zero was read until memory ran out (a MemoryError traceback) and a FIFO blocked the start
+    forever; a token file must be a regular file of at most 1 MiB, on both sides."""
+    from tests.test_cli import assert_clean_error
+
+    if kind == "device":
+        path = Path("/dev/zero")
+    elif kind == "fifo":
+        path = tmp_path / "fifo"
+        os.mkfifo(path)
+    else:
+        path = tmp_path / "huge"
+        path.write_bytes(f"{SECRET}\n".encode() + b"#" * (2 << 20))
+    cfg = tmp_path / "tierkv.toml"
+    cfg.write_text(f'[auth]\ntoken_file = "{path}"\n[vault]\npath = "{tmp_path / "v"}"\nport = 0\n')
+    for args in (
+        ("vault", "-c", str(cfg)),
+        ("config", "check", "--vault", "-c", str(cfg)),
+        ("status", "-c", str(cfg)),
+    ):
+        assert_clean_error(tierkv(*args), "auth.token_file", str(path))

@@ -8,8 +8,10 @@ an array of tables ``[[cluster.kv_cold]]`` listing several vaults that the clien
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -148,6 +150,24 @@ class TLSConfig:
             raise ConfigError(source, f"{key}.{missing}", problem)
 
 
+MAX_TOKEN_FILE_BYTES = 1024**2
+"""A token file is read only up to this size: a device (``/dev/zero``) would otherwise be read until the
+memory ran out."""
+
+
+def read_token_file_bytes(path: Path) -> bytes:
+    """The bytes of a token file; OSError when it is not a regular file of at most
+    :data:`MAX_TOKEN_FILE_BYTES` (opened without blocking: a FIFO would stall the start for good)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        raw = f.read(MAX_TOKEN_FILE_BYTES + 1)
+    if len(raw) > MAX_TOKEN_FILE_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {format_size(MAX_TOKEN_FILE_BYTES)}, not a token file")
+    return raw
+
+
 @dataclasses.dataclass(frozen=True)
 class AuthConfig:
     """Shared-token auth. The token itself never appears in the file or on a command line."""
@@ -160,7 +180,7 @@ class AuthConfig:
         if self.token_file:
             path = Path(self.token_file).expanduser()
             try:
-                token = path.read_text().strip()
+                token = read_token_file_bytes(path).decode().strip()
             except OSError as exc:
                 problem = f"cannot read the token file {path}: {exc.strerror or exc}"
                 raise ConfigError(source, "auth.token_file", problem) from exc
@@ -420,6 +440,7 @@ __all__ = [
     "default_class_table",
     "format_size",
     "parse_size",
+    "read_token_file_bytes",
     "retention_from_config",
     "setting",
 ]

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tierkv.config import AuthConfig, format_size, parse_size
+from tierkv.config.schema import read_token_file_bytes
 from tierkv.errors import ConfigError, TokenFileError
 from tierkv.limits import MAX_AUTH_TOKEN_BYTES, MIN_GOOD_TOKEN_BYTES
 from tierkv.vault.status import Abort, Status
@@ -147,7 +148,7 @@ def load_tokens(auth: AuthConfig, source: str = "auth") -> TokenTable:
 def read_token_file(path: Path, source: str = "auth") -> TokenTable:
     """The token table a file names (:func:`parse_token_file`); an unreadable file names ``source``."""
     try:
-        raw = path.read_bytes()
+        raw = read_token_file_bytes(path)
     except OSError as exc:
         problem = f"cannot read the token file {path}: {exc.strerror or exc}"
         raise ConfigError(source, "auth.token_file", problem) from None
