@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -244,3 +246,39 @@ def test_a_key_twice_in_one_put_shares_the_fate_of_its_last_blob(tmp_path: Path)
         outcome = s.put_many(b"ns", [(b"x", b"old", 0), (b"x", b"new", 0)])
         assert (outcome.stored, outcome.rejected) == (2, [])
         assert s.get_many(b"ns", [b"x"]) == [b"new"] and s.stats().keys == 2
+
+
+def test_a_reader_past_a_damaged_page_reads_on_while_a_resize_waits(tmp_path: Path) -> None:
+    """LMDB refuses a transaction after a damaged page; the reader goes on in a fresh one while the spent
+    one keeps its views pinned. Taking the shared lock a second time for it would wait behind a waiting
+    map resize, which waits for the first: a deadlock."""
+    with Store(tmp_path, 4 << 20) as s:
+        s.put_many(b"ns", [(b"a", b"A" * 10_000, 0), (b"b", b"B" * 10_000, 0)])
+    raw = bytearray((tmp_path / "data.mdb").read_bytes())
+    at = raw.find(b"A" * 4000)
+    raw[at - 16 : at] = b"\xee" * 16  # the header of the blob's overflow page
+    (tmp_path / "data.mdb").write_bytes(raw)
+    with Store(tmp_path, 4 << 20) as s:
+        reader = s.reader()
+        assert reader.get(b"ns", b"a") == (Lookup.CORRUPT, None)
+        resized = threading.Event()
+
+        def resize() -> None:
+            with s.debug.resize_lock():
+                resized.set()
+
+        waiter = threading.Thread(target=resize, daemon=True)
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not s.debug.resize_waiting() and time.monotonic() < deadline:
+            time.sleep(0.001)  # the other thread reaching the lock (no timer of the store's)
+        found: list[object] = []
+        reading = threading.Thread(target=lambda: found.append(reader.get(b"ns", b"b")[0]), daemon=True)
+        reading.start()
+        reading.join(10)
+        assert found == [Lookup.FOUND], "the reader is stuck behind the resize"
+        assert not resized.is_set(), "the resize waits for the reader's transactions"
+        reader.close()
+        waiter.join(10)
+        assert resized.is_set()
+        assert s.get_many(b"ns", [b"a", b"b"]) == [None, b"B" * 10_000]

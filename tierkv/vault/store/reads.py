@@ -118,13 +118,18 @@ class Reader:
 
     def _begin(self) -> lmdb.Transaction:
         if self._txn is None:
-            self._env.rw.acquire_shared()
+            # one hold of the shared lock covers the spent transactions and this one: acquiring a second
+            # while a map resize waits would wait for the resize, which waits for the first
+            held = bool(self._spent)
+            if not held:
+                self._env.rw.acquire_shared()
             try:
                 self._txn = self._env.env.begin(buffers=True)
             except BaseException:
-                self._env.rw.release_shared()
+                if not held:
+                    self._env.rw.release_shared()
                 raise
-            if not self._spent:
+            if not held:
                 self._opened = time.monotonic()
         return self._txn
 
@@ -136,6 +141,7 @@ class Reader:
             self._txn = None
         for txn in spent:
             txn.abort()
+        if spent:
             self._env.rw.release_shared()
 
     def close(self) -> None:
