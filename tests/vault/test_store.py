@@ -9,6 +9,7 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+import lmdb
 import pytest
 
 from tierkv.config import ContextWeights
@@ -282,3 +283,22 @@ def test_a_reader_past_a_damaged_page_reads_on_while_a_resize_waits(tmp_path: Pa
         waiter.join(10)
         assert resized.is_set()
         assert s.get_many(b"ns", [b"a", b"b"]) == [None, b"B" * 10_000]
+
+
+@pytest.mark.parametrize("record", [b"", b"12345"], ids=["empty", "short"])
+def test_an_index_record_too_short_for_its_charge_is_dropped_with_the_blobs_charge(
+    tmp_path: Path, record: bytes
+) -> None:
+    """A record that cannot say its charge was dropped as charging 0: the blob's bytes stayed in the
+    totals for good, a budget shrunk by every such record."""
+    with Store(tmp_path, 1 << 20) as s:
+        s.put_many(b"ns", [(b"a", b"A" * 5000, 0), (b"b", b"B" * 5000, 0)])
+    env = lmdb.open(str(tmp_path), max_dbs=4)
+    index = env.open_db(b"index")
+    with env.begin(write=True) as txn:
+        txn.put(full_key(b"ns", b"a"), record, db=index)
+    env.close()
+    with Store(tmp_path, 1 << 20) as s:
+        assert s.get_many(b"ns", [b"a", b"b"]) == [None, b"B" * 5000]
+        assert s.stats().used_bytes == len(b"ns") + 1 + 5000
+        assert s.stats().keys == 1
