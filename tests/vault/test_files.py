@@ -27,7 +27,7 @@ from tierkv.vault.files import (
     data_file_problem,
 )
 from tierkv.vault.launcher import VaultProcess
-from tierkv.vault.store import DiskFullError, Store
+from tierkv.vault.store import DiskFullError, Store, full_key
 
 PAGE = 4096
 
@@ -131,6 +131,43 @@ def test_a_damaged_policy_record_only_reranks(vault_factory: VaultFactory, tmp_p
     with VaultClient(v.address) as c:
         assert c.stats().keys == 2 and c.get(b"ns", [b"k0"])[0] is not None
     assert v.stop() == 0 and "Traceback" not in v.log_tail(100)
+
+
+def test_a_damaged_btree_page_is_a_clean_refusal_or_misses_never_a_traceback(
+    vault_factory: VaultFactory, tmp_path: Path
+) -> None:
+    """The header of each page that holds a key (its data, index and order records) overwritten in turn:
+    a page the start reads (the index) crashed it with an lmdb traceback (exit 1). Each copy now starts
+    and answers reads (a miss where LMDB cannot read), or refuses with one line naming data.mdb. (A copy
+    that starts cannot write where its damage lies; its stop is not judged here.)"""
+    base = vault_factory(name="base")
+    with VaultClient(base.address) as c:
+        c.put(b"ns", {f"k{i}".encode(): os.urandom(100) for i in range(50)})
+    assert base.stop() == 0
+    whole = (base.path / DATA_FILE).read_bytes()
+    fkey = full_key(b"ns", b"k7")
+    pages = sorted({i // PAGE for i in range(len(whole)) if whole.startswith(fkey, i)})
+    assert len(pages) >= 2, pages
+    refused = 0
+    for page in pages:
+        copy = tmp_path / f"page{page}"
+        shutil.copytree(base.path, copy)
+        damaged = bytearray(whole)
+        damaged[page * PAGE : page * PAGE + 16] = b"\xee" * 16
+        (copy / DATA_FILE).write_bytes(damaged)
+        v = vault_factory(name=copy.name, start=False)
+        try:
+            v.start(timeout=30)
+        except RuntimeError:
+            assert v.proc is not None and v.proc.returncode == DataFileDamaged.exit_code, v.log_tail()
+            assert "Traceback" not in v.log_tail(100) and "damaged page" in v.log_tail()
+            refused += 1
+            continue
+        with VaultClient(v.address) as c:
+            assert len(c.get(b"ns", [f"k{i}".encode() for i in range(50)])) == 50
+        v.stop()
+        assert "BatchGet INTERNAL" not in v.log_file.read_text()
+    assert refused, "no damaged page was one the start reads"
 
 
 def test_move_aside_keeps_the_damaged_file_and_starts_empty(

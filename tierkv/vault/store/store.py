@@ -37,7 +37,7 @@ import lmdb
 from tierkv.records import ClassStats, TenantStats
 from tierkv.retention.classes import BlockMeta
 from tierkv.vault.entrymeta import ClassBook, EntryMeta, Ghosts
-from tierkv.vault.files import OnDamage
+from tierkv.vault.files import DATA_FILE, DataFileDamaged, OnDamage
 from tierkv.vault.leases import LeaseTable
 from tierkv.vault.policy import EvictionPolicy, LRUPolicy
 from tierkv.vault.store.debug import StoreDebug
@@ -120,14 +120,26 @@ class Store:
         self._ghosts = Ghosts()
         self.on_drop: Callable[[Sequence[tuple[str, bytes]]], None] | None = None
         """Told (tenant, full key) of every entry a committed transaction removed (prefetch hints)."""
-        self._clock = load_meta(self._env, self._tenants, self._ranking, self.policy)
-        opening = self._ledger()
-        count_retention(self._env, self._tenants, opening)
-        self._commit(opening)
+        self._read_figures()
         chores: list[Callable[[], object]] = [self.apply_touches, self.purge_expired, self._leases.sweep]
         if sync_mode == "fast":  # durable commits are synced already
             chores.append(self.sync)
         self._maintainer = Maintainer(chores, maintenance_interval_s)
+
+    def _read_figures(self) -> None:
+        """The clock, totals and retention figures the store opens with; a page LMDB finds damaged on the
+        way is :class:`DataFileDamaged` (one line), not an lmdb traceback at every start."""
+        try:
+            self._clock = load_meta(self._env, self._tenants, self._ranking, self.policy)
+            opening = self._ledger()
+            count_retention(self._env, self._tenants, opening)
+        except (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.BadTxnError) as exc:
+            self._env.close()
+            raise DataFileDamaged(
+                f"{self.path / DATA_FILE}: LMDB found a damaged page ({exc}); refusing to start (restore a "
+                "backup, or move the directory aside to start empty)"
+            ) from None
+        self._commit(opening)
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
