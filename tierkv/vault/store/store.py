@@ -506,6 +506,9 @@ class Store:
             return
         try:
             self.apply_touches()
+        except lmdb.Error as exc:  # a damaged page: the recency is lost, the data is what it was
+            log.error("could not write pending recency to %s: %s", self.path / DATA_FILE, exc)
+        try:
             self._env.sync()
         finally:
             self._env.close()
