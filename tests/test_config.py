@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import socket
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from tierkv.config import (
     ByteSize,
     Config,
     check_client_files,
+    check_value,
     check_vault_start,
     config_from_dict,
     config_to_dict,
@@ -30,6 +33,7 @@ from tierkv.config import (
     to_toml,
     with_overrides,
 )
+from tierkv.config.coerce import fields_of
 from tierkv.endpoints import HostPort
 from tierkv.errors import ConfigError
 from tierkv.retention import DEFAULT_CLASSES, DEFAULT_TTL_S, Durability, RetentionClass
@@ -398,9 +402,8 @@ def test_tls_files_are_checked_before_use(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as info:
             check(cfg)
         assert info.value.key == "tls.key_file" and str(tmp_path / "k") in info.value.problem
-    only_cert = config_from_dict({"tls": {"cert_file": str(tmp_path / "cert.pem")}})
     with pytest.raises(ConfigError, match=r"needs both tls\.cert_file and tls\.key_file"):
-        check_vault_start(only_cert)
+        config_from_dict({"tls": {"cert_file": str(tmp_path / "cert.pem")}})
 
 
 def vault_cfg(tmp_path: Path, **flags: object) -> Config:
@@ -514,3 +517,54 @@ def test_the_example_documents_every_retention_class() -> None:
     text = example.read_text()
     for name in DEFAULT_CLASSES:
         assert f"[retention.classes.{name}]" in text
+
+
+def float_keys(cls: type, prefix: str = "") -> list[str]:
+    """The dotted key of every float setting under ``cls`` (a schema dataclass), nested tables included."""
+    hints = typing.get_type_hints(cls)
+    keys = []
+    for name in fields_of(cls):
+        dotted, tp = f"{prefix}{name}", hints[name]
+        if tp is float:
+            keys.append(dotted)
+        elif dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            keys += float_keys(tp, f"{dotted}.")
+    return keys
+
+
+def nested(dotted: str, value: object) -> dict[str, object]:
+    *tables, last = dotted.split(".")
+    data: dict[str, object] = {last: value}
+    for table in reversed(tables):
+        data = {table: data}
+    return data
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_no_float_setting_takes_nan_or_infinity(value: float) -> None:
+    """TOML spells ``nan`` and ``inf``; every bound compares false against NaN, so a NaN interval passed
+    "positive" and a vault polled its maintenance in a busy loop (an infinite one killed the thread)."""
+    keys = [*float_keys(Config), "retention.classes.tools.importance"]
+    assert "vault.sync_interval_s" in keys and "cluster.timeout" in keys and len(keys) > 15
+    for key in keys:
+        with pytest.raises(ConfigError) as info:
+            config_from_dict(nested(key, value))
+        assert info.value.key == key and "a finite number" in info.value.problem, key
+    with pytest.raises(ConfigError, match="finite"):
+        check_value("TieredSession", "timeout", math.nan, positive=True)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[vault]\nsync_interval_s = nan\n", "vault.sync_interval_s"),
+        ("[vault]\nmax_bytes = 9223372036854775807\n", "vault.max_bytes"),
+        ("[vault]\nmax_bytes = '99999999TiB'\n", "vault.max_bytes"),
+        ("[vault]\nmax_message_bytes = '2GiB'\n", "vault.max_message_bytes"),
+    ],
+)
+def test_a_vault_refuses_values_it_cannot_run_with_in_one_line(tmp_path: Path, text: str, key: str) -> None:
+    from tests.test_cli import assert_clean_error, tierkv, vault_args
+
+    cfg = write(tmp_path, text)
+    assert_clean_error(tierkv(*vault_args(tmp_path, "-c", str(cfg))), key)

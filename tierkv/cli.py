@@ -740,13 +740,17 @@ def config_check(
     from tierkv.vault.auth import exposure_warning, load_tokens
 
     auth = ""
+    warnings: list[str | None] = []
     try:
         if vault:
-            auth = load_tokens(cfg.auth, cfg.source).describe()
+            tokens = load_tokens(cfg.auth, cfg.source)
+            tokens.check_budget(cfg.vault.max_bytes, cfg.source)
+            auth = tokens.describe()
+            warnings.extend(tokens.warnings)
         check_client_files(cfg)
-        exposed = exposure_warning(cfg.auth)
-        if exposed:
-            err().print(f"[yellow]warning:[/yellow] {escape(exposed)}", soft_wrap=True)
+        warnings.append(exposure_warning(cfg.auth))
+        for warning in filter(None, warnings):
+            err().print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=True)
         if vault:
             check_vault_start(cfg, create=False)
     except ConfigError as exc:

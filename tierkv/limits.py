@@ -34,6 +34,8 @@ MAX_BULK_REQUEST_BYTES: Final = 64 * MiB
 MAX_AUTH_TOKEN_BYTES: Final = 4 * KiB
 """The longest auth token, on gRPC (``authorization: Bearer``) and on the bulk port alike; a vault refuses a
 token file naming a longer one, and a client refuses to send one."""
+MIN_GOOD_TOKEN_BYTES: Final = 16
+"""A vault warns about a shorter auth token (a warning, not a refusal: it says which line)."""
 MAX_BLOCK_TOKEN_BYTES: Final = 64 * KiB
 """The token ids a block may carry in its metadata (int32 each; a vault refuses more)."""
 MAX_HOTTEST_REPLY_BYTES: Final = 16 * MiB
@@ -69,6 +71,7 @@ __all__ = [
     "MAX_KEY_BYTES",
     "MAX_MESSAGE_BYTES",
     "MAX_NAMESPACE_BYTES",
+    "MIN_GOOD_TOKEN_BYTES",
     "GiB",
     "KiB",
     "MiB",

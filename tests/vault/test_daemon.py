@@ -141,6 +141,65 @@ def test_flipped_byte_on_disk_is_reported_corrupt(vault_factory: VaultFactory) -
         assert c.stats().corrupt == 1, "a corrupt entry is dropped, not reported twice"
 
 
+def test_a_damaged_charge_on_disk_does_not_stop_the_vault_storing(vault_factory: VaultFactory) -> None:
+    """An index record whose charge field was flipped to 2^63 (the checksum covers the blob, not the
+    record): replacing or evicting that entry took the bogus charge off the totals, which went negative,
+    and every Put touching it failed INTERNAL, so a full vault stopped storing for good."""
+    v = vault_factory(max_bytes="4MiB")
+    with VaultClient(v.address) as c:
+        c.put(b"ns", {b"a": b"A" * 10_000, b"b": b"B" * 10_000})
+    assert v.stop() == 0
+    env = lmdb.open(str(v.path), max_dbs=4)
+    index = env.open_db(b"index")
+    with env.begin(write=True) as txn:
+        raw = bytearray(txn.get(full_key(b"ns", b"a"), db=index))
+        raw[7] ^= 0x80  # the top bit of the little-endian charge
+        txn.put(full_key(b"ns", b"a"), bytes(raw), db=index)
+    env.close()
+    again = vault_factory(name=v.path.name, max_bytes="4MiB")
+    with VaultClient(again.address) as c:
+        assert c.put(b"ns", {b"a": b"a" * 10_000}) == 1, "replacing the damaged entry"
+        assert c.get(b"ns", [b"a", b"b"]) == [b"a" * 10_000, b"B" * 10_000]
+        for i in range(40):  # ten times the budget: b and everything early is evicted
+            assert c.put(b"ns", {f"fill{i}".encode(): os.urandom(1 << 20)}) == 1, f"put {i}"
+        stats = c.stats()
+        assert 0 < stats.used_bytes <= 4 << 20 and stats.keys >= 1
+    assert "Traceback" not in again.log_tail(200)
+
+
+def test_a_damaged_lmdb_page_under_a_blob_is_a_miss_and_the_rest_is_served(
+    vault_factory: VaultFactory,
+) -> None:
+    """The header of the overflow page that holds a blob overwritten in data.mdb itself (not through
+    LMDB): LMDB refuses the read (MDB_CORRUPTED). That key is a miss, the other keys and later calls are
+    served, no call ends INTERNAL, and the full vault keeps storing."""
+    v = vault_factory(max_bytes="4MiB")
+    with VaultClient(v.address) as c:
+        c.put(b"ns", {b"a": b"A" * 10_000, b"b": b"B" * 10_000})
+    assert v.stop() == 0
+    data_file = v.path / "data.mdb"
+    raw = bytearray(data_file.read_bytes())
+    at = raw.find(b"A" * 4000)
+    page = at - at % 4096
+    assert page > 0 and at - page == 16, "the blob starts right after its overflow page's header"
+    raw[page : page + 16] = b"\xee" * 16
+    data_file.write_bytes(raw)
+    again = vault_factory(name=v.path.name, max_bytes="4MiB")
+    for bulk in (True, False):
+        with VaultClient(again.address, bulk=bulk) as c:
+            assert c.get(b"ns", [b"a", b"b"]) == [None, b"B" * 10_000]
+            assert c.put(b"ns", {b"c": b"C" * 100}) == 1
+            assert c.get(b"ns", [b"c"]) == [b"C" * 100]
+    with VaultClient(again.address) as c:
+        for i in range(16):  # four times the budget: eviction never picks the entry it cannot delete
+            assert c.put(b"ns", {f"fill{i}".encode(): os.urandom(1 << 20)}) == 1, f"put {i}"
+        assert c.get(b"ns", [b"fill15"]) != [None]
+    assert again.stop() == 0
+    log = again.log_file.read_text()
+    assert "Traceback" not in log and "INTERNAL" not in log
+    assert "damaged" in log
+
+
 def test_unreachable_vault_raises_unavailable_within_the_deadline() -> None:
     with refusing_port() as port, VaultClient(f"127.0.0.1:{port}", timeout=0.5) as c:
         start = time.monotonic()

@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import lmdb
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,7 +27,7 @@ from tierkv.vault.files import (
     data_file_problem,
 )
 from tierkv.vault.launcher import VaultProcess
-from tierkv.vault.store import DiskFullError, Store
+from tierkv.vault.store import DiskFullError, Store, full_key
 
 PAGE = 4096
 
@@ -101,6 +102,72 @@ def test_vault_refuses_a_truncated_data_file_with_one_clear_line(
     assert str(tmp_path / "v" / DATA_FILE) in output
     assert ("truncated" if cut == "half" else "empty") in output
     assert "on_damage" in output, "the message says how to go on"
+
+
+def set_meta_record(path: Path, key: bytes, value: bytes) -> None:
+    env = lmdb.open(str(path), max_dbs=4)
+    meta = env.open_db(b"meta")
+    with env.begin(write=True) as txn:
+        txn.put(key, value, db=meta)
+    env.close()
+
+
+@pytest.mark.parametrize("key", [b"used", b"count", b"clock", b"format"])
+def test_a_damaged_totals_record_is_one_clear_line_not_a_traceback(
+    vault_factory: VaultFactory, tmp_path: Path, key: bytes
+) -> None:
+    filled_store(tmp_path / "v", entries=2)
+    set_meta_record(tmp_path / "v", key, b"\x01")
+    code, output = failed_start(vault_factory(name="v", start=False))
+    assert code == DataFileDamaged.exit_code, output
+    assert "Traceback" not in output
+    assert str(tmp_path / "v" / DATA_FILE) in output and repr(key.decode()) in output
+
+
+def test_a_damaged_policy_record_only_reranks(vault_factory: VaultFactory, tmp_path: Path) -> None:
+    filled_store(tmp_path / "v", entries=2)
+    set_meta_record(tmp_path / "v", b"policy", b"\xff\xfe")
+    v = vault_factory(name="v")
+    with VaultClient(v.address) as c:
+        assert c.stats().keys == 2 and c.get(b"ns", [b"k0"])[0] is not None
+    assert v.stop() == 0 and "Traceback" not in v.log_tail(100)
+
+
+def test_a_damaged_btree_page_is_a_clean_refusal_or_misses_never_a_traceback(
+    vault_factory: VaultFactory, tmp_path: Path
+) -> None:
+    """The header of each page that holds a key (its data, index and order records) overwritten in turn:
+    a page the start reads (the index) crashed it with an lmdb traceback (exit 1). Each copy now starts
+    and answers reads (a miss where LMDB cannot read) and stops cleanly (its recency write failed with
+    a traceback and exit 1), or refuses with one line naming data.mdb."""
+    base = vault_factory(name="base")
+    with VaultClient(base.address) as c:
+        c.put(b"ns", {f"k{i}".encode(): os.urandom(100) for i in range(50)})
+    assert base.stop() == 0
+    whole = (base.path / DATA_FILE).read_bytes()
+    fkey = full_key(b"ns", b"k7")
+    pages = sorted({i // PAGE for i in range(len(whole)) if whole.startswith(fkey, i)})
+    assert len(pages) >= 2, pages
+    refused = 0
+    for page in pages:
+        copy = tmp_path / f"page{page}"
+        shutil.copytree(base.path, copy)
+        damaged = bytearray(whole)
+        damaged[page * PAGE : page * PAGE + 16] = b"\xee" * 16
+        (copy / DATA_FILE).write_bytes(damaged)
+        v = vault_factory(name=copy.name, start=False)
+        try:
+            v.start(timeout=30)
+        except RuntimeError:
+            assert v.proc is not None and v.proc.returncode == DataFileDamaged.exit_code, v.log_tail()
+            assert "Traceback" not in v.log_tail(100) and "damaged page" in v.log_tail()
+            refused += 1
+            continue
+        with VaultClient(v.address) as c:
+            assert len(c.get(b"ns", [f"k{i}".encode() for i in range(50)])) == 50
+        assert v.stop() == 0
+        assert "Traceback" not in v.log_file.read_text() and "INTERNAL" not in v.log_file.read_text()
+    assert refused, "no damaged page was one the start reads"
 
 
 def test_move_aside_keeps_the_damaged_file_and_starts_empty(
@@ -226,3 +293,21 @@ def test_budget_larger_than_the_disk_is_warned_at_start(small_disk: Path) -> Non
     quiet = VaultProcess(small_disk / "q", max_bytes="8MiB", log_file=small_disk.parent / "q.log").start()
     quiet.stop()
     assert "disk full" not in quiet.log_tail()
+
+
+def test_a_put_the_disk_fills_part_way_through_acknowledges_what_it_stored(small_disk: Path) -> None:
+    """One Put of 40 MiB to a vault whose budget writes it in 16 MiB transactions, on a 24 MiB disk: the
+    first transaction commits, a later one cannot. The reply says which blobs were stored, and exactly
+    those are there (an error for the whole Put would say none were)."""
+    v = VaultProcess(small_disk / "v", max_bytes="256MiB", log_file=small_disk.parent / "v.log").start()
+    blobs = {f"k{i:02d}".encode(): os.urandom(1 << 20) for i in range(40)}
+    try:
+        with VaultClient(v.address, timeout=30, bulk=False) as c:
+            ack = c.put_acks(b"ns", list(blobs.items()))
+            assert ack.stored and ack.rejected, ack
+            there = c.get(b"ns", list(blobs))
+        stored = {i for i, blob in enumerate(there) if blob is not None}
+        assert stored == set(ack.stored), (sorted(stored), ack)
+        assert "disk full" in v.log_tail()
+    finally:
+        v.stop()

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import random
+import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 
+import lmdb
 import pytest
 
-from tierkv.vault.policy import PriorityLRUPolicy
+from tierkv.config import ContextWeights
+from tierkv.vault.policy import PriorityLRUPolicy, make_policy
 from tierkv.vault.store import Lookup, Store, full_key
 
 
@@ -231,3 +235,70 @@ def test_policy_change_reranks_existing_entries(tmp_path: Path) -> None:
     with Store(tmp_path, 1 << 20, policy=PriorityLRUPolicy()) as s:
         ranks = s.debug.order_keys()
         assert len(ranks) == 1 and ranks[0][:2] == (3).to_bytes(2, "big")
+
+
+def test_a_key_twice_in_one_put_shares_the_fate_of_its_last_blob(tmp_path: Path) -> None:
+    """Under a leaf-first policy a Put is written last item first; a key given twice still ends with its
+    last blob, and each of its positions is acknowledged as that blob fared."""
+    with Store(tmp_path, 2 << 20, policy=make_policy("adaptive", ContextWeights())) as s:
+        outcome = s.put_many(b"ns", [(b"x", b"small", 0), (b"y", b"y", 0), (b"x", b"x" * (3 << 20), 0)])
+        assert (outcome.stored, outcome.rejected) == (1, [0, 2])
+        assert s.get_many(b"ns", [b"x", b"y"]) == [None, b"y"]
+        outcome = s.put_many(b"ns", [(b"x", b"old", 0), (b"x", b"new", 0)])
+        assert (outcome.stored, outcome.rejected) == (2, [])
+        assert s.get_many(b"ns", [b"x"]) == [b"new"] and s.stats().keys == 2
+
+
+def test_a_reader_past_a_damaged_page_reads_on_while_a_resize_waits(tmp_path: Path) -> None:
+    """LMDB refuses a transaction after a damaged page; the reader goes on in a fresh one while the spent
+    one keeps its views pinned. Taking the shared lock a second time for it would wait behind a waiting
+    map resize, which waits for the first: a deadlock."""
+    with Store(tmp_path, 4 << 20) as s:
+        s.put_many(b"ns", [(b"a", b"A" * 10_000, 0), (b"b", b"B" * 10_000, 0)])
+    raw = bytearray((tmp_path / "data.mdb").read_bytes())
+    at = raw.find(b"A" * 4000)
+    raw[at - 16 : at] = b"\xee" * 16  # the header of the blob's overflow page
+    (tmp_path / "data.mdb").write_bytes(raw)
+    with Store(tmp_path, 4 << 20) as s:
+        reader = s.reader()
+        assert reader.get(b"ns", b"a") == (Lookup.CORRUPT, None)
+        resized = threading.Event()
+
+        def resize() -> None:
+            with s.debug.resize_lock():
+                resized.set()
+
+        waiter = threading.Thread(target=resize, daemon=True)
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not s.debug.resize_waiting() and time.monotonic() < deadline:
+            time.sleep(0.001)  # the other thread reaching the lock (no timer of the store's)
+        found: list[object] = []
+        reading = threading.Thread(target=lambda: found.append(reader.get(b"ns", b"b")[0]), daemon=True)
+        reading.start()
+        reading.join(10)
+        assert found == [Lookup.FOUND], "the reader is stuck behind the resize"
+        assert not resized.is_set(), "the resize waits for the reader's transactions"
+        reader.close()
+        waiter.join(10)
+        assert resized.is_set()
+        assert s.get_many(b"ns", [b"a", b"b"]) == [None, b"B" * 10_000]
+
+
+@pytest.mark.parametrize("record", [b"", b"12345"], ids=["empty", "short"])
+def test_an_index_record_too_short_for_its_charge_is_dropped_with_the_blobs_charge(
+    tmp_path: Path, record: bytes
+) -> None:
+    """A record that cannot say its charge was dropped as charging 0: the blob's bytes stayed in the
+    totals for good, a budget shrunk by every such record."""
+    with Store(tmp_path, 1 << 20) as s:
+        s.put_many(b"ns", [(b"a", b"A" * 5000, 0), (b"b", b"B" * 5000, 0)])
+    env = lmdb.open(str(tmp_path), max_dbs=4)
+    index = env.open_db(b"index")
+    with env.begin(write=True) as txn:
+        txn.put(full_key(b"ns", b"a"), record, db=index)
+    env.close()
+    with Store(tmp_path, 1 << 20) as s:
+        assert s.get_many(b"ns", [b"a", b"b"]) == [None, b"B" * 5000]
+        assert s.stats().used_bytes == len(b"ns") + 1 + 5000
+        assert s.stats().keys == 1

@@ -3,6 +3,7 @@ given (a ledger with a clock reading of the test's choosing, a real lease table 
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,7 +31,7 @@ def test_a_store_gets_its_format_version_and_a_newer_one_is_refused(tmp_path: Pa
     env = lmdb.open(str(tmp_path), max_dbs=4, subdir=True)
     with env.begin(write=True) as txn:
         meta = env.open_db(META, txn=txn)
-        assert get_u64(txn, meta, FORMAT_KEY) == FORMAT_VERSION
+        assert get_u64(txn, meta, FORMAT_KEY, str(tmp_path)) == FORMAT_VERSION
         put_u64(txn, meta, FORMAT_KEY, FORMAT_VERSION + 1)
     env.close()
     with pytest.raises(StoreFormatError, match=f"data format {FORMAT_VERSION + 1} is newer"):
@@ -142,3 +143,24 @@ def test_an_expired_entry_goes_first_whatever_its_rank(parts: Parts) -> None:
     parts.now += 11
     assert parts.put("default", b"z", 200)
     assert parts.keys("default") == {b"old", b"x", b"y", b"z"}, "the newer but expired entry went"
+
+
+def test_maintenance_failing_on_a_damaged_page_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A damaged page fails every maintenance pass alike; a traceback a second filled the log."""
+    from tierkv.vault.store.maintenance import Maintainer
+
+    passes = threading.Semaphore(0)
+
+    def damaged() -> None:
+        passes.release()
+        raise lmdb.CorruptedError("mdb_get: MDB_CORRUPTED: Located page was wrong type")
+
+    caplog.set_level(logging.INFO, logger="tierkv.vault.store")
+    maintainer = Maintainer([damaged], interval=0.001)
+    try:
+        for _ in range(20):  # twenty passes, counted as they happen (no sleep on the interval)
+            assert passes.acquire(timeout=10)
+    finally:
+        maintainer.stop()
+    failed = [r for r in caplog.records if "store maintenance failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is None and "MDB_CORRUPTED" in failed[0].getMessage()

@@ -128,3 +128,35 @@ def test_a_full_vault_with_a_token_file_keeps_storing(
             after = stats(ch, "tok-u")
     assert stored == 80
     assert after.evictions > 0 and after.used_bytes <= 4 << 20
+
+
+@pytest.mark.parametrize(
+    ("lines", "starts"),
+    [
+        ("tok-a alpha user 1TiB\ntok-b beta user\n", False),  # one quota past the whole budget
+        ("tok-a alpha user 12MiB\ntok-b beta user 12MiB\n", False),  # quotas that overcommit it
+        ("tok-a alpha user 16MiB\ntok-b beta user\n", False),  # nothing left for beta
+        ("tok-a alpha user 8MiB\ntok-b beta user 8MiB\n", True),  # the budget split exactly
+    ],
+)
+def test_quotas_that_leave_a_tenant_no_room_are_refused_at_start(
+    vault_factory: VaultFactory, tmp_path: Path, lines: str, starts: bool
+) -> None:
+    """A tenant with a quota is never evicted by another tenant's writes. With quotas past the budget
+    the vault started, alpha filled it, and beta's every Put was refused from then on: the shared vault
+    stopped storing for beta. Such a token file is now a start-up error naming vault.max_bytes."""
+    from tests.test_cli import assert_clean_error, tierkv
+
+    args = token_file_args(tmp_path, lines)
+    cfg = Path(args[1])
+    cfg.write_text(cfg.read_text() + f'[vault]\nmax_bytes = "16MiB"\npath = "{tmp_path / "v"}"\n')
+    v = vault_factory(name="v", max_bytes="16MiB", extra_args=args, start=False)
+    check = tierkv("config", "check", "--vault", "-c", str(cfg))
+    if starts:
+        v.start(timeout=20)
+        assert check.returncode == 0, check.stdout + check.stderr
+        return
+    with pytest.raises(RuntimeError, match=r"vault\.max_bytes: .*quota"):
+        v.start(timeout=20)
+    assert "Traceback" not in v.log_tail(100)
+    assert_clean_error(check, "quota")

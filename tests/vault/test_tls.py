@@ -140,3 +140,50 @@ def test_an_expired_certificate_is_refused_by_config_check_and_at_start(tmp_path
         "tls.cert_file",
         "expired",
     )
+
+
+def test_a_key_without_its_certificate_is_refused_not_served_in_plaintext(tmp_path: Path, pki: Path) -> None:
+    """``cert_file`` left empty (a template variable that rendered to nothing) with the key still set: the
+    vault started in plaintext, bulk port included, and a client with the same section spoke plaintext."""
+    from tests.test_cli import assert_clean_error, tierkv
+
+    cfg = tmp_path / "vault.toml"
+    cfg.write_text(f'[tls]\ncert_file = ""\nkey_file = "{pki / "server.key"}"\n')
+    needle = "tls.cert_file and tls.key_file"
+    assert_clean_error(tierkv("config", "check", "-c", str(cfg)), needle)
+    assert_clean_error(tierkv("vault", "-c", str(cfg), "--port", "0", "--path", str(tmp_path / "v")), needle)
+
+
+def test_a_key_that_is_not_the_certificates_is_a_config_error_naming_it(tmp_path: Path, pki: Path) -> None:
+    """The client's key with the server's certificate (or a file that is no key) failed inside gRPC's bind,
+    reported as a taken port (exit status 3, "is another vault running there?")."""
+    from tests.test_cli import assert_clean_error, tierkv
+
+    (tmp_path / "empty.key").write_text("")
+    for key in (pki / "client.key", pki / "server.crt", tmp_path / "empty.key"):
+        cfg = tmp_path / "vault.toml"
+        cfg.write_text(f'[tls]\ncert_file = "{pki / "server.crt"}"\nkey_file = "{key}"\n')
+        for args in (("config", "check", "-c", str(cfg)), ("vault", "-c", str(cfg), "--port", "0")):
+            result = tierkv(*args, "--path", str(tmp_path / "v")) if args[0] == "vault" else tierkv(*args)
+            assert_clean_error(result, "tls.key_file", str(key))
+
+
+def test_a_tls_client_of_a_plaintext_vault_gets_nothing(vault_factory: VaultFactory, pki: Path) -> None:
+    v = vault_factory()
+    with VaultClient(v.address, tls=TLSConfig(ca_file=str(pki / "ca.crt")), timeout=1.0) as c:
+        with pytest.raises(VaultUnavailable):
+            c.put(b"ns", {b"k": b"v"})
+    with VaultClient(v.address) as plain:
+        assert plain.get(b"ns", [b"k"]) == [None], "nothing arrived in plaintext"
+
+
+def test_with_tls_the_vault_opens_no_plaintext_bulk_port(
+    vault_factory: VaultFactory, pki: Path, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "vault.toml"
+    cfg.write_text(f'[tls]\ncert_file = "{pki / "server.crt"}"\nkey_file = "{pki / "server.key"}"\n')
+    v = vault_factory(extra_args=["--config", str(cfg)])
+    with VaultClient(v.address, tls=TLSConfig(ca_file=str(pki / "ca.crt"))) as c:
+        assert c.stats().bulk_port == 0
+        assert c.put(b"ns", {b"k": b"v" * 1000}) == 1 and c.get(b"ns", [b"k"]) == [b"v" * 1000]
+    assert "bulk off" in v.log_tail()

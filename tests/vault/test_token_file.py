@@ -119,7 +119,7 @@ def test_the_vault_refuses_to_start_with_the_same_line(
 
 def test_a_good_file_passes_config_check_and_says_what_auth_is(tmp_path: Path) -> None:
     cfg, _ = config_for(
-        tmp_path, f"# rotated: old token removed\n{SECRET} alpha user 1GiB\nt2 ops admin\n".encode()
+        tmp_path, f"# rotated: old token removed\n{SECRET} alpha user 1GiB\nt2-{SECRET} ops admin\n".encode()
     )
     result = tierkv("config", "check", "--vault", "-c", str(cfg))
     assert result.returncode == 0, result.stderr
@@ -233,3 +233,41 @@ def test_the_environment_token_is_held_to_the_same_limit(tmp_path: Path) -> None
     result = tierkv("config", "check", "--vault", "-c", str(cfg), env={"TIERKV_TOKEN": "e" * 4097})
     assert result.returncode == 2 and "$TIERKV_TOKEN" in result.stderr and "limit is 4096" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_guessable_token_is_warned_about_with_its_line(tmp_path: Path, vault_factory: VaultFactory) -> None:
+    """Nothing held a token to any length: a two-character token was taken without a word."""
+    cfg, tokens = config_for(tmp_path, f"# ops\n{SECRET} ops admin\nQz alpha user\n".encode())
+    result = tierkv("config", "check", "--vault", "-c", str(cfg))
+    assert result.returncode == 0, result.stderr
+    assert f"{tokens}:3: a token of 2 bytes is guessable" in result.stderr
+    assert ":2:" not in result.stderr, "a long token is not warned about"
+    v = vault_factory(extra_args=["--config", str(cfg)])
+    warned = [line for line in v.log_tail().splitlines() if "is guessable" in line]
+    assert len(warned) == 1 and f"{tokens}:3:" in warned[0] and "Qz" not in warned[0]
+    env = vault_factory(name="env", env={"TIERKV_TOKEN": "short"})
+    assert "$TIERKV_TOKEN: a token of 5 bytes is guessable" in env.log_tail()
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "huge"])
+def test_a_token_file_that_is_no_file_is_one_clear_line(tmp_path: Path, kind: str) -> None:
+    """/dev/zero was read until memory ran out (a MemoryError traceback) and a FIFO blocked the start
+    forever; a token file must be a regular file of at most 1 MiB, on both sides."""
+    from tests.test_cli import assert_clean_error
+
+    if kind == "device":
+        path = Path("/dev/zero")
+    elif kind == "fifo":
+        path = tmp_path / "fifo"
+        os.mkfifo(path)
+    else:
+        path = tmp_path / "huge"
+        path.write_bytes(f"{SECRET}\n".encode() + b"#" * (2 << 20))
+    cfg = tmp_path / "tierkv.toml"
+    cfg.write_text(f'[auth]\ntoken_file = "{path}"\n[vault]\npath = "{tmp_path / "v"}"\nport = 0\n')
+    for args in (
+        ("vault", "-c", str(cfg)),
+        ("config", "check", "--vault", "-c", str(cfg)),
+        ("status", "-c", str(cfg)),
+    ):
+        assert_clean_error(tierkv(*args), "auth.token_file", str(path))

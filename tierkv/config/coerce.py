@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -122,6 +123,8 @@ def _out_of_bounds(meta: Mapping[str, Any], value: Any, *, size: bool) -> str:
         return f"expected one of {', '.join(map(repr, choices))}, got {value!r}"
     if not isinstance(value, (int, float)):
         return ""
+    if not math.isfinite(value):  # every comparison below is false for NaN
+        return f"expected a finite number, got {value!r}"
     low, high, what = meta.get("minimum"), meta.get("maximum"), meta.get("what") or "a value"
     shown = format_size if size else _plain
     if meta.get("positive") and value <= 0:

@@ -21,9 +21,6 @@ from tierkv.errors import ConfigError
 def check_client_files(cfg: Config) -> None:
     """The token and TLS files the inference side reads exist and are readable (else a ConfigError)."""
     cfg.token()
-    tls = cfg.tls
-    if bool(tls.cert_file) != bool(tls.key_file):
-        raise ConfigError(cfg.source, "tls", "a client certificate needs both tls.cert_file and tls.key_file")
     _check_readable(cfg, ("ca_file", "cert_file", "key_file"))
 
 
@@ -69,6 +66,21 @@ def _check_readable(cfg: Config, names: Iterable[str]) -> None:
         problem = certificate_problem(path) if name in ("cert_file", "ca_file") else None
         if problem:
             raise ConfigError(cfg.source, f"tls.{name}", f"{path}: {problem}")
+    if "cert_file" in paths and "key_file" in paths:
+        _check_key_pair(cfg, paths["cert_file"], paths["key_file"])
+
+
+def _check_key_pair(cfg: Config, cert: Path, key: Path) -> None:
+    """The key is the certificate's: gRPC reports a key it cannot use only as a failed bind (a vault)
+    or a failed handshake (a client), both pointing away from the file."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        context.load_cert_chain(cert, key, password=lambda: b"")  # an encrypted key fails, not prompts
+    except (ssl.SSLError, OSError) as exc:
+        problem = f"{key} is not an unencrypted private key of the certificate {cert} ({exc})"
+        raise ConfigError(cfg.source, "tls.key_file", problem) from exc
 
 
 def _check_data_dir(path: Path, source: str, *, create: bool) -> None:

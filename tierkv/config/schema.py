@@ -8,8 +8,10 @@ an array of tables ``[[cluster.kv_cold]]`` listing several vaults that the clien
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -41,6 +43,15 @@ DEFAULT_PORT = 50051
 
 
 BUILTIN = "<built-in defaults>"
+
+
+MAX_VAULT_BYTES = 1024**5
+"""The largest ``max_bytes`` (1 PiB): LMDB's map is four times the budget, and past this it exceeds what a
+64-bit address space (and LMDB's size arithmetic) holds."""
+
+
+MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
+"""gRPC takes its message limits as a C int."""
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -136,7 +147,36 @@ class TLSConfig:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.cert_file or self.ca_file)
+        return bool(self.cert_file or self.key_file or self.ca_file)
+
+    def _validate(self, source: str, key: str) -> None:
+        # a key without its certificate (or the reverse) is TLS half-configured: refused on either side,
+        # never taken as "TLS off" (a vault would serve plaintext, its bulk port included)
+        if bool(self.cert_file) != bool(self.key_file):
+            given, missing = ("key_file", "cert_file") if self.key_file else ("cert_file", "key_file")
+            problem = (
+                f"empty while {key}.{given} is set: a certificate needs both tls.cert_file and "
+                f"tls.key_file (leave [tls] empty for no TLS)"
+            )
+            raise ConfigError(source, f"{key}.{missing}", problem)
+
+
+MAX_TOKEN_FILE_BYTES = 1024**2
+"""A token file is read only up to this size: a device (``/dev/zero``) would otherwise be read until the
+memory ran out."""
+
+
+def read_token_file_bytes(path: Path) -> bytes:
+    """The bytes of a token file; OSError when it is not a regular file of at most
+    :data:`MAX_TOKEN_FILE_BYTES` (opened without blocking: a FIFO would stall the start for good)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        raw = f.read(MAX_TOKEN_FILE_BYTES + 1)
+    if len(raw) > MAX_TOKEN_FILE_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {format_size(MAX_TOKEN_FILE_BYTES)}, not a token file")
+    return raw
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +191,7 @@ class AuthConfig:
         if self.token_file:
             path = Path(self.token_file).expanduser()
             try:
-                token = path.read_text().strip()
+                token = read_token_file_bytes(path).decode().strip()
             except OSError as exc:
                 problem = f"cannot read the token file {path}: {exc.strerror or exc}"
                 raise ConfigError(source, "auth.token_file", problem) from exc
@@ -172,7 +212,9 @@ class VaultConfig:
     host: str = "127.0.0.1"
     port: int = _port(DEFAULT_PORT)
     path: str = ""
-    max_bytes: ByteSize = setting(ByteSize(8 * 1024**3), minimum=1024**2)
+    max_bytes: ByteSize = setting(
+        ByteSize(8 * 1024**3), minimum=1024**2, maximum=MAX_VAULT_BYTES, what="a size"
+    )
     sync: SyncMode = "durable"
     policy: PolicyName = "adaptive"
     on_damage: Literal["refuse", "move-aside"] = "refuse"
@@ -183,7 +225,9 @@ class VaultConfig:
     """Vault calls (both transports) that run at once; twice as many may wait up to 0.25 s for a slot, one
     connection holds at most this many, and with several tenants one tenant runs at most 3/4 of them. Past
     that a call is refused (RESOURCE_EXHAUSTED: a miss to the client). Health checks are never counted."""
-    max_message_bytes: ByteSize = setting(ByteSize(MAX_MESSAGE_BYTES), minimum=64 * 1024)
+    max_message_bytes: ByteSize = setting(
+        ByteSize(MAX_MESSAGE_BYTES), minimum=64 * 1024, maximum=MAX_GRPC_MESSAGE_BYTES, what="a size"
+    )
     frame_bytes: ByteSize = setting(ByteSize(FRAME_BYTES), minimum=4096)
     bulk: bool = True
     bulk_port: int = _port(0)
@@ -412,6 +456,7 @@ __all__ = [
     "format_size",
     "human_bytes",
     "parse_size",
+    "read_token_file_bytes",
     "retention_from_config",
     "setting",
 ]

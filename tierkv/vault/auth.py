@@ -30,11 +30,13 @@ import enum
 import hmac
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from tierkv.config import AuthConfig, format_size, parse_size
+from tierkv.config.schema import read_token_file_bytes
 from tierkv.errors import ConfigError, TokenFileError
-from tierkv.limits import MAX_AUTH_TOKEN_BYTES
+from tierkv.limits import MAX_AUTH_TOKEN_BYTES, MIN_GOOD_TOKEN_BYTES
 from tierkv.vault.status import Abort, Status
 from tierkv.vault.store import DEFAULT_TENANT, MAX_TENANTS, check_tenant
 
@@ -63,9 +65,16 @@ OPEN = Principal(DEFAULT_TENANT, Access.ADMIN)
 class TokenTable:
     """Token → principal. An empty table means the vault is open."""
 
-    def __init__(self, entries: dict[bytes, Principal], quotas: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        entries: dict[bytes, Principal],
+        quotas: dict[str, int] | None = None,
+        warnings: Sequence[str] = (),
+    ) -> None:
         self._entries = list(entries.items())
         self.quotas = dict(quotas or {})
+        self.warnings = tuple(warnings)
+        """What is weak but usable (a guessable token, by its line), for the start-up log and config check."""
 
     @property
     def enabled(self) -> bool:
@@ -86,6 +95,24 @@ class TokenTable:
             )
         tenants = len(self.tenants)
         return f"auth is on: {len(self._entries)} token(s), {tenants} tenant(s)"
+
+    def check_budget(self, max_bytes: int, source: str) -> None:
+        """ConfigError (naming ``vault.max_bytes``) when the quotas leave a tenant with a token no room.
+
+        A tenant with a quota is never evicted by another tenant's writes, so quotas past the budget
+        (or a budget they fill while some tenant has none) would let one tenant fill the vault and every
+        other tenant's Puts be refused from then on."""
+        quotas = sum(self.quotas.values())
+        open_tenants = [t for t, quota in self.tenants.items() if not quota]
+        if quotas > max_bytes or (open_tenants and quotas >= max_bytes):
+            left = f"; tenant {open_tenants[0]!r} has no quota and would get nothing" if open_tenants else ""
+            problem = (
+                f"{format_size(max_bytes)} is less than the tenants' quotas need ({format_size(quotas)} "
+                f"together{left}): a tenant with a quota is never evicted by the others' writes, so a "
+                "tenant could fill the vault for good; lower the quotas in the token file or raise "
+                "max_bytes"
+            )
+            raise ConfigError(source, "vault.max_bytes", problem)
 
     def principal(self, token: bytes | None) -> Principal:
         """Who sent ``token``; Abort(UNAUTHENTICATED) when the table is on and the token is not in it.
@@ -112,15 +139,16 @@ def load_tokens(auth: AuthConfig, source: str = "auth") -> TokenTable:
     if not value:
         return TokenTable({})
     try:
-        return TokenTable({check_token(value): OPEN})
+        token = check_token(value)
     except ValueError as exc:
         raise ConfigError(source, f"${auth.token_env}", str(exc)) from None
+    return TokenTable({token: OPEN}, warnings=_guessable(token, f"${auth.token_env}"))
 
 
 def read_token_file(path: Path, source: str = "auth") -> TokenTable:
     """The token table a file names (:func:`parse_token_file`); an unreadable file names ``source``."""
     try:
-        raw = path.read_bytes()
+        raw = read_token_file_bytes(path)
     except OSError as exc:
         problem = f"cannot read the token file {path}: {exc.strerror or exc}"
         raise ConfigError(source, "auth.token_file", problem) from None
@@ -167,7 +195,8 @@ def _bare(lines: list[tuple[int, list[str]]], path: str) -> TokenTable:
             f"{LINE_FORM} lines",
         )
     number, (token,) = lines[0]
-    return TokenTable({_checked(token, path, number): OPEN})
+    checked = _checked(token, path, number)
+    return TokenTable({checked: OPEN}, warnings=_guessable(checked, f"{path}:{number}"))
 
 
 def check_token(token: str) -> bytes:
@@ -183,6 +212,16 @@ def check_token(token: str) -> bytes:
     return encoded
 
 
+def _guessable(token: bytes, where: str) -> tuple[str, ...]:
+    """A warning naming ``where`` (never the token) when ``token`` is short enough to guess."""
+    if len(token) >= MIN_GOOD_TOKEN_BYTES:
+        return ()
+    return (
+        f"{where}: a token of {len(token)} bytes is guessable; use at least {MIN_GOOD_TOKEN_BYTES} random "
+        f"bytes (e.g. openssl rand -hex 16)",
+    )
+
+
 def _checked(token: str, path: str, number: int) -> bytes:
     try:
         return check_token(token)
@@ -196,6 +235,7 @@ class _Builder:
     def __init__(self, path: str) -> None:
         self.path = path
         self.entries: dict[bytes, Principal] = {}
+        self.warnings: list[str] = []
         self.token_lines: dict[bytes, int] = {}
         self.quotas: dict[str, tuple[int, int]] = {}
         self.tenants = {DEFAULT_TENANT}
@@ -220,6 +260,7 @@ class _Builder:
             self._quota(number, who.tenant, fields[3])
         self.entries[token] = who
         self.token_lines[token] = number
+        self.warnings += _guessable(token, f"{self.path}:{number}")
 
     def _tenant(self, number: int, name: str) -> str:
         try:
@@ -257,7 +298,7 @@ class _Builder:
             )
 
     def table(self) -> TokenTable:
-        return TokenTable(self.entries, {t: q for t, (q, _) in self.quotas.items()})
+        return TokenTable(self.entries, {t: q for t, (q, _) in self.quotas.items()}, self.warnings)
 
 
 def exposure_warning(auth: AuthConfig) -> str | None:

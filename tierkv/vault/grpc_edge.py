@@ -84,6 +84,8 @@ def _put(
                     held.release()
         except Abort as exc:
             _abort(context, exc)
+        except ConnectionAbortedError as exc:
+            context.abort(grpc.StatusCode.CANCELLED, str(exc))
 
     return handle
 
@@ -98,10 +100,15 @@ class _Held:
         self.held = 0
 
     def frames(self, frames: Iterator[bytes]) -> Iterator[bytes]:
-        for frame in frames:
-            self.budget.take(len(frame), self.tenant)
-            self.held += len(frame)
-            yield frame
+        try:
+            for frame in frames:
+                self.budget.take(len(frame), self.tenant)
+                self.held += len(frame)
+                yield frame
+        except grpc.RpcError as exc:
+            # gRPC ended the call under us: the client cancelled, or a message was over the limit (the
+            # client has its status already). The peer went away, as on a closed bulk connection.
+            raise ConnectionAbortedError("the Put stream ended before its last frame") from exc
 
     def release(self) -> None:
         """Give every byte back."""

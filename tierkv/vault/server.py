@@ -72,9 +72,10 @@ class VaultServer:
         vc = config.vault
         tune_malloc()
         self.tokens = load_tokens(config.auth, config.source)
-        exposed = exposure_warning(config.auth)
-        if exposed:
-            log.warning("%s", exposed)
+        self.tokens.check_budget(vc.max_bytes, config.source_of("vault.max_bytes"))
+        for warning in (*self.tokens.warnings, exposure_warning(config.auth)):
+            if warning:
+                log.warning("%s", warning)
         self.store = Store(
             vc.resolved_path(),
             vc.max_bytes,

@@ -7,6 +7,8 @@ as a flipped bit on disk would).
 
 from __future__ import annotations
 
+import contextlib
+
 from tierkv.vault.leases import LeaseTable
 from tierkv.vault.store.env import StoreEnv
 from tierkv.vault.store.format import full_key
@@ -51,6 +53,14 @@ class StoreDebug:
         db = self._tenants[tenant].data
         with self._env.write() as txn:
             txn.put(full_key(namespace, key), data, db=db)
+
+    def resize_lock(self) -> contextlib.AbstractContextManager[None]:
+        """The lock a map resize takes (alone, after every open transaction)."""
+        return self._env.rw.exclusive()
+
+    def resize_waiting(self) -> bool:
+        """A map resize waits for the lock (and holds back new transactions meanwhile)."""
+        return self._env.rw.exclusive_waiting
 
     def lease_deadlines(self) -> list[float]:
         """Deadlines of the leases the table holds now (ended ones not yet swept included)."""

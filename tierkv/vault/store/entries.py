@@ -18,7 +18,14 @@ import lmdb
 from tierkv.retention.classes import NEUTRAL_IMPORTANCE, BlockMeta, pack_tokens
 from tierkv.vault.entrymeta import EntryMeta
 from tierkv.vault.store.evictor import Evictor, Ranking
-from tierkv.vault.store.format import IndexRecord, checksum, entry_charge, expiry_key, parent_key
+from tierkv.vault.store.format import (
+    INDEX_SIZE,
+    IndexRecord,
+    checksum,
+    entry_charge,
+    expiry_key,
+    parent_key,
+)
 from tierkv.vault.store.ledger import Ledger
 from tierkv.vault.store.tenants import Tenant
 
@@ -76,18 +83,30 @@ class Entries:
         return True
 
     def drop(
-        self, txn: lmdb.Transaction, ledger: Ledger, owner: Tenant, fkey: bytes, *, ordered: bool = True
+        self,
+        txn: lmdb.Transaction,
+        ledger: Ledger,
+        owner: Tenant,
+        fkey: bytes,
+        *,
+        ordered: bool = True,
+        keep_data: bool = False,
     ) -> IndexRecord | None:
         """Remove an entry (and its order key unless the caller already did, its expiry key and its
-        parent's count of children), booked in ``ledger``."""
+        parent's count of children), booked in ``ledger``. ``keep_data`` leaves the blob's record where
+        LMDB cannot delete it (a damaged page): the entry is gone for reads, accounting and eviction."""
         raw = txn.get(fkey, db=owner.index)
         if raw is None:
             return None
         entry = IndexRecord.lenient(raw)  # a damaged record: charge what its fixed part says, if anything
+        if len(raw) < INDEX_SIZE:  # not even that: what the entry's records weigh is its charge
+            data, tokens = txn.get(fkey, db=owner.data), txn.get(fkey, db=owner.tokens)
+            entry.charge = entry_charge(fkey, data or b"", bytes(tokens or b""))
         if ordered and not entry.protected:
             txn.delete(self.ranking.rank(entry) + fkey, db=owner.order)
         txn.delete(fkey, db=owner.index)
-        txn.delete(fkey, db=owner.data)
+        if not keep_data:
+            txn.delete(fkey, db=owner.data)
         txn.delete(fkey, db=owner.tokens)
         ledger.remove(owner.name, entry)
         ledger.dropped.append((owner.name, fkey))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from pathlib import Path
 from typing import Any
 
 import lmdb
@@ -35,7 +36,7 @@ import xxhash
 
 from tierkv.limits import check_namespace
 from tierkv.vault.entrymeta import EntryMeta
-from tierkv.vault.files import VaultDirectoryError
+from tierkv.vault.files import DATA_FILE, DataFileDamaged, VaultDirectoryError
 
 FORMAT_VERSION = 1
 TENANT_DATABASES = (b"data", b"index", b"order", b"expiry", b"tokens")
@@ -157,9 +158,19 @@ def tenants_in(txn: lmdb.Transaction) -> set[str]:
     }
 
 
-def get_u64(txn: lmdb.Transaction, db: Any, key: bytes) -> int:
+def get_u64(txn: lmdb.Transaction, db: Any, key: bytes, source: str) -> int:
+    """A ``meta`` record (0 when absent); one that is not 8 bytes is :class:`DataFileDamaged`, named with
+    ``source`` (the store's directory)."""
     raw = txn.get(key, db=db)
-    return 0 if raw is None else int(_U64.unpack(raw)[0])
+    if raw is None:
+        return 0
+    if len(raw) != _U64.size:
+        raise DataFileDamaged(
+            f"{Path(source) / DATA_FILE}: its {key.decode(errors='replace')!r} record is damaged "
+            f"({len(raw)} bytes where 8 belong); refusing to start (restore a backup, or move the "
+            "directory aside to start empty)"
+        )
+    return int(_U64.unpack(raw)[0])
 
 
 def put_u64(txn: lmdb.Transaction, db: Any, key: bytes, value: int) -> None:
@@ -168,7 +179,7 @@ def put_u64(txn: lmdb.Transaction, db: Any, key: bytes, value: int) -> None:
 
 def check_format(txn: lmdb.Transaction, meta: Any, source: str) -> None:
     """Refuse a newer format; write the version into a store that has none (or an older one)."""
-    stored = get_u64(txn, meta, FORMAT_KEY) or 1
+    stored = get_u64(txn, meta, FORMAT_KEY, source) or 1
     if stored > FORMAT_VERSION:
         raise StoreFormatError(
             f"{source}: data format {stored} is newer than this tierkv reads ({FORMAT_VERSION}); "

@@ -7,6 +7,8 @@ exactly as durable as the data) and is taken into the tenants only after the com
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 from collections import Counter
 from collections.abc import Iterable
@@ -16,6 +18,8 @@ import lmdb
 
 from tierkv.vault.store.format import CLOCK_KEY, COUNT_KEY, USED_KEY, IndexRecord, get_u64, put_u64
 from tierkv.vault.store.tenants import DEFAULT_TENANT, Tenant
+
+log = logging.getLogger("tierkv.vault.store")
 
 
 class Ledger:
@@ -56,6 +60,11 @@ class Ledger:
         self._apply(tenant, entry, 1)
 
     def remove(self, tenant: str, entry: IndexRecord) -> None:
+        if entry.charge > self.used[tenant]:
+            # a record damaged on disk (its checksum covers the blob, not the record): taking its charge
+            # off whole would make the totals negative, and no write could save them again
+            log.warning("an index record charges %d bytes, more than its tenant holds", entry.charge)
+            entry = dataclasses.replace(entry, charge=self.used[tenant])
         self._apply(tenant, entry, -1)
 
     def _apply(self, tenant: str, entry: IndexRecord, sign: int) -> None:
@@ -114,22 +123,23 @@ class Ledger:
                 t.class_protected = +self.class_protected[t.name]
 
 
-def load_totals(txn: lmdb.Transaction, meta: Any, tenants: Iterable[Tenant]) -> int:
-    """Read the totals into the tenants (the default tenant has what the others do not); the clock."""
+def load_totals(txn: lmdb.Transaction, meta: Any, tenants: Iterable[Tenant], source: str) -> int:
+    """Read the totals into the tenants (the default tenant has what the others do not); the clock.
+    ``source`` names the store in the error a damaged record is."""
     tenants = list(tenants)
-    used = get_u64(txn, meta, USED_KEY)
-    count = get_u64(txn, meta, COUNT_KEY)
+    used = get_u64(txn, meta, USED_KEY, source)
+    count = get_u64(txn, meta, COUNT_KEY, source)
     default = None
     for t in tenants:
         if t.name == DEFAULT_TENANT:
             default = t
             continue
-        t.used = get_u64(txn, meta, USED_KEY + t.meta_suffix)
-        t.count = get_u64(txn, meta, COUNT_KEY + t.meta_suffix)
+        t.used = get_u64(txn, meta, USED_KEY + t.meta_suffix, source)
+        t.count = get_u64(txn, meta, COUNT_KEY + t.meta_suffix, source)
         used, count = used - t.used, count - t.count
     if default is not None:
         default.used, default.count = max(0, used), max(0, count)
-    return get_u64(txn, meta, CLOCK_KEY)
+    return get_u64(txn, meta, CLOCK_KEY, source)
 
 
 __all__ = ["Ledger", "load_totals"]

@@ -6,6 +6,8 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
+import lmdb
+
 log = logging.getLogger("tierkv.vault.store")
 
 
@@ -22,12 +24,21 @@ class Maintainer:
         self._thread.start()
 
     def _run(self) -> None:
+        failing = ""
         while not self._stopped.wait(self._interval):
             try:
                 for chore in self._chores:
                     chore()
+            except lmdb.Error as exc:  # a damaged page fails every pass alike: said once, not each second
+                if str(exc) != failing:
+                    log.error("store maintenance failed: %s", exc)
+                failing = str(exc)
             except Exception:
                 log.exception("store maintenance failed")
+            else:
+                if failing:
+                    log.info("store maintenance works again")
+                failing = ""
 
     def stop(self, timeout: float = 5.0) -> bool:
         """Stop the thread (waiting up to ``timeout`` for a pass under way); False if it was stopped."""

@@ -20,10 +20,11 @@ def load_meta(env: StoreEnv, tenants: Tenants, ranking: Ranking, policy: Evictio
     """Read the totals and return the clock; re-rank every tenant if the policy changed since the last open
     (an order index is one policy's ranks)."""
     with env.env.begin(write=True) as txn:
-        clock = load_totals(txn, env.meta, tenants)
-        stored_policy = txn.get(POLICY_KEY, db=env.meta)
-        if stored_policy is not None and stored_policy.decode() != policy.name:
-            log.info("eviction policy changed from %s to %s: re-ranking", stored_policy.decode(), policy.name)
+        clock = load_totals(txn, env.meta, tenants, str(env.path))
+        raw = txn.get(POLICY_KEY, db=env.meta)
+        stored_policy = None if raw is None else raw.decode(errors="replace")  # damaged: re-ranked
+        if stored_policy is not None and stored_policy != policy.name:
+            log.info("eviction policy changed from %s to %s: re-ranking", stored_policy, policy.name)
             for t in tenants:
                 ranking.rerank(txn, t)
         txn.put(POLICY_KEY, policy.name.encode(), db=env.meta)

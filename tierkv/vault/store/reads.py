@@ -1,7 +1,8 @@
 """Reads: checksum-verified, zero-copy, in short read transactions; lookups; one entry inspected.
 
 Every read verifies the checksum (seeded with the full key, so a blob can't be served under another key);
-a mismatch is reported as CORRUPT, and the store counts and drops the entry when the reader closes. An
+a mismatch is reported as CORRUPT, and the store counts and drops the entry when the reader closes. A key
+LMDB cannot read (a damaged page) is CORRUPT too, but stays: deleting it would read the same page. An
 entry past its time to live reads as a miss (counted as expired). Hits, misses and recency are what the
 reader's :class:`ReadTally` tells the store when it closes; reads themselves write nothing.
 """
@@ -41,6 +42,8 @@ class ReadTally:
     found: list[bytes] = dataclasses.field(default_factory=list)
     missing: list[bytes] = dataclasses.field(default_factory=list)
     corrupt: list[bytes] = dataclasses.field(default_factory=list)
+    damaged: list[bytes] = dataclasses.field(default_factory=list)
+    """Keys LMDB itself could not read (a damaged page in data.mdb): misses that no write can drop."""
     hits: Counter[str] = dataclasses.field(default_factory=Counter)
     expired: Counter[str] = dataclasses.field(default_factory=Counter)
 
@@ -61,6 +64,9 @@ class Reader:
         self._tenant = tenant
         self._on_close = on_close
         self._txn: lmdb.Transaction | None = None
+        self._spent: list[lmdb.Transaction] = []
+        """Transactions a damaged page ended (LMDB refuses every later read in them), kept open until the
+        release so that the views they handed out stay pinned."""
         self._opened = 0.0
         self._now = now
         self.tally = ReadTally()
@@ -68,14 +74,14 @@ class Reader:
     @property
     def stale(self) -> bool:
         """The open transaction is old or a map resize waits for it."""
-        return self._txn is not None and (
+        return self.pinned and (
             time.monotonic() - self._opened > READ_TXN_MAX_S or self._env.rw.exclusive_waiting
         )
 
     @property
     def pinned(self) -> bool:
         """A read transaction is open: views handed out since the last release point into the map."""
-        return self._txn is not None
+        return self._txn is not None or bool(self._spent)
 
     def get(self, namespace: bytes, key: bytes) -> tuple[Lookup, memoryview | None]:
         return self.read(full_key(namespace, key))
@@ -85,11 +91,17 @@ class Reader:
         txn = self._begin()
         tally = self.tally
         tally.lookups += 1
-        raw = txn.get(fkey, db=self._tenant.index)
+        try:
+            raw = txn.get(fkey, db=self._tenant.index)
+            data = None if raw is None else txn.get(fkey, db=self._tenant.data)
+        except (lmdb.CorruptedError, lmdb.PageNotFoundError):
+            self._spent.append(txn)
+            self._txn = None
+            tally.damaged.append(fkey)
+            return Lookup.CORRUPT, None
         if raw is None:
             tally.missing.append(fkey)
             return Lookup.MISSING, None
-        data = txn.get(fkey, db=self._tenant.data)
         try:
             entry = IndexRecord.unpack(raw)
         except ValueError:
@@ -106,20 +118,30 @@ class Reader:
 
     def _begin(self) -> lmdb.Transaction:
         if self._txn is None:
-            self._env.rw.acquire_shared()
+            # one hold of the shared lock covers the spent transactions and this one: acquiring a second
+            # while a map resize waits would wait for the resize, which waits for the first
+            held = bool(self._spent)
+            if not held:
+                self._env.rw.acquire_shared()
             try:
                 self._txn = self._env.env.begin(buffers=True)
             except BaseException:
-                self._env.rw.release_shared()
+                if not held:
+                    self._env.rw.release_shared()
                 raise
-            self._opened = time.monotonic()
+            if not held:
+                self._opened = time.monotonic()
         return self._txn
 
     def release(self) -> None:
         """End the read transaction: every view handed out so far is invalid from here on."""
+        spent, self._spent = self._spent, []
         if self._txn is not None:
-            txn, self._txn = self._txn, None
+            spent.append(self._txn)
+            self._txn = None
+        for txn in spent:
             txn.abort()
+        if spent:
             self._env.rw.release_shared()
 
     def close(self) -> None:

@@ -37,12 +37,12 @@ import lmdb
 from tierkv.records import ClassStats, TenantStats
 from tierkv.retention.classes import BlockMeta
 from tierkv.vault.entrymeta import ClassBook, EntryMeta, Ghosts
-from tierkv.vault.files import OnDamage
+from tierkv.vault.files import DATA_FILE, DataFileDamaged, OnDamage
 from tierkv.vault.leases import LeaseTable
 from tierkv.vault.policy import EvictionPolicy, Learner, LRUPolicy
 from tierkv.vault.store.debug import StoreDebug
 from tierkv.vault.store.entries import Entries, EntryWriter, Prepared
-from tierkv.vault.store.env import StoreEnv
+from tierkv.vault.store.env import StoreEnv, StoreFullError
 from tierkv.vault.store.evictor import Evictor, Ranking
 from tierkv.vault.store.format import entry_charge, full_key
 from tierkv.vault.store.ledger import Ledger
@@ -120,14 +120,26 @@ class Store:
         self._ghosts = Ghosts()
         self.on_drop: Callable[[Sequence[tuple[str, bytes]]], None] | None = None
         """Told (tenant, full key) of every entry a committed transaction removed (prefetch hints)."""
-        self._clock = load_meta(self._env, self._tenants, self._ranking, self.policy)
-        opening = self._ledger()
-        count_retention(self._env, self._tenants, opening)
-        self._commit(opening)
+        self._read_figures()
         chores: list[Callable[[], object]] = [self.apply_touches, self.purge_expired, self._leases.sweep]
         if sync_mode == "fast":  # durable commits are synced already
             chores.append(self.sync)
         self._maintainer = Maintainer(chores, maintenance_interval_s)
+
+    def _read_figures(self) -> None:
+        """The clock, totals and retention figures the store opens with; a page LMDB finds damaged on the
+        way is :class:`DataFileDamaged` (one line), not an lmdb traceback at every start."""
+        try:
+            self._clock = load_meta(self._env, self._tenants, self._ranking, self.policy)
+            opening = self._ledger()
+            count_retention(self._env, self._tenants, opening)
+        except (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.BadTxnError) as exc:
+            self._env.close()
+            raise DataFileDamaged(
+                f"{self.path / DATA_FILE}: LMDB found a damaged page ({exc}); refusing to start (restore a "
+                "backup, or move the directory aside to start empty)"
+            ) from None
+        self._commit(opening)
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
@@ -198,6 +210,8 @@ class Store:
         The items are written in transactions of at most ``max_bytes / 16``: LMDB reuses the pages a
         transaction frees only two transactions later, so the size of the last few transactions is what
         ``data.mdb`` grows beyond the budget (TROUBLESHOOTING.md, "data.mdb is larger than max_bytes").
+        A transaction that fails after others committed (a full disk) refuses the items from it on, so the
+        outcome says what is stored; one that fails first raises (:class:`StoreFullError`).
         """
         owner = self._tenants[tenant]
         if metas is not None and len(metas) != len(items):
@@ -206,28 +220,51 @@ class Store:
             (full_key(namespace, key), data, prio, None if metas is None else metas[i])
             for i, (key, data, prio) in enumerate(items)
         ]
-        stored = evicted = 0
-        rejected: list[int] = []
         learning = self._ranking.learning
         if learning is not None:
             limit = owner.quota or self.max_bytes
             learning.observe(
                 owner.name, limit, list(map(_FULL_KEY, prepared)), self._typical(owner, prepared), read=False
             )
-            if learning.leaf_first:  # the deepest block of a chain gets the oldest clock
-                prepared.reverse()
+        if learning is None or not learning.leaf_first:
+            evicted, rejected = self._write_batch(owner, prepared)
+        else:
+            evicted, rejected = self._write_leaf_first(owner, prepared)
+        return PutOutcome(stored=len(prepared) - len(rejected), rejected=rejected, evicted=evicted)
+
+    def _write_leaf_first(self, owner: Tenant, prepared: Sequence[Prepared]) -> tuple[int, list[int]]:
+        """Write ``prepared`` last item first, so the deepest block of a chain gets the oldest clock. A key
+        given twice is written once, with its last blob (written in order, the earlier blob would win):
+        every position of that key is stored, or refused, with it."""
+        last = {item[0]: i for i, item in enumerate(prepared)}
+        batch = [prepared[i] for i in sorted(last.values(), reverse=True)]
+        evicted, refused = self._write_batch(owner, batch)
+        refused_keys = {batch[i][0] for i in refused}
+        return evicted, [i for i, item in enumerate(prepared) if item[0] in refused_keys]
+
+    def _write_batch(self, owner: Tenant, batch: Sequence[Prepared]) -> tuple[int, list[int]]:
+        """Write ``batch`` in transactions of at most ``max_bytes / 16``: the entries evicted and the
+        positions refused (from a transaction that failed after others committed on, all of them)."""
+        evicted = 0
+        refused: list[int] = []
         with self._env.write_lock:
-            for start, chunk in _chunks(prepared, max(1, self.max_bytes // 16)):
-                outcome = self._env.write_retrying(
-                    functools.partial(self._put_txn, owner, chunk),
-                    wanted=functools.partial(_blob_bytes, chunk),
-                    clock=self._clock,
-                )
-                stored, evicted = stored + outcome.stored, evicted + outcome.evicted
-                rejected += [start + i for i in outcome.rejected]
-        if learning is not None and learning.leaf_first:
-            rejected = sorted(len(prepared) - 1 - i for i in rejected)
-        return PutOutcome(stored=stored, rejected=rejected, evicted=evicted)
+            for start, chunk in _chunks(batch, max(1, self.max_bytes // 16)):
+                try:
+                    outcome = self._env.write_retrying(
+                        functools.partial(self._put_txn, owner, chunk),
+                        wanted=functools.partial(_blob_bytes, chunk),
+                        clock=self._clock,
+                    )
+                except StoreFullError as exc:
+                    if not start:
+                        raise  # nothing committed: the error is the whole truth
+                    # earlier transactions committed: the reply must say so, and refuse only the rest
+                    log.warning("a Put stored %d of %d blobs: %s", start - len(refused), len(batch), exc)
+                    refused += range(start, len(batch))
+                    break
+                evicted += outcome.evicted
+                refused += [start + i for i in outcome.rejected]
+        return evicted, refused
 
     def _typical(self, owner: Tenant, batch: Sequence[Prepared] = ()) -> int:
         """The tenant's mean entry charge (what a learning policy's shadows charge a key they see); for a
@@ -327,11 +364,11 @@ class Store:
         with self._counter_lock:
             owner.hits += found
             owner.misses += tally.lookups - found
-            owner.corrupt += len(tally.corrupt)
+            owner.corrupt += len(tally.corrupt) + len(tally.damaged)
             owner.expired += sum(tally.expired.values())
         misses = Counter(self._ghosts.classes(owner.name, tally.missing))
         misses.update(tally.expired)
-        misses[""] += len(tally.corrupt)
+        misses[""] += len(tally.corrupt) + len(tally.damaged)
         self.classes.note(owner.name, tally.hits, +misses, tally.expired)
         self._touches.note(owner.name, self._recency_order(tally.found), hit=True)
         learning = self._ranking.learning
@@ -343,6 +380,25 @@ class Store:
             corrupt = tally.corrupt
             log.warning("dropping %d corrupt entries", len(corrupt))
             self._delete_entries(owner, lambda _txn: corrupt)
+        if tally.damaged:
+            self._forget_damaged(owner, tally.damaged)
+
+    def _forget_damaged(self, owner: Tenant, fkeys: Sequence[bytes]) -> None:
+        """Entries whose blob LMDB cannot read: out of the index, the totals and the eviction order, so
+        eviction never picks them (deleting the blob's record would read the damaged page and fail every
+        write that needs room); their blobs' records stay behind."""
+        log.error(
+            "%s is damaged: LMDB cannot read %d entries, now misses; restore a backup or set the directory "
+            "aside when convenient (a Put of the same key fails until then)",
+            self.path / "data.mdb",
+            len(fkeys),
+        )
+        try:
+            with self._transaction() as (txn, ledger):
+                for fkey in fkeys:
+                    self._entries.drop(txn, ledger, owner, fkey, keep_data=True)
+        except lmdb.Error as exc:  # the damage is in the index itself
+            log.error("could not set the damaged entries aside: %s", exc)
 
     def get_many(
         self, namespace: bytes, keys: Sequence[bytes], *, tenant: str = DEFAULT_TENANT
@@ -469,6 +525,9 @@ class Store:
             return
         try:
             self.apply_touches()
+        except lmdb.Error as exc:  # a damaged page: the recency is lost, the data is what it was
+            log.error("could not write pending recency to %s: %s", self.path / DATA_FILE, exc)
+        try:
             self._env.sync()
         finally:
             self._env.close()
