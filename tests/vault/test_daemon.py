@@ -121,18 +121,24 @@ def test_graceful_shutdown_exits_zero_and_keeps_data(vault_factory: VaultFactory
         assert c.get(b"ns", [b"k"]) == [b"kept"]
 
 
+def _flip_on_disk(path: Path, db: bytes, fkey: bytes, offset: int, bits: int) -> None:
+    """Flip ``bits`` of byte ``offset`` of ``fkey``'s record in database ``db`` of a stopped vault's LMDB,
+    as damage on disk would (written through LMDB, so the file itself stays readable)."""
+    env = lmdb.open(str(path), max_dbs=4)
+    records = env.open_db(db)
+    with env.begin(write=True) as txn:
+        raw = bytearray(txn.get(fkey, db=records))
+        raw[offset] ^= bits
+        txn.put(fkey, bytes(raw), db=records)
+    env.close()
+
+
 def test_flipped_byte_on_disk_is_reported_corrupt(vault_factory: VaultFactory) -> None:
     v = vault_factory()
     with VaultClient(v.address) as c:
         c.put(b"ns", {b"a": b"A" * 10_000, b"b": b"B" * 10_000})
     assert v.stop() == 0
-    env = lmdb.open(str(v.path), max_dbs=4)
-    data_db = env.open_db(b"data")
-    with env.begin(write=True) as txn:
-        raw = bytearray(txn.get(full_key(b"ns", b"a"), db=data_db))
-        raw[5000] ^= 0xFF
-        txn.put(full_key(b"ns", b"a"), bytes(raw), db=data_db)
-    env.close()
+    _flip_on_disk(v.path, b"data", full_key(b"ns", b"a"), 5000, 0xFF)
     again = vault_factory(name=v.path.name)
     with VaultClient(again.address) as c:
         assert c.get(b"ns", [b"a", b"b"]) == [None, b"B" * 10_000]
@@ -149,13 +155,7 @@ def test_a_damaged_charge_on_disk_does_not_stop_the_vault_storing(vault_factory:
     with VaultClient(v.address) as c:
         c.put(b"ns", {b"a": b"A" * 10_000, b"b": b"B" * 10_000})
     assert v.stop() == 0
-    env = lmdb.open(str(v.path), max_dbs=4)
-    index = env.open_db(b"index")
-    with env.begin(write=True) as txn:
-        raw = bytearray(txn.get(full_key(b"ns", b"a"), db=index))
-        raw[7] ^= 0x80  # the top bit of the little-endian charge
-        txn.put(full_key(b"ns", b"a"), bytes(raw), db=index)
-    env.close()
+    _flip_on_disk(v.path, b"index", full_key(b"ns", b"a"), 7, 0x80)  # the top bit of the charge (LE)
     again = vault_factory(name=v.path.name, max_bytes="4MiB")
     with VaultClient(again.address) as c:
         assert c.put(b"ns", {b"a": b"a" * 10_000}) == 1, "replacing the damaged entry"
