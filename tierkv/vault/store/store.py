@@ -185,14 +185,21 @@ class Store:
         evicting = self._leases.writing() if evicts else contextlib.nullcontext()
         with self._env.write_lock, self._env.rw.shared(), evicting:
             ledger = self._ledger()
-            try:
-                with self._env.env.begin(write=True) as txn:
-                    yield txn, ledger
-                    self._save(txn, ledger)
-            except BaseException:
-                self._abandon(ledger)
-                raise
-            self._commit(ledger)
+            with self._written(ledger) as txn:
+                yield txn, ledger
+
+    @contextlib.contextmanager
+    def _written(self, ledger: Ledger) -> Iterator[lmdb.Transaction]:
+        """A write transaction (the caller holds the write lock and the shared lock): ``ledger`` saved with
+        it and taken once it committed; its learners told to forget it if it aborts."""
+        try:
+            with self._env.env.begin(write=True) as txn:
+                yield txn
+                self._save(txn, ledger)
+        except BaseException:
+            self._abandon(ledger)
+            raise
+        self._commit(ledger)
 
     # -- writes ------------------------------------------------------------------------------------
 
@@ -287,17 +294,11 @@ class Store:
         ledger = self._ledger()
         ledger.admitting.add(owner.name)
         rejected: list[int] = []
-        try:
-            with self._leases.writing(), self._env.env.begin(write=True) as txn:
-                self._touches.apply(txn, ledger, self._tenants.__getitem__, self._entries)
-                for i, item in enumerate(items):
-                    if not self._writer.put_one(txn, ledger, owner, item):
-                        rejected.append(i)
-                self._save(txn, ledger)
-        except BaseException:
-            self._abandon(ledger)
-            raise
-        self._commit(ledger)
+        with self._leases.writing(), self._written(ledger) as txn:
+            self._touches.apply(txn, ledger, self._tenants.__getitem__, self._entries)
+            for i, item in enumerate(items):
+                if not self._writer.put_one(txn, ledger, owner, item):
+                    rejected.append(i)
         evicted = sum(ledger.evicted.values())
         return PutOutcome(stored=len(items) - len(rejected), rejected=rejected, evicted=evicted)
 
@@ -390,7 +391,7 @@ class Store:
         log.error(
             "%s is damaged: LMDB cannot read %d entries, now misses; restore a backup or set the directory "
             "aside when convenient (a Put of the same key fails until then)",
-            self.path / "data.mdb",
+            self.path / DATA_FILE,
             len(fkeys),
         )
         try:
