@@ -276,10 +276,16 @@ def _scale_rows(
         else:
             torch.mul(q, scales, out=dst)
         return
+    dst.copy_(widened(q, scales, scratch))
+
+
+def widened(q: torch.Tensor, scales: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """``q * scales`` in float32, in the front of ``scratch`` (a view of it, rounded only when copied out;
+    :mod:`tierkv.codec.torch_rows` copies it into one slot per blob)."""
     wide = scratch.narrow(0, 0, q.numel()).view(q.shape)
     wide.copy_(q)
     wide.mul_(scales)
-    dst.copy_(wide)
+    return wide
 
 
 def cpu_scratch(values: int) -> torch.Tensor:

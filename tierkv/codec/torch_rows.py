@@ -32,6 +32,7 @@ from tierkv.codec.torch_codec import (
     dtype_name,
     open_checked,
     scale_groups,
+    widened,
 )
 from tierkv.errors import CodecError, TierKVError
 
@@ -174,9 +175,7 @@ def _scale_into_slots(q: torch.Tensor, scales: torch.Tensor, slots: Sequence[tor
     scratch = cpu_scratch(min(step, len(slots)) * per * width)
     for b0 in range(0, len(slots), step):
         rows = min(step, len(slots) - b0) * per
-        wide = scratch.narrow(0, 0, rows * width).view(rows, width)
-        wide.copy_(q.narrow(0, b0 * per, rows))
-        wide.mul_(scales.narrow(0, b0 * per, rows))
+        wide = widened(q.narrow(0, b0 * per, rows), scales.narrow(0, b0 * per, rows), scratch)
         for j, slot in enumerate(slots[b0 : b0 + rows // per]):
             slot.copy_(wide.narrow(0, j * per, per).view(slot.shape))
 
