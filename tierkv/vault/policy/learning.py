@@ -90,8 +90,9 @@ def digest(full_key: bytes) -> int:
 
 
 def sampled(key: int) -> bool:
-    """Whether ``key`` feeds the shadow caches: one in :data:`SAMPLE`, those whose low bits are zero
-    (keys are hashes, so those bits are uniform; the store tests them on the key's last byte)."""
+    """Whether ``key`` is in the shadows' first sample: one in :data:`SAMPLE`, those whose low bits are
+    zero (keys are hashes, so those bits are uniform; the store tests them on the key's last byte). A
+    large budget narrows the sample further (:attr:`AdaptiveState.mask`)."""
     return not key & SAMPLE_MASK
 
 
@@ -104,9 +105,10 @@ _SIZE_MASK: Final = (1 << SIZE_BITS) - 1
 
 class _Ghosts:
     """Keys recently evicted from one part (oldest first), bounded by bytes and count. Each key holds its
-    sequence number and size packed in one int (``seq << SIZE_BITS | size``: no bigger than a size alone
-    in memory): the sequence number is its place in the order, so an undone change can put a key back
-    where it was (:meth:`Split.rollback`). ``journal``, when given, records every change."""
+    sequence number and size packed in one int (``seq << SIZE_BITS | size``, one object per key: about 35
+    bytes more than a size shared by every key of a block size): the sequence number is its place in the
+    order, so an undone change can put a key back where it was (:meth:`Split.rollback`). ``journal``,
+    when given, records the keys the list gives up."""
 
     def __init__(self, max_keys: int, journal: Undo | None = None) -> None:
         self.keys: OrderedDict[int, int] = OrderedDict()
