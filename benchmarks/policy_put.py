@@ -183,32 +183,52 @@ class _Replayed(AdaptivePolicy):
             raise RuntimeError("the replay asked fewer questions than adaptive answered")
 
 
-class Workload:
-    """Batches of new chained keys for one store; every fourth batch first reads half of the last one."""
+class Traffic:
+    """Batches of new chained keys (one engine request's chain each); every fourth batch first reads half
+    of the last one. A subclass sends them: :meth:`read` and :meth:`write`."""
 
-    def __init__(self, store: Store, blob: int, per_batch: int, name: str) -> None:
-        self.store, self.per_batch = store, per_batch
+    def __init__(self, blob: int, per_batch: int, name: str) -> None:
+        self.per_batch = per_batch
         self.data = bytes(blob)
         self.counter = itertools.count()
         self.name = name
         self.last: list[bytes] = []
 
+    def read(self, keys: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def write(self, keys: list[bytes]) -> None:
+        raise NotImplementedError
+
     def batch(self) -> None:
         n = next(self.counter)
         if n % 4 == 3 and self.last:
-            half = self.last[: len(self.last) // 2]
-            self.store.prefix_lookup(b"ns", half)
-            self.store.get_many(b"ns", half)
+            self.read(self.last[: len(self.last) // 2])
         keys = [
             hashlib.blake2b(f"{self.name}/{n}/{i}".encode(), digest_size=16).digest()
             for i in range(self.per_batch)
         ]
-        self.store.put_many(b"ns", [(k, self.data, 0) for k in keys])
+        self.write(keys)
         self.last = keys
 
     def batches(self) -> None:
         for _ in range(BATCHES_PER_CALL):
             self.batch()
+
+
+class Workload(Traffic):
+    """:class:`Traffic` into one store, in process."""
+
+    def __init__(self, store: Store, blob: int, per_batch: int, name: str) -> None:
+        super().__init__(blob, per_batch, name)
+        self.store = store
+
+    def read(self, keys: list[bytes]) -> None:
+        self.store.prefix_lookup(b"ns", keys)
+        self.store.get_many(b"ns", keys)
+
+    def write(self, keys: list[bytes]) -> None:
+        self.store.put_many(b"ns", [(k, self.data, 0) for k in keys])
 
 
 def _cpu_timed(fn: Callable[[], None], into: list[float]) -> Callable[[], None]:
