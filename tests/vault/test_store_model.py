@@ -9,7 +9,8 @@ evicted makes room (else it is rejected, and says so); only entries of the write
 a quota when the budget is short, may go — never one under a live lease or protected, unless it has
 expired; nothing goes when the Put fits as it is; a read returns exactly the bytes stored unless the entry
 expired; a leased lookup reports the leading run present, its leases hold until they end or the tenant
-reads the entries. Which of several permitted victims goes (recency order) is the policy's business and
+reads the entries; a write transaction that fails (an I/O error injected into it) leaves nothing behind,
+and the Put's reply names what the transactions before it stored. Which of several permitted victims goes (recency order) is the policy's business and
 is checked elsewhere; here every disappearance must be permitted.
 
 ``TIERKV_MODEL_EXAMPLES`` raises the example count (default 60; try 2000 for a longer profile).
@@ -22,6 +23,7 @@ import os
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
+import lmdb
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -30,7 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from tierkv.retention.classes import BlockMeta
 from tierkv.vault.leases import MAX_LEASE_MS
 from tierkv.vault.policy import AdaptivePolicy, EvictionPolicy, LRUPolicy
-from tierkv.vault.store import DEFAULT_TENANT, Lookup, Store
+from tierkv.vault.store import DEFAULT_TENANT, Lookup, Store, StoreFullError
 
 BUDGET = 12_000
 NS = b"ns"
@@ -234,6 +236,60 @@ class StoreModel(RuleBasedStateMachine):
                 assert not self.observe(owner, key)
             elif self.observe(owner, key):
                 owner.entries[key] = Entry(data, False, 0.0)
+
+    @rule(
+        ti=tenant_ix,
+        keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True),
+        fail_at=st.integers(0, 3),
+        written=st.booleans(),
+    )
+    def put_failing(self, ti: int, keys: list[bytes], fail_at: int, written: bool) -> None:
+        """A Put whose write fails part-way (an I/O error LMDB reports, the disk not full): the transaction
+        that failed leaves nothing behind — none of its blobs stored, none it evicted gone, the bytes, the
+        leases and the learner as before, which the steps after it check — and the reply names exactly the
+        blobs the transactions before it stored. Each blob here is a transaction of its own (a Put's are at
+        most a sixteenth of the budget); ``written``: the failing one fails after its blob was written."""
+        assert self.store is not None
+        owner = self.pick(ti)
+        items = [(k, bytes([(self.serial + i) % 251]) * 700, 0) for i, k in enumerate(keys)]
+        self.serial += len(keys)
+        fail_at %= len(keys)
+        learning = self.store._ranking.learning
+        order = list(range(len(keys)))[:: -1 if learning is not None and learning.leaf_first else 1]
+        writer = self.store._writer
+        real, calls = writer.put_one, [0]
+
+        def failing(*args: object) -> bool:
+            calls[0] += 1
+            if calls[0] == fail_at + 1:
+                if written:
+                    real(*args)  # type: ignore[arg-type]
+                raise lmdb.Error("injected: Input/output error")
+            return real(*args)  # type: ignore[arg-type]
+
+        writer.put_one = failing  # type: ignore[method-assign]
+        try:
+            if fail_at == 0:
+                with pytest.raises(StoreFullError):
+                    self.store.put_many(NS, items, tenant=owner.name)
+                self.reconcile(None, set(), room_needed=False)  # nothing may have gone
+                return
+            outcome = self.store.put_many(NS, items, tenant=owner.name)
+        finally:
+            del writer.put_one
+        refused = set(order[fail_at:])  # the failed transaction's blob and those after it
+        assert refused <= set(outcome.rejected), (outcome, order, fail_at)
+        attempted = {keys[i] for i in order[:fail_at]}  # committed: stored, or rejected for want of room
+        self.reconcile(owner, attempted, room_needed=True)
+        for i, (key, data, _) in enumerate(items):
+            if key in attempted:
+                owner.entries.pop(key, None)
+                if i in outcome.rejected:
+                    assert not self.observe(owner, key)
+                elif self.observe(owner, key):
+                    owner.entries[key] = Entry(data, False, 0.0)
+            elif key in owner.entries:  # refused: the blob it had before, if none of the stored evicted it
+                assert self.store.get_many(NS, [key], tenant=owner.name)[0] == owner.entries[key].data
 
     @rule(ti=tenant_ix, keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True))
     def read(self, ti: int, keys: list[bytes]) -> None:
