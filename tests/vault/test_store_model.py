@@ -10,8 +10,9 @@ a quota when the budget is short, may go — never one under a live lease or pro
 expired; nothing goes when the Put fits as it is; a read returns exactly the bytes stored unless the entry
 expired; a leased lookup reports the leading run present, its leases hold until they end or the tenant
 reads the entries; a write transaction that fails (an I/O error injected into it) leaves nothing behind,
-and the Put's reply names what the transactions before it stored. Which of several permitted victims goes (recency order) is the policy's business and
-is checked elsewhere; here every disappearance must be permitted.
+and the Put's reply names what the transactions before it stored. Which of several permitted victims
+goes (recency order) is the policy's business and is checked elsewhere; here every disappearance must be
+permitted.
 
 ``TIERKV_MODEL_EXAMPLES`` raises the example count (default 60; try 2000 for a longer profile).
 """
