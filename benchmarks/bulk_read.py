@@ -338,6 +338,7 @@ def main() -> None:
                 max_bytes="2GiB",
                 sync="fast",
                 prefix=vault_prefix,
+                allow_open=bool(vault_prefix),  # the link's namespace: nothing else reaches it
                 env={"PYTHONPATH": str(Path(tree).resolve())},
             ).start()
             stack.callback(vault.stop)

@@ -242,10 +242,13 @@ def one_link(text: str, args: argparse.Namespace) -> dict[str, Any]:
             "no",  # reachable only inside the namespace (or on loopback)
         ]
         stack.enter_context(started([*prefix, *redis_args, "--dir", str(work)]))
-        vault_proc = VaultProcess(work / "vault", host=host, max_bytes="2GiB", sync="fast", prefix=prefix)
+        private = spec is not None  # the link's namespaces: nothing else reaches the vaults there
+        vault_proc = VaultProcess(
+            work / "vault", host=host, max_bytes="2GiB", sync="fast", prefix=prefix, allow_open=private
+        )
         stack.enter_context(vault_proc)
         durable_proc = VaultProcess(
-            work / "durable", host=host, max_bytes="2GiB", sync="durable", prefix=prefix
+            work / "durable", host=host, max_bytes="2GiB", sync="durable", prefix=prefix, allow_open=private
         )
         stack.enter_context(durable_proc)
         stack.enter_context(engine)

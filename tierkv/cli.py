@@ -7,6 +7,7 @@ line naming the file, the key and what was expected; never a traceback), 3 the v
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import os
 import sys
@@ -178,7 +179,7 @@ def serve_vault(
         )
         if role is not None:
             cfg = with_overrides(cfg, "cluster", role=_vault_role(role))
-        check_vault_start(cfg, ready_file=ready_file)
+        check_vault_start(cfg, ready_file=ready_file, before_disk=functools.partial(_check_open, cfg))
         _setup_logging(cfg, verbose + 1)
         from tierkv.vault.server import PortInUseError, VaultServer
 
@@ -189,6 +190,14 @@ def serve_vault(
         server.serve_forever(ready_file=ready_file)
     except PortInUseError as exc:
         _fail(exc, code=3)
+
+
+def _check_open(cfg: Config) -> None:
+    """The vault's rule for running without a token (:func:`tierkv.vault.auth.check_open`), asked before
+    the start makes anything on disk (the server asks again)."""
+    from tierkv.vault.auth import check_open, load_tokens
+
+    check_open(load_tokens(cfg.auth, cfg.source), cfg.auth, cfg.vault.host, cfg.source_of("vault.host"))
 
 
 VAULT_OPTIONS: dict[str, tuple[str, type[str] | type[int]]] = {
@@ -752,7 +761,7 @@ def config_check(
         for warning in filter(None, warnings):
             err().print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=True)
         if vault:
-            check_vault_start(cfg, create=False)
+            check_vault_start(cfg, create=False, before_disk=functools.partial(_check_open, cfg))
     except ConfigError as exc:
         _fail(exc, "config error")
     roles = ", ".join(f"{len(cfg.cluster.addresses(r))} {r}" for r in (Role.KV_COLD, Role.SSM_COLD))

@@ -271,6 +271,7 @@ def _local_vaults(
                     max_bytes=settings.max_bytes,
                     sync=settings.sync,
                     prefix=settings.launch_prefix,
+                    allow_open=bool(settings.launch_prefix),  # a link's namespace: nothing else reaches it
                 )
                 procs[role] = proc
                 try:

@@ -7,7 +7,7 @@ sockets), which is why they live apart from the schema: loading a config never d
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tierkv.certs import certificate_problem
@@ -24,20 +24,26 @@ def check_client_files(cfg: Config) -> None:
     _check_readable(cfg, ("ca_file", "cert_file", "key_file"))
 
 
-def check_vault_start(cfg: Config, *, ready_file: str | None = None, create: bool = True) -> None:
+def check_vault_start(
+    cfg: Config,
+    *,
+    ready_file: str | None = None,
+    create: bool = True,
+    before_disk: Callable[[], None] | None = None,
+) -> None:
     """Everything ``tierkv vault`` would otherwise fail on with a traceback, checked before it starts.
 
-    The TLS files, the data directory (created here if missing and ``create``), the ready file's directory,
-    the bind address (resolvable and local) and the metrics port (free). The token file is read by the
-    vault's own parser (:func:`tierkv.vault.auth.load_tokens`); a taken gRPC port is left to the server,
-    which reports it with its own exit code.
+    The TLS files, the ready file's directory, the bind address (resolvable and local), the metrics port
+    (free), then ``before_disk`` (the vault's auth rules, which live above this layer), then the data
+    directory (created here if missing and ``create``): a refused start makes nothing on disk. The token
+    file is read by the vault's own parser (:func:`tierkv.vault.auth.load_tokens`); a taken gRPC port is
+    left to the server, which reports it with its own exit code.
     """
     vc = cfg.vault
     if cfg.tls.enabled:
         if not (cfg.tls.cert_file and cfg.tls.key_file):
             raise ConfigError(cfg.source, "tls", "a vault needs both tls.cert_file and tls.key_file")
         _check_readable(cfg, ("cert_file", "key_file", "ca_file"))
-    _check_data_dir(vc.resolved_path(), cfg.source_of("vault.path"), create=create)
     if ready_file:
         parent = Path(ready_file).expanduser().absolute().parent
         if not parent.is_dir():
@@ -48,6 +54,9 @@ def check_vault_start(cfg: Config, *, ready_file: str | None = None, create: boo
         _check_local_address(vc.metrics_host or vc.host, cfg.source_of(key), key)
         source = cfg.source_of("vault.metrics_port")
         _check_free_port(vc.metrics_host or vc.host, vc.metrics_port, source, "vault.metrics_port")
+    if before_disk is not None:
+        before_disk()
+    _check_data_dir(vc.resolved_path(), cfg.source_of("vault.path"), create=create)
 
 
 def _check_readable(cfg: Config, names: Iterable[str]) -> None:

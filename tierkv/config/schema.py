@@ -185,6 +185,9 @@ class AuthConfig:
 
     token_file: str = ""
     token_env: str = "TIERKV_TOKEN"
+    allow_open: bool = False
+    """A vault with no token answers anyone who reaches it, so it refuses to listen on more than loopback
+    unless this says the network is trusted (as Redis's protected mode does)."""
 
     def load_token(self, source: str = "auth") -> str | None:
         """The token from ``token_file`` (first line), else from ``$token_env``; None if neither is set."""

@@ -11,7 +11,9 @@ Blank lines and lines starting with ``#`` are skipped. The file is read by one p
 configured file that names no token, a bare token among tenant lines (a wrapped line), or any other line
 it cannot read exactly is refused as ``file:line: problem``, and the vault does not start. Without a
 token file and without ``$TIERKV_TOKEN`` the vault is open: every caller is an admin of the default
-tenant, and the vault says so at start. Health checks never need a token.
+tenant, and the vault says so at start. An open vault listens on loopback only, unless ``[auth]
+allow_open`` says its network is trusted (:func:`check_open`): a missing token file must not put every
+tenant's KV on the network. Health checks never need a token.
 
 On gRPC a token travels as ``authorization: Bearer <token>`` and a header without the ``Bearer`` scheme is
 no token; on the bulk port it travels bare in the request head. Both carry at most
@@ -28,7 +30,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hmac
+import ipaddress
 import os
+import socket
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -299,6 +303,46 @@ class _Builder:
 
     def table(self) -> TokenTable:
         return TokenTable(self.entries, {t: q for t, (q, _) in self.quotas.items()}, self.warnings)
+
+
+ALLOW_OPEN_ENV = "TIERKV_ALLOW_OPEN"
+"""``1`` here does what ``[auth] allow_open = true`` does, for a vault a script starts without a config
+file (in a network namespace of its own, say)."""
+
+
+def is_loopback(host: str) -> bool | None:
+    """Whether only this machine can reach ``host``: an address in 127.0.0.0/8 or ``::1``, or a name
+    that resolves to such addresses only (``localhost``); None for a name that does not resolve (the
+    start fails on that anyway, with its own message)."""
+    literal = host.strip("[]")
+    try:
+        return ipaddress.ip_address(literal.split("%")[0]).is_loopback
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(literal, None)
+    except (OSError, UnicodeError):
+        return None
+    return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in found)
+
+
+def check_open(tokens: TokenTable, auth: AuthConfig, host: str, source: str) -> None:
+    """ConfigError (naming ``vault.host``) for a vault with no token that would listen beyond loopback
+    without ``[auth] allow_open``: fail closed, as a missing token file is more often an accident than a
+    choice, and a KV cache holds what its users' prompts said."""
+    if tokens.enabled or auth.allow_open or is_loopback(host) is not False:
+        return
+    allowed = os.environ.get(ALLOW_OPEN_ENV, "").strip().lower()
+    if allowed in ("1", "true", "yes"):
+        return
+    raise ConfigError(
+        source,
+        "vault.host",
+        f"{host} is reachable from other machines and auth is off (no [auth] token_file, no "
+        f"${auth.token_env}): anyone who reaches the vault could read and write every tenant's KV; set "
+        "[auth] token_file (docs/operations/auth.md), listen on 127.0.0.1, or set [auth] allow_open = true "
+        f"(or ${ALLOW_OPEN_ENV}=1) on a trusted network",
+    )
 
 
 def exposure_warning(auth: AuthConfig) -> str | None:

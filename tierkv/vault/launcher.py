@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tierkv.vault.auth import ALLOW_OPEN_ENV
+
 TIERKV_COMMAND = (
     sys.executable,
     "-c",
@@ -55,9 +57,11 @@ class VaultProcess:
         env: dict[str, str] | None = None,
         log_file: str | Path | None = None,
         prefix: Sequence[str] = (),
+        allow_open: bool = False,
     ) -> None:
         """``prefix`` goes before the command (``ip netns exec NS`` runs the vault in a network namespace;
-        it must exec the vault, so that the PID signalled is the vault's)."""
+        it must exec the vault, so that the PID signalled is the vault's). ``allow_open``: the vault may
+        run without a token on a ``host`` beyond loopback (a namespace nothing else reaches)."""
         self.path = Path(path)
         self.host = host
         self.port = port
@@ -79,7 +83,7 @@ class VaultProcess:
             sync,
             *extra_args,
         ]
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**os.environ, **({ALLOW_OPEN_ENV: "1"} if allow_open else {}), **(env or {})}
         self.log_file = Path(log_file) if log_file else self.path.parent / f"{self.path.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -37,7 +37,7 @@ from tierkv.logs import console_shows
 from tierkv.roles import Role
 from tierkv.vault import grpc_edge
 from tierkv.vault.admission import Admission, AdmissionLimits, grpc_threads
-from tierkv.vault.auth import exposure_warning, load_tokens
+from tierkv.vault.auth import check_open, exposure_warning, load_tokens
 from tierkv.vault.bulk import BulkLimits, BulkServer, bind_listener
 from tierkv.vault.calls import Calls
 from tierkv.vault.memory import InflightBudget
@@ -73,6 +73,7 @@ class VaultServer:
         tune_malloc()
         self.tokens = load_tokens(config.auth, config.source)
         self.tokens.check_budget(vc.max_bytes, config.source_of("vault.max_bytes"))
+        check_open(self.tokens, config.auth, vc.host, config.source_of("vault.host"))
         for warning in (*self.tokens.warnings, exposure_warning(config.auth)):
             if warning:
                 log.warning("%s", warning)
