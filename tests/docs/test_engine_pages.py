@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ import typer.main
 from tierkv import cli
 from tierkv.connectors.launcher_flags import launcher_parser
 from tierkv.connectors.vault_settings import VaultSettings
-from tierkv.connectors.vllm.settings import KNOWN_KEYS
+from tierkv.connectors.vllm.settings import KNOWN_KEYS, ConnectorSettings
 from tierkv.connectors.vllm.stats import COUNTERS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -254,3 +255,59 @@ def test_the_settings_table_is_the_plugin_settings(page: str) -> None:
     listed = set(re.findall(r"(?m)^\| `(\w+)` \|", table))
     fields = {f.name for f in dataclasses.fields(VaultSettings) if not f.metadata.get("internal")}
     assert listed == fields, (sorted(listed - fields), sorted(fields - listed))
+
+
+# -- launch lines --------------------------------------------------------------------------------------
+
+SECONDARY_TIER_VLLM_KEYS = frozenset({"type", "module_path", "backpressure", "locality", "enable_kv_events"})
+"""Keys of a ``secondary_tiers`` entry that vLLM's tier factory takes for itself or hands every tier."""
+
+
+def launch_json(flag: str) -> list[tuple[str, dict[str, Any]]]:
+    """The JSON after ``flag '`` in the pages' fenced blocks (a launch line spans several lines)."""
+    out = []
+    for page in PAGES:
+        for block in FENCE.findall(page.read_text()):
+            for raw in re.findall(rf"{re.escape(flag)} '([^']*)'", block):
+                out.append((page.name, json.loads(raw)))  # a page's JSON that does not parse fails here
+    return out
+
+
+@pytest.fixture
+def toml(tmp_path: Path) -> str:
+    """A tierkv.toml that names a vault, for ``config_path`` (the pages point at /etc/tierkv)."""
+    path = tmp_path / "tierkv.toml"
+    path.write_text('[cluster.kv_cold]\nhost = "127.0.0.1"\nport = 50051\n')
+    return str(path)
+
+
+def test_every_vllm_launch_line_is_json_the_connector_and_tier_accept(toml: str) -> None:
+    lines = launch_json("--kv-transfer-config")
+    assert {c["kv_connector"] for _, c in lines} >= {"TierKVConnector", "OffloadingConnector"}
+    for page, config in lines:
+        extra = config.get("kv_connector_extra_config", {})
+        if config["kv_connector"] == "TierKVConnector":
+            assert resolves(f"{config['kv_connector_module_path']}.TierKVConnector"), page
+            ConnectorSettings.from_extra({**extra, "config_path": toml})
+        for tier in extra.get("secondary_tiers", []):
+            assert resolves(f"{tier['module_path']}.{tier['type']}"), page
+            unknown = set(tier) - SECONDARY_TIER_VLLM_KEYS - set(secondary_tier_settings())
+            assert not unknown, (page, unknown)
+
+
+def test_the_sglang_launch_line_is_json_the_backend_accepts(toml: str) -> None:
+    ((page, extra),) = launch_json("--hicache-storage-backend-extra-config")
+    assert resolves(f"{extra['module_path']}.{extra['class_name']}"), page
+    VaultSettings.from_extra({**extra["tierkv"], "config_path": toml}, "sglang")
+
+
+def test_the_lmcache_config_names_the_connector_and_its_settings(toml: str) -> None:
+    yaml = pytest.importorskip("yaml")
+    page = (ROOT / "docs" / "engines" / "lmcache.md").read_text()
+    (block,) = [b for b in FENCE.findall(page) if "remote_storage_plugins" in b]
+    config = yaml.safe_load(block)
+    (plugin,) = config["remote_storage_plugins"]
+    prefix = f"remote_storage_plugin.{plugin}."
+    ours = {k.removeprefix(prefix): v for k, v in config["extra_config"].items() if k.startswith(prefix)}
+    assert resolves(f"{ours.pop('module_path')}.{ours.pop('class_name')}")
+    VaultSettings.from_extra({**ours, "config_path": toml}, "lmcache")
