@@ -1,4 +1,5 @@
-"""The engine pages name only what exists: a reader wiring tierkv into an engine copies these names.
+"""The engine pages (and the getting-started pages and the README, which give the same lines) name only
+what exists: a reader wiring tierkv into an engine copies these names.
 
 The pages' commands and snippets mostly need an engine (and often a GPU) to run, so here they are read,
 not run: every ``tierkv`` command with its flags, every ``python -m`` module of this repository with
@@ -28,7 +29,13 @@ from tierkv.connectors.vllm.settings import KNOWN_KEYS, ConnectorSettings
 from tierkv.connectors.vllm.stats import COUNTERS
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = sorted([*(ROOT / "docs" / "engines").glob("*.md"), *(ROOT / "docs" / "getting-started").glob("*.md")])
+PAGES = sorted(
+    [
+        *(ROOT / "docs" / "engines").glob("*.md"),
+        *(ROOT / "docs" / "getting-started").glob("*.md"),
+        ROOT / "README.md",
+    ]
+)
 NOT_CODE = ("tierkv.toml", "tierkv.layout")
 """``tierkv.…`` names that are not import paths: the config file, the prompt-layout hint's action type."""
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -296,9 +303,11 @@ def test_every_vllm_launch_line_is_json_the_connector_and_tier_accept(toml: str)
 
 
 def test_the_sglang_launch_line_is_json_the_backend_accepts(toml: str) -> None:
-    ((page, extra),) = launch_json("--hicache-storage-backend-extra-config")
-    assert resolves(f"{extra['module_path']}.{extra['class_name']}"), page
-    VaultSettings.from_extra({**extra["tierkv"], "config_path": toml}, "sglang")
+    lines = launch_json("--hicache-storage-backend-extra-config")
+    assert [page for page, _ in lines] == ["README.md", "sglang.md"]
+    for page, extra in lines:
+        assert resolves(f"{extra['module_path']}.{extra['class_name']}"), page
+        VaultSettings.from_extra({**extra["tierkv"], "config_path": toml}, "sglang")
 
 
 def test_the_lmcache_config_names_the_connector_and_its_settings(toml: str) -> None:
