@@ -497,11 +497,24 @@ def test_the_01_install_command_names_its_successor() -> None:
     assert "exo" in commands and "install" not in commands
 
 
-def test_mlx_serve_is_a_command_and_names_its_extra() -> None:
-    result = tierkv("mlx-serve", "--model", "m")
-    if importlib.util.find_spec("mlx") is None:
-        assert_clean_error(result, "pip install 'tierkv[mlx]'")
-    assert "mlx_lm.server" in tierkv("mlx-serve", "-h").stdout
+@pytest.mark.parametrize(
+    ("command", "engine", "extra", "engine_flag"),
+    [
+        ("mlx-serve", "mlx_lm", "mlx", "--prompt-cache-size"),
+        ("llama-serve", "llama_cpp", "llamacpp", "--n_ctx"),
+    ],
+)
+def test_a_server_launcher_names_its_extra_and_its_help_lists_both_flag_sets(
+    command: str, engine: str, extra: str, engine_flag: str
+) -> None:
+    """``--help`` of a launcher shows tierkv's ``--tierkv-*`` flags and then the engine's own; without the
+    engine installed it names the extra to install."""
+    if importlib.util.find_spec(engine) is None:
+        assert_clean_error(tierkv(command, "--model", "m"), f"pip install 'tierkv[{extra}]'")
+        assert_clean_error(tierkv(command, "--help"), f"pip install 'tierkv[{extra}]'")
+        return
+    out = tierkv(command, "--help").stdout
+    assert "--tierkv-config PATH" in out and "--tierkv-block-size N" in out and engine_flag in out
 
 
 def test_the_start_line_is_said_once(vault_factory: VaultFactory) -> None:

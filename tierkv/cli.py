@@ -633,7 +633,7 @@ def llama_serve(ctx: typer.Context) -> None:
     """llama-cpp-python's OpenAI server with the tiered cache (tierkv[llamacpp]).
 
     --tierkv-config, --tierkv-block-size and --tierkv-tenant are tierkv's; every other flag is
-    llama_cpp.server's (--model, --host, --port, --n_ctx, --flash_attn, --type_k ...; --help lists them).
+    llama_cpp.server's (--model, --host, --port, --n_ctx, --flash_attn, --type_k ...; --help lists both).
     """
     from tierkv.connectors.llamacpp.serve import main as serve
 
@@ -845,10 +845,14 @@ def exo_install(python: ExoPython = None, site_dir: ExoSiteDir = None) -> None:
 @app.command(
     "mlx-serve",
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    add_help_option=False,
 )
 def mlx_serve(ctx: typer.Context) -> None:
-    """mlx-lm's OpenAI server with a tiered prompt cache: --tierkv-config, --tierkv-block-size,
-    --tierkv-codec, --tierkv-tenant here; every other flag goes to mlx_lm.server (needs tierkv[mlx])."""
+    """mlx-lm's OpenAI server with a tiered prompt cache (tierkv[mlx]).
+
+    --tierkv-config, --tierkv-block-size, --tierkv-codec and --tierkv-tenant are tierkv's; every other
+    flag goes to mlx_lm.server (--model, --port, --prompt-cache-size ...; --help lists both).
+    """
     from tierkv.connectors.mlx.serve import main as serve
 
     serve(list(ctx.args))

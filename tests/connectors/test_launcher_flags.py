@@ -48,3 +48,21 @@ def test_a_bad_file_or_block_size_is_one_line_and_exit_2(
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("codec", [False, True])
+def test_help_lists_our_flags_and_leaves_the_help_flag_for_the_engine(
+    codec: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tierkv llama-serve --help`` / ``mlx-serve --help`` show tierkv's flags, then the engine's."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tierkv.toml").write_text("[cluster\n")  # a broken file does not hide the help
+    argv = ["--model", "m", "--help"]
+    ours, rest, _ = parse_launcher_args(launcher_parser(codec=codec), argv, "mlx_lm.server")
+    assert rest == ["--model", "m", "--help"]
+    out = capsys.readouterr().out
+    assert "every other flag is mlx_lm.server's" in out
+    for flag in ("--tierkv-config PATH", "--tierkv-block-size N", "--tierkv-tenant NAME"):
+        assert flag in out
+    assert ("--tierkv-codec {raw,int8}" in out) is codec
+    assert ours.tierkv_block_size == 16

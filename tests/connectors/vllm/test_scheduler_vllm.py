@@ -471,3 +471,26 @@ def test_sleep_mode_is_refused_at_start_up(model_dir: Path, kv_vault: VaultProce
     kv_config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[attention(["l0"])])
     with pytest.raises(ConfigError, match="enable_sleep_mode: sleep mode frees and remaps the KV cache"):
         TierKVConnector(config, KVConnectorRole.SCHEDULER, kv_config)
+
+
+def test_cold_events_without_vllms_kv_events_say_what_to_start_vllm_with(
+    model_dir: Path, kv_vault: VaultProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``kv_events: true`` alone publishes nothing (vLLM drops events unless ``--kv-events-config`` turns
+    them on): the connector says so once, naming the flag, and builds no events (no audit lookups)."""
+    from vllm.config import KVEventsConfig
+
+    kv_config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[attention(["l0"])])
+    config = make_config(model_dir, kv_vault.address, kv_events=True)
+    with caplog.at_level("WARNING", logger="tierkv"):
+        off = TierKVConnector(config, KVConnectorRole.SCHEDULER, kv_config)
+    warned = [r.getMessage() for r in caplog.records if "kv_events" in r.getMessage()]
+    assert len(warned) == 1 and "--kv-events-config" in warned[0], warned
+    assert list(off.take_events()) == [] and off._events is None
+    off.shutdown()
+    caplog.clear()
+    config.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+    with caplog.at_level("WARNING", logger="tierkv"):
+        on = TierKVConnector(config, KVConnectorRole.SCHEDULER, kv_config)
+    assert on._events is not None and not [r for r in caplog.records if "kv_events" in r.getMessage()]
+    on.shutdown()

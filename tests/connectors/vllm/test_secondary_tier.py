@@ -341,3 +341,17 @@ def test_settings_errors_name_the_key(vault: VaultProcess) -> None:
         TieringOffloadingSpec(offloading_config({"kv_cold": vault.address, "load_threads": 0})).get_manager()
     with pytest.raises(ConfigError, match="fp8"):
         TieringOffloadingSpec(offloading_config({"kv_cold": vault.address}, dtype="fp8_e4m3")).get_manager()
+
+
+def test_tier_events_without_vllms_kv_events_say_what_to_start_vllm_with(
+    vault: VaultProcess, engine_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``enable_kv_events`` on the tier alone announces nothing (vLLM's events are off): one warning
+    naming the key and the flag that turns them on, as vLLM's own tiers warn."""
+    with caplog.at_level("WARNING", logger="tierkv"):
+        engine = engine_factory(kv_cold=vault.address, events=False, enable_kv_events=True)
+    warned = [r.getMessage() for r in caplog.records if "enable_kv_events" in r.getMessage()]
+    assert len(warned) == 1 and "--kv-events-config" in warned[0], warned
+    keys = keys_of(12, 2)
+    engine.store(keys)
+    assert not [e for e in engine.manager.take_events() if e.medium.value == "STORAGE"]

@@ -56,7 +56,7 @@ def install(storage: Storage, *, block_size: int = 16, tenant: str = "") -> list
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ours, rest, config = parse_launcher_args(launcher_parser(), argv)
+    ours, rest, config = parse_launcher_args(launcher_parser(), argv, "llama_cpp.server")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     storage = LazyStorage(lambda: open_cluster(config))
     tiers = install(storage, block_size=ours.tierkv_block_size, tenant=ours.tierkv_tenant)

@@ -15,7 +15,6 @@ caches hold the draft model's layers too). The vaults are opened on first use.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import Sequence
@@ -29,12 +28,6 @@ from tierkv.connectors.mlx.server import TieredPromptCache
 from tierkv.tiering.storage import LazyStorage, Storage, open_cluster
 
 log = logging.getLogger(__name__)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = launcher_parser()
-    p.add_argument("--tierkv-codec", choices=("raw", "int8"), default="raw")
-    return p
 
 
 def install(
@@ -63,7 +56,7 @@ def install(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ours, rest, config = parse_launcher_args(_parser(), argv)
+    ours, rest, config = parse_launcher_args(launcher_parser(codec=True), argv, "mlx_lm.server")
     storage = LazyStorage(lambda: open_cluster(config))
     install(storage, block_size=ours.tierkv_block_size, codec=ours.tierkv_codec, tenant=ours.tierkv_tenant)
     sys.argv = ["mlx_lm.server", *rest]

@@ -107,6 +107,21 @@ class TierKVMetadata(KVConnectorMetadata):  # type: ignore[misc]
         self.idle = idle
 
 
+KV_EVENTS_OFF = (
+    "kv_connector_extra_config: kv_events: vLLM publishes no KV events, so the cold tier announces nothing; "
+    'start vLLM with --kv-events-config \'{"enable_kv_cache_events": true, "publisher": "zmq"}\' '
+    "or drop kv_events"
+)
+
+
+def publishes_kv_events(vllm_config: VllmConfig) -> bool:
+    """Whether vLLM publishes KV events at all (``--kv-events-config``): without it the scheduler hands
+    the connector's events to a publisher that drops them, so building them (and auditing the vaults for
+    them) would be work for nothing."""
+    events = vllm_config.kv_events_config
+    return events is not None and bool(events.enable_kv_cache_events)
+
+
 class TierKVWorkerReport(KVConnectorWorkerMetadata):  # type: ignore[misc]
     """One worker's step report with ``store: "eviction"``: held store jobs it finished (job -> number
     of workers, summed across workers by vLLM's aggregation) and its cold-event report, if any."""
@@ -198,6 +213,9 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         transfer = self._kv_transfer_config
         self.settings = ConnectorSettings.from_extra(transfer.kv_connector_extra_config)
         self.counters = Counters()
+        self._announce = self.settings.kv_events and publishes_kv_events(vllm_config)
+        if self.settings.kv_events and not self._announce and role == KVConnectorRole.SCHEDULER:
+            logger.warning(KV_EVENTS_OFF)
         cache = vllm_config.cache_config
         hash_block_size = kv_cache_config.hash_block_size or cache.hash_block_size or cache.block_size
         self.topology = classify_groups(kv_cache_config, hash_block_size)
@@ -216,7 +234,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 self.settings.hash, str(cache.prefix_caching_hash_algo), os.environ.get("PYTHONHASHSEED")
             )
             self.keybook = KeyBook(self.identity, self.topology, scheme)
-            if self.settings.kv_events:
+            if self._announce:
                 self._events = ColdEvents(
                     self.topology.block_size,
                     self.topology.hash_block_size,
@@ -373,7 +391,7 @@ class TierKVConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             max_queued_stores=self.settings.max_queued_stores,
             load_threads=self.settings.load_threads,
             counters=self.counters,
-            report=WorkerReport() if self.settings.kv_events else None,
+            report=WorkerReport() if self._announce else None,
             prefetch_bytes=self.settings.config.cluster.prefetch_bytes,
             prefetch_timeout_s=self.settings.config.cluster.prefetch_timeout_s,
             decode_behind=self.settings.config.cluster.decode_behind,

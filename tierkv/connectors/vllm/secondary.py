@@ -194,6 +194,13 @@ class _VaultLookups(AsyncLookupManager):  # type: ignore[misc]
         return [i < present for i in range(len(keys))]
 
 
+TIER_EVENTS_OFF = (
+    "secondary tier %s: enable_kv_events: vLLM publishes no KV events, so the tier announces nothing; "
+    'start vLLM with --kv-events-config \'{"enable_kv_cache_events": true, "publisher": "zmq"}\' '
+    "or drop enable_kv_events"
+)
+
+
 class TierKVSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
     """tierkv vaults behind vLLM's CPU offloading tier (see the module docstring)."""
 
@@ -219,9 +226,10 @@ class TierKVSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         self._tier = ColdTier(self._storage, NumpyArrays(self.layout.dtype))
         self._namespace: Namespace | None = None
         self._stream_lock = threading.Lock()
-        self._events: list[OffloadingEvent] | None = (
-            [] if enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events else None
-        )
+        published = bool(offloading_spec.kv_events_config.enable_kv_cache_events)
+        self._events: list[OffloadingEvent] | None = [] if enable_kv_events and published else None
+        if enable_kv_events and not published:
+            log.warning(TIER_EVENTS_OFF, tier_type)
         self._results: queue.SimpleQueue[tuple[JobResult, list[OffloadKey], bool]] = queue.SimpleQueue()
         self._pending: set[Future[None]] = set()
         self._pending_lock = threading.Lock()
