@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.client.inproc import InProcessVault, factory, vaults
 from tierkv.client.cluster import Cluster
 
@@ -76,3 +78,21 @@ def test_a_breaker_opens_after_failures_and_probes_after_its_backoff(tmp_path: P
         vault.down = True
         assert c.get_buffers(NS, KEYS[:1]) == [None]
         assert len(vault.calls) == asked + 2, "closed again: one failure does not open it"
+
+
+def test_a_probe_that_raises_does_not_leave_the_breaker_open_for_good(tmp_path: Path) -> None:
+    """A half-open breaker lets one probe out; one that ends in anything but an answer or a VaultError
+    (here the caller's own mistake) must still let a later probe go, or the vault is a miss until the
+    engine restarts."""
+    clock = Clock()
+    with vaults(tmp_path, 1) as made, cluster(made, clock, timeout=1.0, breaker_threshold=1) as c:
+        vault = made[0]
+        c.put(NS, BLOBS)
+        vault.down = True
+        assert c.get_buffers(NS, KEYS[:1]) == [None]
+        vault.down = False
+        clock.t += 1.0
+        with pytest.raises(ValueError, match="lease_ms"):
+            c.prefix_lookup(NS, KEYS, lease_ms=2**32)
+        clock.t += 60.0
+        assert c.get_buffers(NS, KEYS[:1]) == [BLOBS[KEYS[0]]]

@@ -30,9 +30,9 @@ from typing import Any, Generic, TypeVar
 
 from tierkv.client._rpc import BlobSink, Items, Metas, as_bytes
 from tierkv.client.breaker import CircuitBreaker
-from tierkv.client.member import FAILED, Failed, Member, Work
+from tierkv.client.member import FAILED, Failed, Member, Refused, Work
 from tierkv.client.metrics import ClusterMetrics
-from tierkv.client.puts import PutReport, PutTally
+from tierkv.client.puts import PutReport, PutTally, put_share, refused_put
 from tierkv.client.sharding import Rendezvous
 from tierkv.client.types import PutAck, VaultStats
 from tierkv.client.vault import VaultClient
@@ -148,19 +148,30 @@ class Cluster:
     # -- fan-out -----------------------------------------------------------------------------------
 
     def _submit(
-        self, role: Role, method: str, vault: int, fn: Work[T], deadline: float | None
+        self,
+        role: Role,
+        method: str,
+        vault: int,
+        fn: Work[T],
+        deadline: float | None,
+        refused: Refused[T] | None = None,
     ) -> Future[Any]:
-        return self._pool.submit(self._members[role][vault].call, method, fn, deadline)
+        return self._pool.submit(self._members[role][vault].call, method, fn, deadline, refused)
 
     def _fan_out(
-        self, role: Role, method: str, work: Mapping[int, Work[T]], deadline: float | None
+        self,
+        role: Role,
+        method: str,
+        work: Mapping[int, Work[T]],
+        deadline: float | None,
+        refused: Refused[T] | None = None,
     ) -> dict[int, T | Failed]:
         """Every vault's share in parallel (in the caller's thread when there is one); a share still out
-        at ``deadline`` is FAILED."""
+        at ``deadline`` is FAILED, a share the vault refused is ``refused(error)`` (FAILED without it)."""
         if len(work) == 1:
             ((v, fn),) = work.items()
-            return {v: self._members[role][v].call(method, fn, deadline)}
-        futures = {v: self._submit(role, method, v, fn, deadline) for v, fn in work.items()}
+            return {v: self._members[role][v].call(method, fn, deadline, refused)}
+        futures = {v: self._submit(role, method, v, fn, deadline, refused) for v, fn in work.items()}
         wait(futures.values(), timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         return {v: f.result() if f.done() else FAILED for v, f in futures.items()}
 
@@ -198,7 +209,7 @@ class Cluster:
         tally = PutTally([k for k, _ in pairs], [self._owners(resolved, k) for k, _ in pairs])
         work = {
             v: partial(
-                _put_acks,
+                put_share,
                 namespace=namespace,
                 items=[pairs[i] for i in positions],
                 priority=priority,
@@ -207,7 +218,7 @@ class Cluster:
             for v, positions in tally.per_vault.items()
         }
         if self.replication == 1:
-            for v, ack in self._fan_out(resolved, "put", work, None).items():
+            for v, ack in self._fan_out(resolved, "put", work, None, refused_put).items():
                 tally.take(v, None if ack is FAILED else ack)
         else:
             self._put_replicated(resolved, tally, work)
@@ -220,7 +231,7 @@ class Cluster:
     def _put_replicated(self, role: Role, tally: PutTally, work: Mapping[int, Work[PutAck]]) -> None:
         """Every owner's share in parallel, taken as it answers, until all answered or ``hedge_after_s``
         after every key settled (the shares still out are left to finish on their own)."""
-        pending = {self._submit(role, "put", v, fn, None): v for v, fn in work.items()}
+        pending = {self._submit(role, "put", v, fn, None, refused_put): v for v, fn in work.items()}
         grace_ends: float | None = None
         while pending:
             timeout = None if grace_ends is None else max(0.0, grace_ends - time.monotonic())
@@ -621,18 +632,6 @@ def _stats_or_error(client: VaultClient) -> VaultStats | VaultError:
         return client.stats()
     except VaultError as exc:
         return exc
-
-
-def _put_acks(
-    client: VaultClient,
-    timeout: float | None,
-    *,
-    namespace: bytes,
-    items: Items,
-    priority: int,
-    meta: Metas | None,
-) -> PutAck:
-    return client.put_acks(namespace, items, priority=priority, meta=meta)
 
 
 def _get_buffers(

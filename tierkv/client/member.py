@@ -4,7 +4,8 @@ circuit breaker.
 Every vault's share of a cluster call goes through :meth:`Member.call`, which is where a vault failure
 becomes a miss: no time left, an open breaker or a :class:`~tierkv.errors.VaultError` answer
 :data:`FAILED` (counted and logged, the breaker told); a success closes the breaker and records the call's
-latency. The cluster decides which vaults to ask and merges their answers; it never sees the exception.
+latency; a refusal (the vault answered, but no) is counted apart and leaves the breaker closed. The
+cluster decides which vaults to ask and merges their answers; it never sees the exception.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import TypeVar
 from tierkv.client.breaker import CircuitBreaker
 from tierkv.client.metrics import ClusterMetrics
 from tierkv.client.vault import VaultClient
-from tierkv.errors import VaultError
+from tierkv.errors import InvalidRequest, ResourceExhausted, VaultError
+from tierkv.logs import Throttle
 
 log = logging.getLogger("tierkv.client.cluster")
 
@@ -33,6 +35,8 @@ class Failed(enum.Enum):
 
 FAILED = Failed.FAILED
 """A vault's share that gave no answer: failed, refused by the breaker, or out of time."""
+Refused = Callable[[VaultError], T | Failed]
+"""What a share the vault refused answers instead (see :meth:`Member.call`)."""
 
 
 class Member:
@@ -45,9 +49,21 @@ class Member:
         self.client = client
         self.breaker = breaker
         self.metrics = metrics
+        self._refusals = Throttle(REFUSAL_LOG_INTERVAL_S)
 
-    def call(self, method: str, fn: Work[T], deadline: float | None) -> T | Failed:
-        """This vault's share, as a miss (FAILED) when it fails, its breaker is open or no time is left."""
+    def call(
+        self,
+        method: str,
+        fn: Work[T],
+        deadline: float | None,
+        refused: Refused[T] | None = None,
+    ) -> T | Failed:
+        """This vault's share, as a miss (FAILED) when it fails, its breaker is open or no time is left.
+
+        A share the vault answered with a refusal (:data:`REFUSALS`: its disk full, its in-flight bytes or
+        call slots used up, a request over its limits) is ``refused(error)`` (FAILED without it): counted
+        as refused, never as a failure, and it closes the breaker, because the vault answered. A vault
+        that is full or busy keeps serving reads; its refusals must not stop them."""
         timeout = None if deadline is None else deadline - time.monotonic()
         if timeout is not None and timeout <= 0:
             return FAILED
@@ -57,17 +73,44 @@ class Member:
         start = time.perf_counter()
         try:
             result = fn(self.client, timeout)
+        except REFUSALS as exc:
+            self._refused(method, exc)
+            return FAILED if refused is None else refused(exc)
         except VaultError as exc:
             self.breaker.failure()
+            self.metrics.breaker.labels(self.address).set(int(self.breaker.state))
             self.metrics.failures.labels(self.address, method).inc()
             log.warning("%s on %s failed, treating as miss: %s", method, self.address, exc)
             return FAILED
-        finally:
+        except BaseException:
+            self.breaker.failure()  # never leave a half-open probe out for good
             self.metrics.breaker.labels(self.address).set(int(self.breaker.state))
-        self.breaker.success()
-        self.metrics.breaker.labels(self.address).set(0)
+            raise
+        self._answered()
         self.metrics.latency.labels(self.address, method).observe(time.perf_counter() - start)
         return result
 
+    def _refused(self, method: str, exc: VaultError) -> None:
+        """The vault answered this call with a refusal: it is up, so its breaker closes; counted, and
+        logged at most once per :data:`REFUSAL_LOG_INTERVAL_S`."""
+        self._answered()
+        self.metrics.refused.labels(self.address, method).inc()
+        due = self._refusals.add({method: 1})
+        if due is not None:
+            counts, span = due
+            calls = ", ".join(f"{n} {m}" for m, n in sorted(counts.items()))
+            log.warning("%s refused %s calls in the last %.0f s; it said: %s", self.address, calls, span, exc)
 
-__all__ = ["FAILED", "Failed", "Member", "Work"]
+    def _answered(self) -> None:
+        self.breaker.success()
+        self.metrics.breaker.labels(self.address).set(0)
+
+
+REFUSAL_LOG_INTERVAL_S = 10.0
+"""A vault's refusals are logged at most once per this many seconds (and counted always): a full vault
+refuses every Put."""
+REFUSALS = (ResourceExhausted, InvalidRequest)
+"""Errors that are a vault's answer to one call, not a sign that it is down."""
+
+
+__all__ = ["FAILED", "REFUSALS", "Failed", "Member", "Refused", "Work"]

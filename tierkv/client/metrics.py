@@ -26,6 +26,13 @@ class ClusterMetrics:
             ["vault", "method"],
             registry=self.registry,
         )
+        self.refused = Counter(
+            "tierkv_client_refused",
+            "Vault calls the vault answered with a refusal (RESOURCE_EXHAUSTED: disk full, busy, over a "
+            "limit; INVALID_ARGUMENT): misses, or blobs rejected; they leave the breaker closed",
+            ["vault", "method"],
+            registry=self.registry,
+        )
         self.skipped = Counter(
             "tierkv_client_skipped",
             "Calls not made because the vault's breaker was open",

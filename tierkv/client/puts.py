@@ -13,10 +13,14 @@ import logging
 from collections import defaultdict
 from collections.abc import Sequence
 
+from tierkv.client._rpc import Metas
+from tierkv.client.member import FAILED, REFUSALS, Failed
 from tierkv.client.metrics import ClusterMetrics
 from tierkv.client.types import PutAck
+from tierkv.client.vault import VaultClient
+from tierkv.errors import ResourceExhausted, VaultError
 from tierkv.logs import Throttle
-from tierkv.records import PutResult, Rejection
+from tierkv.records import REFUSED, PutResult, Rejection
 from tierkv.wire.framing import Buffer
 
 log = logging.getLogger("tierkv.client.cluster")
@@ -34,7 +38,7 @@ class PutTally:
         self.owners = owners
         self.copies = [0] * len(keys)
         self.answered = [0] * len(keys)
-        self.refusals: list[tuple[int, int]] = []
+        self.refusals: list[tuple[int, int, str]] = []
         self.per_vault: dict[int, list[int]] = defaultdict(list)
         for i, mine in enumerate(owners):
             for v in mine:
@@ -53,7 +57,7 @@ class PutTally:
             self.copies[positions[j]] += 1
             self.answered[positions[j]] += 1
         for j in ack.rejected:
-            self.refusals.append((positions[j], vault))
+            self.refusals.append((positions[j], vault, ack.reason or REFUSED))
             self.answered[positions[j]] += 1
 
     def settled(self) -> bool:
@@ -66,14 +70,14 @@ class PutTally:
 
     def result(self, addresses: Sequence[str]) -> PutResult:
         unstored = {i for i, c in enumerate(self.copies) if not c}
-        refused = {i for i, _ in self.refusals} & unstored
+        refused = {i for i, _, _ in self.refusals} & unstored
         return PutResult(
             sent=len(self.keys),
             stored=len(self.keys) - len(unstored),
             rejected=len(refused),
             lagging=sum(0 < c < len(o) for c, o in zip(self.copies, self.owners, strict=True)),
             unstored=tuple(self.keys[i] for i in sorted(unstored)),
-            rejections=tuple(Rejection(self.keys[i], addresses[v]) for i, v in self.refusals),
+            rejections=tuple(Rejection(self.keys[i], addresses[v], why) for i, v, why in self.refusals),
         )
 
 
@@ -113,4 +117,39 @@ class PutReport:
         )
 
 
-__all__ = ["PUT_LOG_INTERVAL_S", "PutReport", "PutTally"]
+def put_share(
+    client: VaultClient,
+    timeout: float | None,
+    *,
+    namespace: bytes,
+    items: Sequence[tuple[bytes, Buffer]],
+    priority: int,
+    meta: Metas | None,
+) -> PutAck:
+    """One vault's share of a put (a cluster :data:`~tierkv.client.member.Work`): its acknowledgement, or,
+    when the vault refused it as a whole, :class:`_PutRefused` for :func:`refused_put` to answer."""
+    try:
+        return client.put_acks(namespace, items, priority=priority, meta=meta)
+    except REFUSALS as exc:
+        if sum(len(blob) for _, blob in items) > client.options.max_batch_bytes:
+            raise  # sent as several Puts: the ones before this refusal may have been stored
+        raise _PutRefused(exc, len(items)) from None
+
+
+class _PutRefused(ResourceExhausted):
+    """A share sent as one Put that the vault refused as a whole: none of its ``n`` blobs is stored."""
+
+    def __init__(self, cause: VaultError, n: int) -> None:
+        super().__init__(str(cause), code=cause.code)
+        self.n = n
+
+
+def refused_put(exc: VaultError) -> PutAck | Failed:
+    """A refused share's answer: each of its blobs rejected, with the vault's reason, when it was one Put;
+    FAILED (unknown which were stored) when it was several."""
+    if isinstance(exc, _PutRefused):
+        return PutAck((), tuple(range(exc.n)), reason=str(exc))
+    return FAILED
+
+
+__all__ = ["PUT_LOG_INTERVAL_S", "PutReport", "PutTally", "put_share", "refused_put"]

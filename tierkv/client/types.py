@@ -19,6 +19,9 @@ class PutAck:
 
     stored: tuple[int, ...]
     rejected: tuple[int, ...]
+    reason: str = ""
+    """Why the vault refused the rejected ones, where its answer said more than the reply's positions (a
+    whole Put refused with RESOURCE_EXHAUSTED: its disk full, its in-flight bytes used up)."""
 
 
 @dataclasses.dataclass(frozen=True)
