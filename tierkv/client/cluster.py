@@ -2,8 +2,10 @@
 
 ``Cluster`` is what engine hooks call. It never raises because a vault failed: a vault that is down, slow
 (past its deadline) or refusing us turns its keys into misses, is counted, and after a few failures its
-circuit breaker stops further calls until a probe succeeds. Every operation fans out to the vaults
-involved in parallel, one RPC per vault (one BatchGet per vault per restore).
+circuit breaker stops further calls until a probe succeeds; a vault that answers with a refusal (full,
+busy) is not down, and its breaker stays closed. Every operation fans out to the vaults involved in
+parallel, one RPC per vault (one BatchGet per vault per restore), each vault's share on that vault's own
+threads, so that a vault that stalls delays only its own shares.
 
 Routing: :func:`tierkv.roles.role_for` sends attention and sliding-window KV to ``kv_cold`` and SSM /
 linear-attention / conv states to ``ssm_cold`` (or to ``kv_cold`` when no ``ssm_cold`` vault is
@@ -24,7 +26,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from functools import partial
 from typing import Any, Generic, TypeVar
 
@@ -98,10 +100,6 @@ class Cluster:
             self._rings[role] = Rendezvous(addresses)
         if Role.KV_COLD not in self._members:
             raise ValueError("a cluster needs at least one kv_cold vault")
-        size = sum(len(m) for m in self._members.values())
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(4, 2 * size * self.replication), thread_name_prefix="tierkv-cluster"
-        )
         self._fallback_logged = threading.Event()
         self._put_report = PutReport(self.metrics)
 
@@ -156,7 +154,7 @@ class Cluster:
         deadline: float | None,
         refused: Refused[T] | None = None,
     ) -> Future[Any]:
-        return self._pool.submit(self._members[role][vault].call, method, fn, deadline, refused)
+        return self._members[role][vault].submit(method, fn, deadline, refused)
 
     def _fan_out(
         self,
@@ -413,14 +411,13 @@ class Cluster:
         jobs = []
         for role, members in self._members.items():
             for m in members:
-                jobs.append((str(role), m.address, self._pool.submit(_stats_or_error, m.client)))
+                jobs.append((str(role), m.address, m.pool.submit(_stats_or_error, m.client)))
         return [(role, address, f.result()) for role, address, f in jobs]
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
         for members in self._members.values():
             for m in members:
-                m.client.close()
+                m.close()
 
     def __enter__(self) -> Cluster:
         return self

@@ -14,6 +14,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from tierkv.client.breaker import CircuitBreaker
@@ -49,7 +50,16 @@ class Member:
         self.client = client
         self.breaker = breaker
         self.metrics = metrics
+        self.pool = ThreadPoolExecutor(max_workers=MEMBER_THREADS, thread_name_prefix="tierkv-vault")
+        """This vault's own threads for the shares a cluster call sends in parallel: a vault that stalls
+        holds only these until its deadlines pass, never the threads another vault's shares need."""
         self._refusals = Throttle(REFUSAL_LOG_INTERVAL_S)
+
+    def submit(
+        self, method: str, fn: Work[T], deadline: float | None, refused: Refused[T] | None = None
+    ) -> Future[T | Failed]:
+        """:meth:`call` on this vault's own threads."""
+        return self.pool.submit(self.call, method, fn, deadline, refused)
 
     def call(
         self,
@@ -66,6 +76,7 @@ class Member:
         that is full or busy keeps serving reads; its refusals must not stop them."""
         timeout = None if deadline is None else deadline - time.monotonic()
         if timeout is not None and timeout <= 0:
+            self.metrics.expired.labels(self.address, method).inc()
             return FAILED
         if not self.breaker.allow():
             self.metrics.skipped.labels(self.address).inc()
@@ -105,6 +116,16 @@ class Member:
         self.breaker.success()
         self.metrics.breaker.labels(self.address).set(0)
 
+    def close(self) -> None:
+        """Wait for this vault's shares still out (each within its deadline), then close its client."""
+        self.pool.shutdown(wait=True)
+        self.client.close()
+
+
+MEMBER_THREADS = 8
+"""Shares one vault runs at once for parallel cluster calls (more wait their turn, within their deadline;
+a call to one vault alone runs in its caller's thread)."""
+
 
 REFUSAL_LOG_INTERVAL_S = 10.0
 """A vault's refusals are logged at most once per this many seconds (and counted always): a full vault
@@ -113,4 +134,4 @@ REFUSALS = (ResourceExhausted, InvalidRequest)
 """Errors that are a vault's answer to one call, not a sign that it is down."""
 
 
-__all__ = ["FAILED", "REFUSALS", "Failed", "Member", "Refused", "Work"]
+__all__ = ["FAILED", "MEMBER_THREADS", "REFUSALS", "Failed", "Member", "Refused", "Work"]

@@ -39,6 +39,13 @@ class ClusterMetrics:
             ["vault"],
             registry=self.registry,
         )
+        self.expired = Counter(
+            "tierkv_client_expired",
+            "Vault calls not made because the cluster call's deadline passed before they could start "
+            "(the vault's earlier calls still held its threads): misses",
+            ["vault", "method"],
+            registry=self.registry,
+        )
         self.breaker = Gauge(
             "tierkv_client_breaker_state", "0 closed, 1 half-open, 2 open", ["vault"], registry=self.registry
         )
