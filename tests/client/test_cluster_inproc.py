@@ -96,3 +96,26 @@ def test_a_probe_that_raises_does_not_leave_the_breaker_open_for_good(tmp_path: 
             c.prefix_lookup(NS, KEYS, lease_ms=2**32)
         clock.t += 60.0
         assert c.get_buffers(NS, KEYS[:1]) == [BLOBS[KEYS[0]]]
+
+
+def test_the_breaker_gauge_says_the_state_at_each_scrape(tmp_path: Path) -> None:
+    """``tierkv_client_breaker_state`` is what the breaker would do now: closed before any call, open
+    after the failures, half-open (the next call probes) once the backoff is over, with no call between."""
+    clock = Clock()
+    with vaults(tmp_path, 1) as made, cluster(made, clock, timeout=1.0, breaker_threshold=1) as c:
+        vault = made[0]
+
+        def gauge() -> float | None:
+            labels = {"vault": vault.address}
+            return c.metrics.registry.get_sample_value("tierkv_client_breaker_state", labels)
+
+        assert gauge() == 0
+        c.put(NS, BLOBS)
+        vault.down = True
+        assert c.get_buffers(NS, KEYS[:1]) == [None]
+        assert gauge() == 2
+        clock.t += 1.0
+        assert gauge() == 1
+        vault.down = False
+        assert c.get_buffers(NS, KEYS[:1]) == [BLOBS[KEYS[0]]]
+        assert gauge() == 0

@@ -50,6 +50,7 @@ class Member:
         self.client = client
         self.breaker = breaker
         self.metrics = metrics
+        metrics.breaker.labels(address).set_function(lambda: int(breaker.state))  # true at every scrape
         self.pool = ThreadPoolExecutor(max_workers=MEMBER_THREADS, thread_name_prefix="tierkv-vault")
         """This vault's own threads for the shares a cluster call sends in parallel: a vault that stalls
         holds only these until its deadlines pass, never the threads another vault's shares need."""
@@ -89,13 +90,11 @@ class Member:
             return FAILED if refused is None else refused(exc)
         except VaultError as exc:
             self.breaker.failure()
-            self.metrics.breaker.labels(self.address).set(int(self.breaker.state))
             self.metrics.failures.labels(self.address, method).inc()
             log.warning("%s on %s failed, treating as miss: %s", method, self.address, exc)
             return FAILED
         except BaseException:
             self.breaker.failure()  # never leave a half-open probe out for good
-            self.metrics.breaker.labels(self.address).set(int(self.breaker.state))
             raise
         self._answered()
         self.metrics.latency.labels(self.address, method).observe(time.perf_counter() - start)
@@ -114,7 +113,6 @@ class Member:
 
     def _answered(self) -> None:
         self.breaker.success()
-        self.metrics.breaker.labels(self.address).set(0)
 
     def close(self) -> None:
         """Wait for this vault's shares still out (each within its deadline), then close its client."""
