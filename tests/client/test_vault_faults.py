@@ -304,3 +304,23 @@ def test_an_answer_after_the_deadline_never_reaches_a_later_call(vault_factory: 
             assert first.restore()[1] == []
         assert second.restore()[1] == list(range(16))
         assert first.restore()[1] == list(range(16))
+
+
+def test_a_hybrid_hit_is_not_claimed_while_its_state_vault_is_down(vault_factory: VaultFactory) -> None:
+    """kv_cold up, ssm_cold down: the attention blocks are there, the recurrent states are not, so a hit
+    that needs both is none, in milliseconds (nothing listens), and only the ssm_cold vault is counted."""
+    kv, ssm = vault_factory(name="kv"), vault_factory(name="ssm", role="ssm_cold")
+    roles = {"kv_cold": [kv.address], "ssm_cold": [ssm.address]}
+    with Cluster(roles, timeout=2.0, clock=FrozenClock()) as c:
+        held = Blocks(c, 8)
+        state = SPEC.sibling(LayerGroup.SSM)
+        assert held.store().stored == 8
+        tally = held.tier.store(state, ((k, a, TOKENS) for k, a in zip(held.keys, held.values, strict=True)))
+        assert tally.stored == 8 and held.tier.lookup_all([SPEC, state], held.keys) == 8
+        ssm.kill()
+        t0 = time.monotonic()
+        assert held.tier.lookup_all([SPEC, state], held.keys) == 0
+        assert time.monotonic() - t0 < 1.0
+        assert held.lookup()[1] == 8, "the attention blocks are still there"
+        assert sample(c, "tierkv_client_failures_total", vault=ssm.address, method="prefix_lookup") == 1
+        assert sample(c, "tierkv_client_failures_total", vault=kv.address, method="prefix_lookup") == 0
