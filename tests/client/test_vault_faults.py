@@ -324,3 +324,32 @@ def test_a_hybrid_hit_is_not_claimed_while_its_state_vault_is_down(vault_factory
         assert held.lookup()[1] == 8, "the attention blocks are still there"
         assert sample(c, "tierkv_client_failures_total", vault=ssm.address, method="prefix_lookup") == 1
         assert sample(c, "tierkv_client_failures_total", vault=kv.address, method="prefix_lookup") == 0
+
+
+def test_a_put_over_grpc_to_a_stalled_vault_ends_at_its_deadline(vault_factory: VaultFactory) -> None:
+    """Puts go over gRPC when the bulk port is off (TLS on, ``bulk = false``, a vault without bulk Put).
+    Once a stalled vault's flow-control window is full (a few MiB), gRPC's blocking stream call waited
+    past its deadline for as long as the vault stayed stopped; the Put ends at its deadline instead."""
+    v = vault_factory(max_bytes="256MiB")
+    timeout = 1.0
+    blobs = {k: os.urandom(256 << 10) for k in keys(64)}  # 16 MiB: deadline 1 s + 16 MiB at 100 MB/s
+    with Cluster({"kv_cold": [v.address]}, timeout=timeout, bulk=False) as c:
+        assert c.put(NS, {b"warm": b"x"}).stored == 1
+        results: list[tuple[float, PutResult]] = []
+
+        def put() -> None:
+            t0 = time.monotonic()
+            result = c.put(NS, blobs)
+            results.append((time.monotonic() - t0, result))
+
+        with stopped(v):
+            putter = threading.Thread(target=put)
+            putter.start()
+            putter.join(timeout=10 * timeout)
+            hung = putter.is_alive()
+        putter.join(timeout=30)
+        assert not hung, "the Put was still waiting 10 timeouts later"
+        [(elapsed, result)] = results
+        assert (result.stored, result.failed) == (0, len(blobs))
+        assert elapsed < 2.5 * timeout
+        assert sample(c, "tierkv_client_failures_total", vault=v.address, method="put") == 1
