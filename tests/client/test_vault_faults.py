@@ -353,3 +353,20 @@ def test_a_put_over_grpc_to_a_stalled_vault_ends_at_its_deadline(vault_factory: 
         assert (result.stored, result.failed) == (0, len(blobs))
         assert elapsed < 2.5 * timeout
         assert sample(c, "tierkv_client_failures_total", vault=v.address, method="put") == 1
+
+
+def test_a_put_cut_short_after_some_of_its_batches_counts_those_as_the_vault_said(
+    vault_factory: VaultFactory, tmp_path: Path
+) -> None:
+    """A put larger than one Put goes as several; when a later one is refused (or fails), what the
+    replies before it said still counts: those blobs are stored, not unacknowledged."""
+    v = vault_factory(extra_args=small_inflight(tmp_path))
+    small = {b"a": os.urandom(600 << 10), b"b": os.urandom(600 << 10)}
+    too_big = {b"c": os.urandom(2 << 20)}
+    with Cluster({"kv_cold": [v.address]}, timeout=5.0, max_batch_bytes=1 << 20) as c:
+        result = c.put(NS, {**small, **too_big})
+        assert (result.stored, result.rejected, result.failed) == (2, 1, 0), result
+        assert result.unstored == (b"c",)
+        assert "RESOURCE_EXHAUSTED" in result.rejections[0].reason
+        assert c.get(NS, list(small)) == list(small.values())
+        assert sample(c, "tierkv_client_put_keys_total", role="kv_cold", outcome="stored") == 2

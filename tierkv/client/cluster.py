@@ -32,9 +32,9 @@ from typing import Any, Generic, TypeVar
 
 from tierkv.client._rpc import BlobSink, Items, Metas, as_bytes
 from tierkv.client.breaker import CircuitBreaker
-from tierkv.client.member import FAILED, Failed, Member, Refused, Work
+from tierkv.client.member import FAILED, Failed, Member, Work
 from tierkv.client.metrics import ClusterMetrics
-from tierkv.client.puts import PutReport, PutTally, put_share, refused_put
+from tierkv.client.puts import PutReport, PutTally, put_share
 from tierkv.client.sharding import Rendezvous
 from tierkv.client.types import PutAck, VaultStats
 from tierkv.client.vault import VaultClient
@@ -146,30 +146,19 @@ class Cluster:
     # -- fan-out -----------------------------------------------------------------------------------
 
     def _submit(
-        self,
-        role: Role,
-        method: str,
-        vault: int,
-        fn: Work[T],
-        deadline: float | None,
-        refused: Refused[T] | None = None,
+        self, role: Role, method: str, vault: int, fn: Work[T], deadline: float | None
     ) -> Future[Any]:
-        return self._members[role][vault].submit(method, fn, deadline, refused)
+        return self._members[role][vault].submit(method, fn, deadline)
 
     def _fan_out(
-        self,
-        role: Role,
-        method: str,
-        work: Mapping[int, Work[T]],
-        deadline: float | None,
-        refused: Refused[T] | None = None,
+        self, role: Role, method: str, work: Mapping[int, Work[T]], deadline: float | None
     ) -> dict[int, T | Failed]:
         """Every vault's share in parallel (in the caller's thread when there is one); a share still out
-        at ``deadline`` is FAILED, a share the vault refused is ``refused(error)`` (FAILED without it)."""
+        at ``deadline`` is FAILED."""
         if len(work) == 1:
             ((v, fn),) = work.items()
-            return {v: self._members[role][v].call(method, fn, deadline, refused)}
-        futures = {v: self._submit(role, method, v, fn, deadline, refused) for v, fn in work.items()}
+            return {v: self._members[role][v].call(method, fn, deadline)}
+        futures = {v: self._submit(role, method, v, fn, deadline) for v, fn in work.items()}
         wait(futures.values(), timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         return {v: f.result() if f.done() else FAILED for v, f in futures.items()}
 
@@ -216,7 +205,7 @@ class Cluster:
             for v, positions in tally.per_vault.items()
         }
         if self.replication == 1:
-            for v, ack in self._fan_out(resolved, "put", work, None, refused_put).items():
+            for v, ack in self._fan_out(resolved, "put", work, None).items():
                 tally.take(v, None if ack is FAILED else ack)
         else:
             self._put_replicated(resolved, tally, work)
@@ -229,7 +218,7 @@ class Cluster:
     def _put_replicated(self, role: Role, tally: PutTally, work: Mapping[int, Work[PutAck]]) -> None:
         """Every owner's share in parallel, taken as it answers, until all answered or ``hedge_after_s``
         after every key settled (the shares still out are left to finish on their own)."""
-        pending = {self._submit(role, "put", v, fn, None, refused_put): v for v, fn in work.items()}
+        pending = {self._submit(role, "put", v, fn, None): v for v, fn in work.items()}
         grace_ends: float | None = None
         while pending:
             timeout = None if grace_ends is None else max(0.0, grace_ends - time.monotonic())

@@ -4,8 +4,9 @@ circuit breaker.
 Every vault's share of a cluster call goes through :meth:`Member.call`, which is where a vault failure
 becomes a miss: no time left, an open breaker or a :class:`~tierkv.errors.VaultError` answer
 :data:`FAILED` (counted and logged, the breaker told); a success closes the breaker and records the call's
-latency; a refusal (the vault answered, but no) is counted apart and leaves the breaker closed. The
-cluster decides which vaults to ask and merges their answers; it never sees the exception.
+latency; a refusal (the vault answered, but no) is counted apart and leaves the breaker closed; a share
+cut short after part of it was answered (:class:`Partial`) is counted by its error and answers that part.
+The cluster decides which vaults to ask and merges their answers; it never sees the exception.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from typing import Generic, TypeVar, cast
 
 from tierkv.client.breaker import CircuitBreaker
 from tierkv.client.metrics import ClusterMetrics
@@ -36,8 +37,17 @@ class Failed(enum.Enum):
 
 FAILED = Failed.FAILED
 """A vault's share that gave no answer: failed, refused by the breaker, or out of time."""
-Refused = Callable[[VaultError], T | Failed]
-"""What a share the vault refused answers instead (see :meth:`Member.call`)."""
+
+
+class Partial(Exception, Generic[T]):
+    """Raised by a share that ended in ``error`` after part of it was answered: ``value`` is what was.
+    :meth:`Member.call` counts the error as it would count it raised alone and answers ``value``; it
+    never goes further."""
+
+    def __init__(self, error: VaultError, value: T) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.value = value
 
 
 class Member:
@@ -56,25 +66,17 @@ class Member:
         holds only these until its deadlines pass, never the threads another vault's shares need."""
         self._refusals = Throttle(REFUSAL_LOG_INTERVAL_S)
 
-    def submit(
-        self, method: str, fn: Work[T], deadline: float | None, refused: Refused[T] | None = None
-    ) -> Future[T | Failed]:
+    def submit(self, method: str, fn: Work[T], deadline: float | None) -> Future[T | Failed]:
         """:meth:`call` on this vault's own threads."""
-        return self.pool.submit(self.call, method, fn, deadline, refused)
+        return self.pool.submit(self.call, method, fn, deadline)
 
-    def call(
-        self,
-        method: str,
-        fn: Work[T],
-        deadline: float | None,
-        refused: Refused[T] | None = None,
-    ) -> T | Failed:
-        """This vault's share, as a miss (FAILED) when it fails, its breaker is open or no time is left.
+    def call(self, method: str, fn: Work[T], deadline: float | None) -> T | Failed:
+        """This vault's share, as a miss (FAILED) when it fails, its breaker is open or no time is left;
+        a share that raises :class:`Partial` answers what part of it was answered.
 
-        A share the vault answered with a refusal (:data:`REFUSALS`: its disk full, its in-flight bytes or
-        call slots used up, a request over its limits) is ``refused(error)`` (FAILED without it): counted
-        as refused, never as a failure, and it closes the breaker, because the vault answered. A vault
-        that is full or busy keeps serving reads; its refusals must not stop them."""
+        A refusal (:data:`REFUSALS`: the vault's disk full, its in-flight bytes or call slots used up, a
+        request over its limits) is counted as refused, never as a failure, and closes the breaker,
+        because the vault answered: a vault that is full or busy keeps serving reads."""
         timeout = None if deadline is None else deadline - time.monotonic()
         if timeout is not None and timeout <= 0:
             self.metrics.expired.labels(self.address, method).inc()
@@ -85,13 +87,11 @@ class Member:
         start = time.perf_counter()
         try:
             result = fn(self.client, timeout)
-        except REFUSALS as exc:
-            self._refused(method, exc)
-            return FAILED if refused is None else refused(exc)
+        except Partial as part:
+            self._fault(method, part.error)
+            return cast("T", part.value)
         except VaultError as exc:
-            self.breaker.failure()
-            self.metrics.failures.labels(self.address, method).inc()
-            log.warning("%s on %s failed, treating as miss: %s", method, self.address, exc)
+            self._fault(method, exc)
             return FAILED
         except BaseException:
             self.breaker.failure()  # never leave a half-open probe out for good
@@ -99,6 +99,14 @@ class Member:
         self._answered()
         self.metrics.latency.labels(self.address, method).observe(time.perf_counter() - start)
         return result
+
+    def _fault(self, method: str, exc: VaultError) -> None:
+        if isinstance(exc, REFUSALS):
+            self._refused(method, exc)
+            return
+        self.breaker.failure()
+        self.metrics.failures.labels(self.address, method).inc()
+        log.warning("%s on %s failed, treating as miss: %s", method, self.address, exc)
 
     def _refused(self, method: str, exc: VaultError) -> None:
         """The vault answered this call with a refusal: it is up, so its breaker closes; counted, and
@@ -132,4 +140,4 @@ REFUSALS = (ResourceExhausted, InvalidRequest)
 """Errors that are a vault's answer to one call, not a sign that it is down."""
 
 
-__all__ = ["FAILED", "MEMBER_THREADS", "REFUSALS", "Failed", "Member", "Refused", "Work"]
+__all__ = ["FAILED", "MEMBER_THREADS", "REFUSALS", "Failed", "Member", "Partial", "Work"]
