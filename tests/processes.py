@@ -32,7 +32,8 @@ def stopped(*vaults: VaultProcess) -> Iterator[None]:
         yield
     finally:
         for pid in pids:
-            os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # killed while stopped, by the test
+                os.kill(pid, signal.SIGCONT)
 
 
 def wait_until_stopped(pid: int, timeout: float = 10.0) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.client.inproc import InProcessVault, factory, vaults
 from tierkv.client.cluster import Cluster
 
@@ -76,3 +78,44 @@ def test_a_breaker_opens_after_failures_and_probes_after_its_backoff(tmp_path: P
         vault.down = True
         assert c.get_buffers(NS, KEYS[:1]) == [None]
         assert len(vault.calls) == asked + 2, "closed again: one failure does not open it"
+
+
+def test_a_probe_that_raises_does_not_leave_the_breaker_open_for_good(tmp_path: Path) -> None:
+    """A half-open breaker lets one probe out; one that ends in anything but an answer or a VaultError
+    (here the caller's own mistake) must still let a later probe go, or the vault is a miss until the
+    engine restarts."""
+    clock = Clock()
+    with vaults(tmp_path, 1) as made, cluster(made, clock, timeout=1.0, breaker_threshold=1) as c:
+        vault = made[0]
+        c.put(NS, BLOBS)
+        vault.down = True
+        assert c.get_buffers(NS, KEYS[:1]) == [None]
+        vault.down = False
+        clock.t += 1.0
+        with pytest.raises(ValueError, match="lease_ms"):
+            c.prefix_lookup(NS, KEYS, lease_ms=2**32)
+        clock.t += 60.0
+        assert c.get_buffers(NS, KEYS[:1]) == [BLOBS[KEYS[0]]]
+
+
+def test_the_breaker_gauge_says_the_state_at_each_scrape(tmp_path: Path) -> None:
+    """``tierkv_client_breaker_state`` is what the breaker would do now: closed before any call, open
+    after the failures, half-open (the next call probes) once the backoff is over, with no call between."""
+    clock = Clock()
+    with vaults(tmp_path, 1) as made, cluster(made, clock, timeout=1.0, breaker_threshold=1) as c:
+        vault = made[0]
+
+        def gauge() -> float | None:
+            labels = {"vault": vault.address}
+            return c.metrics.registry.get_sample_value("tierkv_client_breaker_state", labels)
+
+        assert gauge() == 0
+        c.put(NS, BLOBS)
+        vault.down = True
+        assert c.get_buffers(NS, KEYS[:1]) == [None]
+        assert gauge() == 2
+        clock.t += 1.0
+        assert gauge() == 1
+        vault.down = False
+        assert c.get_buffers(NS, KEYS[:1]) == [BLOBS[KEYS[0]]]
+        assert gauge() == 0

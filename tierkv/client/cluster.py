@@ -2,8 +2,10 @@
 
 ``Cluster`` is what engine hooks call. It never raises because a vault failed: a vault that is down, slow
 (past its deadline) or refusing us turns its keys into misses, is counted, and after a few failures its
-circuit breaker stops further calls until a probe succeeds. Every operation fans out to the vaults
-involved in parallel, one RPC per vault (one BatchGet per vault per restore).
+circuit breaker stops further calls until a probe succeeds; a vault that answers with a refusal (full,
+busy) is not down, and its breaker stays closed. Every operation fans out to the vaults involved in
+parallel, one RPC per vault (one BatchGet per vault per restore), each vault's share on that vault's own
+threads, so that a vault that stalls delays only its own shares.
 
 Routing: :func:`tierkv.roles.role_for` sends attention and sliding-window KV to ``kv_cold`` and SSM /
 linear-attention / conv states to ``ssm_cold`` (or to ``kv_cold`` when no ``ssm_cold`` vault is
@@ -24,7 +26,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from functools import partial
 from typing import Any, Generic, TypeVar
 
@@ -32,7 +34,7 @@ from tierkv.client._rpc import BlobSink, Items, Metas, as_bytes
 from tierkv.client.breaker import CircuitBreaker
 from tierkv.client.member import FAILED, Failed, Member, Work
 from tierkv.client.metrics import ClusterMetrics
-from tierkv.client.puts import PutReport, PutTally
+from tierkv.client.puts import PutReport, PutTally, put_share
 from tierkv.client.sharding import Rendezvous
 from tierkv.client.types import PutAck, VaultStats
 from tierkv.client.vault import VaultClient
@@ -98,10 +100,6 @@ class Cluster:
             self._rings[role] = Rendezvous(addresses)
         if Role.KV_COLD not in self._members:
             raise ValueError("a cluster needs at least one kv_cold vault")
-        size = sum(len(m) for m in self._members.values())
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(4, 2 * size * self.replication), thread_name_prefix="tierkv-cluster"
-        )
         self._fallback_logged = threading.Event()
         self._put_report = PutReport(self.metrics)
 
@@ -150,7 +148,7 @@ class Cluster:
     def _submit(
         self, role: Role, method: str, vault: int, fn: Work[T], deadline: float | None
     ) -> Future[Any]:
-        return self._pool.submit(self._members[role][vault].call, method, fn, deadline)
+        return self._members[role][vault].submit(method, fn, deadline)
 
     def _fan_out(
         self, role: Role, method: str, work: Mapping[int, Work[T]], deadline: float | None
@@ -198,7 +196,7 @@ class Cluster:
         tally = PutTally([k for k, _ in pairs], [self._owners(resolved, k) for k, _ in pairs])
         work = {
             v: partial(
-                _put_acks,
+                put_share,
                 namespace=namespace,
                 items=[pairs[i] for i in positions],
                 priority=priority,
@@ -402,14 +400,13 @@ class Cluster:
         jobs = []
         for role, members in self._members.items():
             for m in members:
-                jobs.append((str(role), m.address, self._pool.submit(_stats_or_error, m.client)))
+                jobs.append((str(role), m.address, m.pool.submit(_stats_or_error, m.client)))
         return [(role, address, f.result()) for role, address, f in jobs]
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
         for members in self._members.values():
             for m in members:
-                m.client.close()
+                m.close()
 
     def __enter__(self) -> Cluster:
         return self
@@ -621,18 +618,6 @@ def _stats_or_error(client: VaultClient) -> VaultStats | VaultError:
         return client.stats()
     except VaultError as exc:
         return exc
-
-
-def _put_acks(
-    client: VaultClient,
-    timeout: float | None,
-    *,
-    namespace: bytes,
-    items: Items,
-    priority: int,
-    meta: Metas | None,
-) -> PutAck:
-    return client.put_acks(namespace, items, priority=priority, meta=meta)
 
 
 def _get_buffers(

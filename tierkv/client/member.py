@@ -4,7 +4,9 @@ circuit breaker.
 Every vault's share of a cluster call goes through :meth:`Member.call`, which is where a vault failure
 becomes a miss: no time left, an open breaker or a :class:`~tierkv.errors.VaultError` answer
 :data:`FAILED` (counted and logged, the breaker told); a success closes the breaker and records the call's
-latency. The cluster decides which vaults to ask and merges their answers; it never sees the exception.
+latency; a refusal (the vault answered, but no) is counted apart and leaves the breaker closed; a share
+cut short after part of it was answered (:class:`Partial`) is counted by its error and answers that part.
+The cluster decides which vaults to ask and merges their answers; it never sees the exception.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import enum
 import logging
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar, cast
 
 from tierkv.client.breaker import CircuitBreaker
 from tierkv.client.metrics import ClusterMetrics
 from tierkv.client.vault import VaultClient
-from tierkv.errors import VaultError
+from tierkv.errors import InvalidRequest, ResourceExhausted, VaultError
+from tierkv.logs import Throttle
 
 log = logging.getLogger("tierkv.client.cluster")
 
@@ -35,6 +39,17 @@ FAILED = Failed.FAILED
 """A vault's share that gave no answer: failed, refused by the breaker, or out of time."""
 
 
+class Partial(Exception, Generic[T]):
+    """Raised by a share that ended in ``error`` after part of it was answered: ``value`` is what was.
+    :meth:`Member.call` counts the error as it would count it raised alone and answers ``value``; it
+    never goes further."""
+
+    def __init__(self, error: VaultError, value: T) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.value = value
+
+
 class Member:
     """One vault of a role: its address, client and breaker, and the cluster's metrics it reports to."""
 
@@ -45,11 +60,26 @@ class Member:
         self.client = client
         self.breaker = breaker
         self.metrics = metrics
+        metrics.breaker.labels(address).set_function(lambda: int(breaker.state))  # true at every scrape
+        self.pool = ThreadPoolExecutor(max_workers=MEMBER_THREADS, thread_name_prefix="tierkv-vault")
+        """This vault's own threads for the shares a cluster call sends in parallel: a vault that stalls
+        holds only these until its deadlines pass, never the threads another vault's shares need."""
+        self._refusals = Throttle(REFUSAL_LOG_INTERVAL_S)
+
+    def submit(self, method: str, fn: Work[T], deadline: float | None) -> Future[T | Failed]:
+        """:meth:`call` on this vault's own threads."""
+        return self.pool.submit(self.call, method, fn, deadline)
 
     def call(self, method: str, fn: Work[T], deadline: float | None) -> T | Failed:
-        """This vault's share, as a miss (FAILED) when it fails, its breaker is open or no time is left."""
+        """This vault's share, as a miss (FAILED) when it fails, its breaker is open or no time is left;
+        a share that raises :class:`Partial` answers what part of it was answered.
+
+        A refusal (:data:`REFUSALS`: the vault's disk full, its in-flight bytes or call slots used up, a
+        request over its limits) is counted as refused, never as a failure, and closes the breaker,
+        because the vault answered: a vault that is full or busy keeps serving reads."""
         timeout = None if deadline is None else deadline - time.monotonic()
         if timeout is not None and timeout <= 0:
+            self.metrics.expired.labels(self.address, method).inc()
             return FAILED
         if not self.breaker.allow():
             self.metrics.skipped.labels(self.address).inc()
@@ -57,17 +87,57 @@ class Member:
         start = time.perf_counter()
         try:
             result = fn(self.client, timeout)
+        except Partial as part:
+            self._fault(method, part.error)
+            return cast("T", part.value)
         except VaultError as exc:
-            self.breaker.failure()
-            self.metrics.failures.labels(self.address, method).inc()
-            log.warning("%s on %s failed, treating as miss: %s", method, self.address, exc)
+            self._fault(method, exc)
             return FAILED
-        finally:
-            self.metrics.breaker.labels(self.address).set(int(self.breaker.state))
-        self.breaker.success()
-        self.metrics.breaker.labels(self.address).set(0)
+        except BaseException:
+            self.breaker.failure()  # never leave a half-open probe out for good
+            raise
+        self._answered()
         self.metrics.latency.labels(self.address, method).observe(time.perf_counter() - start)
         return result
 
+    def _fault(self, method: str, exc: VaultError) -> None:
+        if isinstance(exc, REFUSALS):
+            self._refused(method, exc)
+            return
+        self.breaker.failure()
+        self.metrics.failures.labels(self.address, method).inc()
+        log.warning("%s on %s failed, treating as miss: %s", method, self.address, exc)
 
-__all__ = ["FAILED", "Failed", "Member", "Work"]
+    def _refused(self, method: str, exc: VaultError) -> None:
+        """The vault answered this call with a refusal: it is up, so its breaker closes; counted, and
+        logged at most once per :data:`REFUSAL_LOG_INTERVAL_S`."""
+        self._answered()
+        self.metrics.refused.labels(self.address, method).inc()
+        due = self._refusals.add({method: 1})
+        if due is not None:
+            counts, span = due
+            calls = ", ".join(f"{n} {m}" for m, n in sorted(counts.items()))
+            log.warning("%s refused %s calls in the last %.0f s; it said: %s", self.address, calls, span, exc)
+
+    def _answered(self) -> None:
+        self.breaker.success()
+
+    def close(self) -> None:
+        """Wait for this vault's shares still out (each within its deadline), then close its client."""
+        self.pool.shutdown(wait=True)
+        self.client.close()
+
+
+MEMBER_THREADS = 8
+"""Shares one vault runs at once for parallel cluster calls (more wait their turn, within their deadline;
+a call to one vault alone runs in its caller's thread)."""
+
+
+REFUSAL_LOG_INTERVAL_S = 10.0
+"""A vault's refusals are logged at most once per this many seconds (and counted always): a full vault
+refuses every Put."""
+REFUSALS = (ResourceExhausted, InvalidRequest)
+"""Errors that are a vault's answer to one call, not a sign that it is down."""
+
+
+__all__ = ["FAILED", "MEMBER_THREADS", "REFUSALS", "Failed", "Member", "Partial", "Work"]

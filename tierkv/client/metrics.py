@@ -26,10 +26,24 @@ class ClusterMetrics:
             ["vault", "method"],
             registry=self.registry,
         )
+        self.refused = Counter(
+            "tierkv_client_refused",
+            "Vault calls the vault answered with a refusal (RESOURCE_EXHAUSTED: disk full, busy, over a "
+            "limit; INVALID_ARGUMENT): misses, or blobs rejected; they leave the breaker closed",
+            ["vault", "method"],
+            registry=self.registry,
+        )
         self.skipped = Counter(
             "tierkv_client_skipped",
             "Calls not made because the vault's breaker was open",
             ["vault"],
+            registry=self.registry,
+        )
+        self.expired = Counter(
+            "tierkv_client_expired",
+            "Vault calls not made because the cluster call's deadline passed before they could start "
+            "(the vault's earlier calls still held its threads): misses",
+            ["vault", "method"],
             registry=self.registry,
         )
         self.breaker = Gauge(

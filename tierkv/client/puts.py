@@ -13,10 +13,14 @@ import logging
 from collections import defaultdict
 from collections.abc import Sequence
 
+from tierkv.client._rpc import Metas, put_batches
+from tierkv.client.member import REFUSALS, Partial
 from tierkv.client.metrics import ClusterMetrics
 from tierkv.client.types import PutAck
+from tierkv.client.vault import VaultClient
+from tierkv.errors import VaultError
 from tierkv.logs import Throttle
-from tierkv.records import PutResult, Rejection
+from tierkv.records import REFUSED, PutResult, Rejection
 from tierkv.wire.framing import Buffer
 
 log = logging.getLogger("tierkv.client.cluster")
@@ -34,46 +38,46 @@ class PutTally:
         self.owners = owners
         self.copies = [0] * len(keys)
         self.answered = [0] * len(keys)
-        self.refusals: list[tuple[int, int]] = []
+        self.refusals: list[tuple[int, int, str]] = []
         self.per_vault: dict[int, list[int]] = defaultdict(list)
         for i, mine in enumerate(owners):
             for v in mine:
                 self.per_vault[v].append(i)
-        self.took: set[int] = set()
+        self.took: dict[int, list[int]] = {}
+        """The key positions each vault's replies answered (stored or refused)."""
 
     def take(self, vault: int, ack: PutAck | None) -> None:
-        """A vault's answer (None: none) for its share of the keys."""
+        """A vault's answer (None: none) for its share of the keys: the vault is done with every one of
+        them, whether its replies said stored, refused or nothing."""
         positions = self.per_vault[vault]
+        for i in positions:
+            self.answered[i] += 1
         if ack is None:
-            for i in positions:
-                self.answered[i] += 1
             return
-        self.took.add(vault)
         for j in ack.stored:
             self.copies[positions[j]] += 1
-            self.answered[positions[j]] += 1
-        for j in ack.rejected:
-            self.refusals.append((positions[j], vault))
-            self.answered[positions[j]] += 1
+        for j, why in zip(ack.rejected, ack.reasons or [REFUSED] * len(ack.rejected), strict=True):
+            self.refusals.append((positions[j], vault, why))
+        self.took[vault] = [positions[j] for j in (*ack.stored, *ack.rejected)]
 
     def settled(self) -> bool:
         """Every key is stored on an owner, or every owner of it answered."""
         return all(c or a == len(o) for c, a, o in zip(self.copies, self.answered, self.owners, strict=True))
 
     def bytes_out(self, pairs: Sequence[tuple[bytes, Buffer]]) -> dict[int, int]:
-        """Blob bytes sent to each vault that answered."""
-        return {v: sum(len(pairs[i][1]) for i in self.per_vault[v]) for v in self.took}
+        """Blob bytes each vault's replies answered for."""
+        return {v: sum(len(pairs[i][1]) for i in answered) for v, answered in self.took.items()}
 
     def result(self, addresses: Sequence[str]) -> PutResult:
         unstored = {i for i, c in enumerate(self.copies) if not c}
-        refused = {i for i, _ in self.refusals} & unstored
+        refused = {i for i, _, _ in self.refusals} & unstored
         return PutResult(
             sent=len(self.keys),
             stored=len(self.keys) - len(unstored),
             rejected=len(refused),
             lagging=sum(0 < c < len(o) for c, o in zip(self.copies, self.owners, strict=True)),
             unstored=tuple(self.keys[i] for i in sorted(unstored)),
-            rejections=tuple(Rejection(self.keys[i], addresses[v]) for i, v in self.refusals),
+            rejections=tuple(Rejection(self.keys[i], addresses[v], why) for i, v, why in self.refusals),
         )
 
 
@@ -113,4 +117,36 @@ class PutReport:
         )
 
 
-__all__ = ["PUT_LOG_INTERVAL_S", "PutReport", "PutTally"]
+def put_share(
+    client: VaultClient,
+    timeout: float | None,
+    *,
+    namespace: bytes,
+    items: Sequence[tuple[bytes, Buffer]],
+    priority: int,
+    meta: Metas | None,
+) -> PutAck:
+    """One vault's share of a put (a cluster :data:`~tierkv.client.member.Work`), one Put per client
+    batch: what their replies said. A share cut short by an error raises
+    :class:`~tierkv.client.member.Partial` with what the Puts before it were answered (they count), and
+    the blobs of a Put the vault refused as a whole rejected with its reason; the rest were never
+    answered."""
+    stored: list[int] = []
+    rejected: list[int] = []
+    reasons: list[str] = []
+    for batch in put_batches(items, client.options, priority):
+        try:
+            chunk = [items[b.index] for b in batch]
+            ack = client.put_acks(namespace, chunk, priority=priority, meta=meta)
+        except VaultError as exc:
+            if isinstance(exc, REFUSALS):
+                rejected.extend(b.index for b in batch)
+                reasons.extend(str(exc) for _ in batch)
+            raise Partial(exc, PutAck(tuple(stored), tuple(rejected), tuple(reasons))) from None
+        stored.extend(batch[j].index for j in ack.stored)
+        rejected.extend(batch[j].index for j in ack.rejected)
+        reasons.extend(REFUSED for _ in ack.rejected)
+    return PutAck(tuple(stored), tuple(rejected), tuple(reasons))
+
+
+__all__ = ["PUT_LOG_INTERVAL_S", "PutReport", "PutTally", "put_share"]

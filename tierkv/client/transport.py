@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 
 from tierkv._malloc import tune_malloc
-from tierkv.client._rpc import ClientOptions, map_error
+from tierkv.client._rpc import ClientOptions, error_for, map_error
 from tierkv.wire import SERVICE
 from tierkv.wire.framing import Buffer
 
@@ -120,6 +120,8 @@ class GrpcTransport(Transport):
         g = self._grpc
         try:
             body, timeout = _message(request.body), request.remaining()
+            if not isinstance(body, bytes):
+                return self._stream(request.method, body, timeout)
             reply = g.stub(request.method)(body, timeout=timeout, metadata=g.metadata)
             if request.sink is None:
                 return bytes(reply)
@@ -132,8 +134,25 @@ class GrpcTransport(Transport):
         except grpc.RpcError as exc:
             raise map_error(exc, g.address) from None
 
+    def _stream(self, method: str, body: Iterator[bytes], timeout: float) -> bytes:
+        """A client-streaming call (Put), through gRPC's future: its blocking call waits until its
+        request iterator's writes are taken, and a vault that stops reading (stalled, its flow-control
+        window full) never takes them, so the call outlived its deadline for as long as the vault stayed
+        stopped. The future ends at the deadline; a wait a little past it is the backstop."""
+        g = self._grpc
+        call = g.stub(method).future(body, timeout=timeout, metadata=g.metadata)
+        try:
+            return bytes(call.result(timeout=timeout + STREAM_GRACE_S))
+        except grpc.FutureTimeoutError:
+            call.cancel()
+            raise error_for("DEADLINE_EXCEEDED", "Deadline Exceeded", g.address) from None
+
     def close(self) -> None:
         self._grpc.channel.close()
+
+
+STREAM_GRACE_S = 1.0
+"""How long past its deadline a client-streaming call is waited for before it is cancelled here."""
 
 
 class AsyncGrpcTransport(AsyncTransport):

@@ -19,6 +19,10 @@ class PutAck:
 
     stored: tuple[int, ...]
     rejected: tuple[int, ...]
+    reasons: tuple[str, ...] = ()
+    """Why the vault refused each of ``rejected``, in order (empty: the reply's positions only said
+    refused); a whole Put refused with RESOURCE_EXHAUSTED (its disk full, its in-flight bytes used up)
+    carries the vault's words."""
 
 
 @dataclasses.dataclass(frozen=True)
