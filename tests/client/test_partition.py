@@ -73,7 +73,11 @@ def test_a_partitioned_vault_costs_each_call_one_timeout_and_serves_again_once_h
     once; once the link is back, the same client reads every block."""
     with link_emulator(LinkSpec(rate_bps=10**9)) as link:
         vault = VaultProcess(
-            tmp_path / "v", host=link.vault_host, prefix=link.vault_prefix, max_bytes="64MiB"
+            tmp_path / "v",
+            host=link.vault_host,
+            prefix=link.vault_prefix,
+            max_bytes="64MiB",
+            allow_open=True,  # the link's namespace: nothing else reaches it
         ).start()
         try:
             done = subprocess.run(
