@@ -22,13 +22,15 @@ from tierkv.bench.trace.informed import (
     ExpectedBelady,
     ForecastAdmission,
     FutureForecast,
+    HintedLRU,
+    Knowledge,
     PresentForecast,
 )
 from tierkv.bench.trace.reference import work_stream
 from tierkv.bench.trace.replay import ReplaySettings, prepare
 from tierkv.bench.trace.simulate import LRUCache, Stream, belady, replay
 
-A, B, C, D, E = 1, 2, 3, 4, 5
+A, B, C, D, E, F = 1, 2, 3, 4, 5, 6
 APP = SharedPrefix(("app",), 1, 0.25)
 
 
@@ -194,3 +196,51 @@ def test_admission_stores_only_blocks_more_likely_than_not_used_within_the_horiz
         admission = ForecastAdmission(LRUCache(4), stream, PresentForecast(states, 1), horizon)
         assert replay(stream, admission) == hits
         assert not admission.holds(C)  # a finished session's block: never
+
+
+def test_lru_told_the_ends_does_not_store_dead_blocks_and_evicts_them_first() -> None:
+    stream = _stream((A, B), (C,), (A, B, D), (E,), (C, F))
+    states = [
+        _state(0, left=1, think_s=5.0, carried=2),
+        _state(1, left=1, think_s=5.0, carried=1),
+        _state(0, left=0, think_s=5.0, carried=3, turn=1),  # session 0 ends: A B to the cold end, B coldest
+        _state(2, left=1, think_s=5.0, carried=1),
+        _state(1, left=0, think_s=5.0, carried=2, turn=1),
+    ]
+    hinted = HintedLRU(3, stream, PresentForecast(states, 1))
+    # E takes B's place, so C is still there for session 1; LRU had evicted C for D
+    assert replay(stream, hinted) == [0, 0, 2, 0, 1]
+    assert replay(stream, LRUCache(3)) == [0, 0, 2, 0, 0]
+    assert [hinted.holds(b) for b in (A, B, C, D, E, F)] == [True, False, True, False, True, False]
+    # without the ends it is LRU
+    blind = HintedLRU(3, stream, PresentForecast(states, 1, Knowledge(ends=False)))
+    assert replay(stream, blind) == replay(stream, LRUCache(3))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_lru_told_the_ends_never_holds_more_than_its_capacity(shape: str) -> None:
+    stream, states = _small(shape)
+    for capacity in (0, 1, 7, 60):
+        hinted = HintedLRU(capacity, stream, PresentForecast(states, stream.block_tokens))
+        replay(stream, hinted)
+        assert len(hinted) <= capacity
+
+
+def test_each_piece_of_knowledge_can_be_taken_away() -> None:
+    states = [
+        _state(0, left=0, think_s=5.0, carried=2, turn=3, shared=(APP,)),
+        _state(1, left=2, think_s=50.0, carried=2, shared=(APP,)),
+    ]
+    group = ("shared", APP.parts)
+
+    def forecast(knows: Knowledge) -> PresentForecast:
+        out = PresentForecast(states, 1, knows)
+        out.advance(0)
+        out.advance(1)
+        return out
+
+    assert forecast(Knowledge()).expected(group) == pytest.approx(1 / (0.5 + 1 / 50))
+    assert forecast(Knowledge(ends=False)).expected(group) == pytest.approx(1 / (0.5 + 1 / 5 + 1 / 50))
+    assert forecast(Knowledge(ends=False)).expected(("session", 0)) == pytest.approx(5.0)
+    assert forecast(Knowledge(paces=False, common_think_s=20)).expected(group) == pytest.approx(1 / 0.55)
+    assert forecast(Knowledge(arrivals=False)).expected(group) == pytest.approx(50.0)

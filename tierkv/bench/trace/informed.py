@@ -24,6 +24,10 @@ probability of a use within ``h`` seconds is ``1 - exp(-rate * h)``.
   is the trace's actual next lookup, it is :func:`~.simulate.belady` with bypass.
 - :class:`ForecastAdmission` wraps a cache (LRU) and stores only blocks whose next use is more likely than
   not within a horizon.
+- :class:`HintedLRU` is LRU told only which blocks no one will use again: what an application's hint that
+  a conversation has ended would give a vault.
+- :class:`Knowledge` takes pieces of the state away (sessions' ends, their paces, new sessions'
+  arrivals), to see what each is worth.
 
 This is a heuristic, not the optimal online policy for the stochastic process (which would weigh every
 future use, not the next one's mean): an estimate of what knowledge of the present buys, not a bound in
@@ -32,13 +36,14 @@ the strict sense.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Final, Protocol
 
 from tierkv.bench.trace.conversations import SessionState
-from tierkv.bench.trace.simulate import Cache, Stream, next_uses
+from tierkv.bench.trace.simulate import Cache, LRUCache, Stream, next_uses
 
 NEVER_USED: Final = ("never",)
 """The group of blocks no one will use again (a docs question, the tail of a finished prompt)."""
@@ -58,12 +63,29 @@ class Forecast(Protocol):
         """Expected time to the group's next use (``math.inf``: never)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Knowledge:
+    """What of the present a :class:`PresentForecast` uses: each piece can be taken away, to see what it
+    is worth."""
+
+    ends: bool = True
+    """Which sessions have no turn left (without it, every session is taken to go on)."""
+    paces: bool = True
+    """Each session's think-time mean (without it, every session's is ``common_think_s``)."""
+    arrivals: bool = True
+    """New sessions choosing a shared prefix (without it, only live sessions count as its users)."""
+    common_think_s: float = 60.0
+
+
 class PresentForecast:
     """Expected seconds to next use from the generator's states (one per request, in trace order)."""
 
-    def __init__(self, states: Sequence[SessionState], block_tokens: int) -> None:
+    def __init__(
+        self, states: Sequence[SessionState], block_tokens: int, knows: Knowledge = Knowledge()
+    ) -> None:
         self._states = states
         self._block_tokens = block_tokens
+        self._knows = knows
         self._live: dict[int, float] = {}
         """Live sessions (with turns left) and their rates of next request."""
         self._arrivals: dict[Hashable, float] = {}
@@ -76,10 +98,11 @@ class PresentForecast:
         changed: list[Hashable] = [("session", state.session)]
         for prefix in state.shared:
             key = ("shared", prefix.parts)
-            self._arrivals[key] = state.arrival_rate * prefix.share
+            self._arrivals[key] = state.arrival_rate * prefix.share if self._knows.arrivals else 0.0
             changed.append(key)
         was = self._live.pop(state.session, 0.0)
-        now = 1.0 / state.think_s if state.left > 0 else 0.0
+        think_s = state.think_s if self._knows.paces else self._knows.common_think_s
+        now = 1.0 / think_s if state.left > 0 or not self._knows.ends else 0.0
         if now:
             self._live[state.session] = now
         for prefix in state.shared:
@@ -221,6 +244,52 @@ class ExpectedBelady:
         self._restand(group)
 
 
+class HintedLRU(LRUCache):
+    """LRU told which blocks no one will use again (a finished session's own, the tail of a prompt that
+    is never resent): it does not store them and evicts them first, deepest first. What a vault could do
+    with an application's hint that a conversation has ended."""
+
+    def __init__(self, capacity: int, stream: Stream, forecast: Forecast) -> None:
+        super().__init__(capacity)
+        self._stream = stream
+        self._forecast = forecast
+        self._request = 0
+        self._members: dict[Hashable, dict[int, int]] = {}
+        """Per group, its held blocks and their depths."""
+        self._group_of: dict[int, Hashable] = {}
+
+    def store(self, blocks: Sequence[int]) -> None:
+        t = self._request
+        self._request += 1
+        for group in self._forecast.advance(t):
+            if self._forecast.expected(group) == math.inf:
+                self._demote(group)
+        ids, _ = self._stream.requests[t]
+        order = self._order
+        for depth, block in enumerate(blocks, len(ids) - len(blocks)):
+            group = self._forecast.group(t, depth)
+            if self._forecast.expected(group) == math.inf:
+                continue
+            order[block] = None
+            order.move_to_end(block)
+            self._group_of[block] = group
+            self._members.setdefault(group, {})[block] = depth
+            while len(order) > self.capacity:
+                victim, _ = order.popitem(last=False)
+                self.evictions += 1
+                held = self._group_of.pop(victim, None)
+                if held is not None:
+                    del self._members[held][victim]
+
+    def _demote(self, group: Hashable) -> None:
+        """The group's held blocks to the cold end, the deepest coldest."""
+        members = self._members.pop(group, {})
+        for block in sorted(members, key=members.__getitem__):
+            del self._group_of[block]
+            if block in self._order:
+                self._order.move_to_end(block, last=False)
+
+
 class ForecastAdmission:
     """``cache`` storing only blocks whose next use is more likely than not within ``horizon`` (in the
     forecast's unit): for an exponential time to next use, an expectation under ``horizon / ln 2``."""
@@ -260,5 +329,7 @@ __all__ = [
     "Forecast",
     "ForecastAdmission",
     "FutureForecast",
+    "HintedLRU",
+    "Knowledge",
     "PresentForecast",
 ]
