@@ -273,3 +273,14 @@ def test_each_piece_of_knowledge_can_be_taken_away() -> None:
     assert forecast(Knowledge(ends=False)).expected(("session", 0)) == pytest.approx(5.0)
     assert forecast(Knowledge(paces=False, common_think_s=20)).expected(group) == pytest.approx(1 / 0.55)
     assert forecast(Knowledge(arrivals=False)).expected(group) == pytest.approx(50.0)
+
+
+def test_a_prefix_whose_last_live_user_left_has_no_users_exactly() -> None:
+    # rates 0.1 + 0.2 + 0.3 added and taken away again do not sum to 0.0 in floating point
+    thinks = (10.0, 5.0, 10 / 3)
+    states = [_state(k, left=1, think_s=s, carried=2, shared=(APP,)) for k, s in enumerate(thinks)]
+    states += [_state(k, left=0, think_s=s, carried=2, turn=1, shared=(APP,)) for k, s in enumerate(thinks)]
+    forecast = PresentForecast(states, 1, Knowledge(arrivals=False))
+    for t in range(len(states)):
+        forecast.advance(t)
+    assert forecast.expected(("shared", APP.parts)) == math.inf

@@ -90,8 +90,9 @@ class PresentForecast:
         """Live sessions (with turns left) and their rates of next request."""
         self._arrivals: dict[Hashable, float] = {}
         """Per shared prefix, new sessions per second that start with it."""
-        self._shared_live: dict[Hashable, float] = {}
-        """Per shared prefix, the summed rates of the live sessions that start with it."""
+        self._shared_live: dict[Hashable, tuple[int, float]] = {}
+        """Per shared prefix, how many live sessions start with it and their summed rates (zero exactly
+        when none is left, whatever the rounding of the sums)."""
 
     def advance(self, request: int) -> list[Hashable]:
         state = self._states[request]
@@ -107,7 +108,9 @@ class PresentForecast:
             self._live[state.session] = now
         for prefix in state.shared:
             key = ("shared", prefix.parts)
-            self._shared_live[key] = self._shared_live.get(key, 0.0) - was + now
+            users, rate = self._shared_live.get(key, (0, 0.0))
+            users += (now > 0) - (was > 0)
+            self._shared_live[key] = (users, rate - was + now if users else 0.0)
         return changed
 
     def group(self, request: int, index: int) -> Hashable:
@@ -124,11 +127,11 @@ class PresentForecast:
             return 0.0
         if isinstance(group, tuple) and group[0] == "session":
             return self._live.get(group[1], 0.0)
-        return self._arrivals.get(group, 0.0) + max(0.0, self._shared_live.get(group, 0.0))
+        return self._arrivals.get(group, 0.0) + self._shared_live.get(group, (0, 0.0))[1]
 
     def expected(self, group: Hashable) -> float:
         rate = self.rate(group)
-        return 1.0 / rate if rate > 1e-12 else math.inf
+        return 1.0 / rate if rate > 0 else math.inf
 
 
 class FutureForecast:
