@@ -14,6 +14,10 @@ next request comes after a think time), written in the hash-id format (:mod:`.ha
 
 Prompts are built from parts (system prompt, document, turns); a block's id is the chain of everything up
 to its end, numbered from 0 in order of first appearance, as the public traces number theirs.
+
+``observe`` (optional) is told, after every request, the state of the session that made it
+(:class:`SessionState`): what a policy knowing the workload's present, but not its future draws, would
+know. It draws nothing, so a trace is the same with or without it.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from tierkv.bench.trace.hashids import DEFAULT_BLOCK_TOKENS, DEFAULT_TENANT
 from tierkv.bench.trace.model import Request, Trace, TraceError
 
 SHAPES: Final = ("chat", "docs", "agents")
+ARRIVALS_PER_S: Final = {"chat": 1.5, "docs": 0.5, "agents": 0.3}
+"""New sessions per second, per shape."""
 Part = tuple[str, int]
 """A named run of tokens: (id, length)."""
 
@@ -77,9 +83,18 @@ def _lognormal(rng: random.Random, median: float, lo: int, hi: int, sigma: float
     return max(lo, min(hi, round(rng.lognormvariate(math.log(median), sigma))))
 
 
+def _zipf_weights(n: int, alpha: float) -> list[float]:
+    return [1.0 / (k + 1) ** alpha for k in range(n)]
+
+
 def _zipf(rng: random.Random, n: int, alpha: float = 1.0) -> int:
-    weights = [1.0 / (k + 1) ** alpha for k in range(n)]
-    return rng.choices(range(n), weights)[0]
+    return rng.choices(range(n), _zipf_weights(n, alpha))[0]
+
+
+def _zipf_share(k: int, n: int, alpha: float = 1.0) -> float:
+    """The probability that :func:`_zipf` draws ``k``."""
+    weights = _zipf_weights(n, alpha)
+    return weights[k] / sum(weights)
 
 
 @dataclasses.dataclass
@@ -91,26 +106,37 @@ class _Session:
     history: list[Part] = dataclasses.field(default_factory=list)
     left: int = 1
     think_s: float = 60.0
+    shared: tuple[float, ...] = ()
+    """Per leading part of ``prefix`` that other sessions may share: the share of new sessions whose
+    prompts start with the parts up to it."""
+    carries_turns: bool = True
+    """Whether the next prompt resends this one whole (else only ``prefix``)."""
 
 
 def _chat(rng: random.Random, n: int) -> _Session:
     app = _zipf(rng, 12)
     system = (f"chat-app{app}", 300 + 250 * app)
     turns = min(40, int(rng.paretovariate(1.3)) + (rng.random() < 0.45))
-    return _Session(f"chat{n}", [system], left=turns, think_s=rng.expovariate(1 / 60))
+    think_s = rng.expovariate(1 / 60)
+    return _Session(f"chat{n}", [system], left=turns, think_s=think_s, shared=(_zipf_share(app, 12),))
 
 
 def _docs(rng: random.Random, n: int) -> _Session:
     doc = _zipf(rng, 400, 0.9)
     pages = (f"doc{doc}", 4096 + (doc * 7919) % 28672)
-    return _Session(f"docs{n}", [("docs-system", 700), pages], left=rng.randint(1, 5), think_s=180.0)
+    prefix = [("docs-system", 700), pages]
+    shared = (1.0, _zipf_share(doc, 400, 0.9))
+    return _Session(
+        f"docs{n}", prefix, left=rng.randint(1, 5), think_s=180.0, shared=shared, carries_turns=False
+    )
 
 
 def _agents(rng: random.Random, n: int) -> _Session:
     app = _zipf(rng, 6)
     tools = (f"agent-app{app}", 2000 + 800 * app)
     task = (f"agent{n}/task", _lognormal(rng, 300, 30, 3000))
-    return _Session(f"agents{n}", [tools, task], left=rng.randint(3, 20), think_s=3.0)
+    shared = (_zipf_share(app, 6),)
+    return _Session(f"agents{n}", [tools, task], left=rng.randint(3, 20), think_s=3.0, shared=shared)
 
 
 _START: Final[dict[str, Callable[[random.Random, int], _Session]]] = {
@@ -137,12 +163,55 @@ def _reply(shape: str, session: _Session, rng: random.Random, turn: int) -> list
     return [(f"{session.name}/{turn}/reply", _lognormal(rng, median, 10, 2000))]
 
 
-def generate_conversations(spec: ConversationSpec) -> Trace:
-    """``spec.requests`` requests of ``spec.shape`` traffic (same spec, same trace)."""
+@dataclasses.dataclass(frozen=True)
+class SharedPrefix:
+    """Leading parts of a prompt that other sessions' prompts may start with too (a system prompt, a
+    tool description, a document)."""
+
+    parts: tuple[str, ...]
+    tokens: int
+    share: float
+    """The probability that a new session's prompts start with these parts."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionState:
+    """A session just after one of its requests: what is knowable about it without its future draws."""
+
+    session: int
+    turn: int
+    """The request's turn in its session, from 0."""
+    left: int
+    """Requests the session will still make."""
+    think_s: float
+    """The mean of its (exponential, so memoryless) wait before each of them, in seconds."""
+    carried: int
+    """Tokens at the start of this prompt that each of its later prompts resends."""
+    shared: tuple[SharedPrefix, ...]
+    """Its prompt's shareable leading parts, shortest first."""
+    arrival_rate: float
+    """New sessions per second (a Poisson process)."""
+    clock_s: float
+
+
+def _state(session: _Session, sid: int, turn: int, length: int, rate: float, clock: float) -> SessionState:
+    shared: list[SharedPrefix] = []
+    for k, share in enumerate(session.shared, 1):
+        parts = session.prefix[:k]
+        shared.append(SharedPrefix(tuple(name for name, _ in parts), sum(n for _, n in parts), share))
+    carried = length if session.carries_turns else sum(n for _, n in session.prefix)
+    return SessionState(sid, turn, session.left, session.think_s, carried, tuple(shared), rate, clock)
+
+
+def generate_conversations(
+    spec: ConversationSpec, observe: Callable[[SessionState], None] | None = None
+) -> Trace:
+    """``spec.requests`` requests of ``spec.shape`` traffic (same spec, same trace); ``observe`` is told
+    each request's :class:`SessionState` in order."""
     rng = random.Random(f"{spec.shape}/{spec.seed}")
     blocks = _Blocks(spec.block_tokens)
     start = _START[spec.shape]
-    rate = {"chat": 1.5, "docs": 0.5, "agents": 0.3}[spec.shape]
+    rate = ARRIVALS_PER_S[spec.shape]
     events: list[tuple[float, int, int]] = []
     sessions: dict[int, _Session] = {}
     turns: dict[int, int] = {}
@@ -168,6 +237,8 @@ def generate_conversations(spec: ConversationSpec) -> Trace:
             session.history += [*new, *_reply(spec.shape, session, rng, turn)]
         session.left -= 1
         turns[sid] = turn + 1
+        if observe is not None:
+            observe(_state(session, sid, turn, length, rate, clock))
         if session.left > 0:
             heapq.heappush(events, (clock + rng.expovariate(1 / session.think_s), made, sid))
             made += 1
@@ -177,4 +248,11 @@ def generate_conversations(spec: ConversationSpec) -> Trace:
     return Trace(tuple(requests), generator, f"generated {spec.shape} (seed {spec.seed})")
 
 
-__all__ = ["SHAPES", "ConversationSpec", "generate_conversations"]
+__all__ = [
+    "ARRIVALS_PER_S",
+    "SHAPES",
+    "ConversationSpec",
+    "SessionState",
+    "SharedPrefix",
+    "generate_conversations",
+]

@@ -57,7 +57,9 @@ def stream_of(requests: Sequence[tuple[Sequence[bytes], int]], block_tokens: int
 class Cache(Protocol):
     """A block cache driven as an engine drives a vault; ``len`` is how many blocks it holds."""
 
-    evictions: int
+    @property
+    def evictions(self) -> int:
+        """Blocks evicted so far (read-only, so a wrapper may report its cache's)."""
 
     def __len__(self) -> int: ...
 
