@@ -64,6 +64,8 @@ ALL, IMPORTANT_GROUP, PROTECTED = "all", "importance>=0.7", "protected"
 UNTAGGED_CLASS = "untagged"
 KV_COLD = Role.KV_COLD.value
 _HASH_ID_TAG: Final = b"tierkv/trace-hash-id/v1\x00"
+_ID_MASK: Final = (1 << 64) - 1
+"""A signed 64-bit id as its unsigned bits (ids 0..2**63-1 keep their bytes)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,8 +209,8 @@ def hash_keys(ids: Sequence[int], n_tokens: int, block_tokens: int, namespace: N
     """Keys of a hash-id request's full blocks: its ids are chained already, so a key is the id hashed
     into the tenant's namespace (a trailing partial block gets none, as with token ids)."""
     full = min(len(ids), n_tokens // block_tokens)
-    root = namespace.root_key
-    return [hashlib.sha256(_HASH_ID_TAG + root + i.to_bytes(8, "big")).digest() for i in ids[:full]]
+    head = _HASH_ID_TAG + namespace.root_key
+    return [hashlib.sha256(head + (i & _ID_MASK).to_bytes(8, "big")).digest() for i in ids[:full]]
 
 
 def request_keys(request: Request, block_tokens: int, namespace: Namespace) -> list[bytes]:
