@@ -195,7 +195,8 @@ def _run(
     try:
         result = measure(cfg, console)
     except (BenchError, TierKVError) as exc:
-        err().print(f"[red]bench error:[/red] {escape(str(exc))}")  # "[addr]:port" is text, not markup
+        # one line whatever the terminal's width; "[addr]:port" is text, not markup
+        err().print(f"[red]bench error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from exc
     render_result(result, console)
     if json_out:

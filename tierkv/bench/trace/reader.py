@@ -22,7 +22,7 @@ import json
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final, Protocol
 
 from tierkv.bench.trace import hashids
 from tierkv.bench.trace.blocksize import BlockSize
@@ -32,6 +32,7 @@ from tierkv.errors import BenchError
 FORMATS: Final = ("auto", "tierkv", "hash-ids")
 TIME_UNITS: Final = ("auto", "ms", "s")
 _GZIP_MAGIC: Final = b"\x1f\x8b"
+_BOM: Final = b"\xef\xbb\xbf"
 _REFUSED_MAGIC: Final = {
     b"PAR1": "a Parquet file: convert it to JSONL first (pandas: read_parquet(...).to_json(..., "
     "orient='records', lines=True))",
@@ -201,39 +202,47 @@ def parse_lines(lines: Iterable[str], source: str = "<trace>", options: ReadOpti
     return state.trace()
 
 
-def _numbered(fh: IO[str], source: str) -> Iterator[str]:
-    """The file's lines; a read that fails midway (a truncated gzip stream, bytes that are not UTF-8) is a
-    :class:`TraceError` naming the line it stopped at."""
+class _ByteLines(Protocol):
+    """A binary file (plain or gzip): all the reader needs of one."""
+
+    def readline(self, size: int | None = -1, /) -> bytes: ...
+
+
+def _numbered(fh: _ByteLines, source: str) -> Iterator[str]:
+    """The file's lines, each decoded on its own (a byte-order mark dropped from the first), so that bytes
+    that are not UTF-8 or a read that fails midway (a truncated gzip stream) name the line they are on."""
     number = 0
     while True:
         try:
-            line = fh.readline()
-        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
-            reason = exc.reason if isinstance(exc, UnicodeDecodeError) else str(exc) or type(exc).__name__
-            kind = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else "unreadable"
-            raise TraceError(f"{source} line {number + 1}: {kind} ({reason})") from None
-        if not line:
+            raw = fh.readline()
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceError(
+                f"{source} line {number + 1}: unreadable ({exc or type(exc).__name__})"
+            ) from None
+        if not raw:
             return
         number += 1
-        yield line
+        try:
+            yield (raw[3:] if number == 1 and raw.startswith(_BOM) else raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"{source} line {number}: not UTF-8 text ({exc.reason})") from None
 
 
 @contextlib.contextmanager
 def open_lines(path: Path) -> Iterator[tuple[Iterator[str], str | None]]:
-    """The file's lines (gzip undone where its first bytes say so; a byte-order mark dropped) and the
-    compression found."""
+    """The file's lines (gzip undone where its first bytes say so) and the compression found."""
     try:
         with path.open("rb") as raw:
             magic = raw.read(4)
+            refused = next((why for m, why in _REFUSED_MAGIC.items() if magic.startswith(m)), None)
+            if refused:
+                raise TraceError(f"{path}: {refused}")
+            raw.seek(0)
+            packed = magic.startswith(_GZIP_MAGIC)
+            with gzip.GzipFile(fileobj=raw) if packed else contextlib.nullcontext(raw) as fh:
+                yield _numbered(fh, str(path)), "gzip" if packed else None
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    refused = next((why for m, why in _REFUSED_MAGIC.items() if magic.startswith(m)), None)
-    if refused:
-        raise TraceError(f"{path}: {refused}")
-    packed = magic.startswith(_GZIP_MAGIC)
-    opener = gzip.open if packed else open
-    with opener(path, "rt", encoding="utf-8-sig") as fh:
-        yield _numbered(fh, str(path)), "gzip" if packed else None
 
 
 def read_trace(path: str | Path, options: ReadOptions | None = None) -> Trace:
