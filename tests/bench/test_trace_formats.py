@@ -79,7 +79,8 @@ def test_a_mooncake_trace_is_replayed_in_its_512_token_blocks_found_from_its_lin
     assert doc["working_set"]["block_tokens"] == 512
     assert "hash ids of 512-token blocks" in doc["stdout"]
     load = doc["trace"]["load"]
-    assert load["peak_rss_bytes"] > 0 and load["us_per_request"] > 0
+    assert load["peak_rss_bytes"] >= load["peak_rss_after_prepare_bytes"] > 0 and load["us_per_request"] > 0
+    assert "µs a request); peak RSS" in doc["stdout"]
 
 
 def test_gzip_bom_crlf_and_blank_lines_read_as_the_plain_file(tmp_path: Path) -> None:
@@ -334,3 +335,24 @@ def test_arbitrary_hash_id_lines_parse_or_name_the_file_and_line(
     for r in trace.requests:
         n = len(r.hash_ids or ())
         assert r.length // size <= n <= -(-r.length // size)
+
+
+def test_tenants_never_share_a_block_though_their_ids_are_equal() -> None:
+    """Keys are memoized per id within a tenant's namespace, never across namespaces."""
+    lines = [json.dumps({"tenant": t, "input_length": 1100, "hash_ids": [0, 1, 2]}) for t in ("a", "b", "a")]
+    trace = parse_lines(lines, "t.jsonl")
+    work = prepare(trace, ReplaySettings(policies=("lru",), block_tokens=512, blob_bytes=4096))
+    a, b, again = work.requests
+    assert not set(a.keys) & set(b.keys) and again.keys == a.keys
+    assert [r.ceiling for r in work.requests] == [0, 0, 2] and work.distinct == 4
+
+
+def test_an_untagged_request_sends_the_metadata_a_layout_less_prompt_always_had() -> None:
+    """Built when asked for, not held: each block untagged, with the key before it as its parent."""
+    from tierkv.retention import tag_blocks, with_parents
+
+    trace = parse_lines([json.dumps({"input_length": 2048, "hash_ids": [0, 1, 2, 3]})], "t.jsonl")
+    (r,) = prepare(trace, ReplaySettings(policies=("lru",), block_tokens=512, blob_bytes=4096)).requests
+    assert r.tags is None and not r.tagged and len(r.keys) == 4
+    assert r.metas == with_parents(tag_blocks([], 4, 512), r.keys)
+    assert [m.parent for m in r.metas] == [b"", *r.keys[:3]]

@@ -106,11 +106,12 @@ class TraceResult(BenchRun):
         for note in self.summary.get("notes", ()):
             console.print(f"trace: {escape(note)}")
         load = self.summary.get("load")
-        if load:
+        if load and "peak_rss_bytes" in load:
             console.print(
                 f"trace: read in {load['read_s']:.1f} s, prepared in {load['prepare_s']:.1f} s "
-                f"({load['us_per_request']:,.0f} µs a request); "
-                f"peak RSS {human_bytes(load['peak_rss_bytes'])}"
+                f"({load['us_per_request']:,.0f} µs a request); peak RSS "
+                f"{human_bytes(load['peak_rss_after_prepare_bytes'])} then, "
+                f"{human_bytes(load['peak_rss_bytes'])} at the end"
             )
         if self.workload is not None:
             report.render_workload(self.workload, self.summary, console)
@@ -118,7 +119,7 @@ class TraceResult(BenchRun):
             report.render_references(self.references, self.runs, console)
         if self.runs and self.workload is not None:
             report.render_runs(self.runs, self.references, console)
-            if any(m.source for request in self.workload.requests for m in request.metas):
+            if any(request.tagged for request in self.workload.requests):
                 report.render_classes(self.runs, self.workload.ceiling(), console)
         report.render_targets(self.targets, console)
         if self.prefetch is not None:
@@ -172,7 +173,7 @@ def load_costs(requests: int, read_s: float, prepare_s: float) -> dict[str, floa
         "read_s": round(read_s, 3),
         "prepare_s": round(prepare_s, 3),
         "us_per_request": round((read_s + prepare_s) / max(1, requests) * 1e6, 1),
-        "peak_rss_bytes": peak_rss_bytes(),
+        "peak_rss_after_prepare_bytes": peak_rss_bytes(),
     }
 
 
@@ -271,6 +272,8 @@ def run_trace(settings: TraceSettings, console: Console) -> TraceResult:
         else:
             result.chart = str(settings.chart)
     result.verdict = _verdict(result)
+    if "load" in result.summary:
+        result.summary["load"]["peak_rss_bytes"] = peak_rss_bytes()
     return result
 
 

@@ -49,9 +49,19 @@ class Stream:
 
 def stream_of(requests: Sequence[tuple[Sequence[bytes], int]], block_tokens: int, tokens: int) -> Stream:
     """A :class:`Stream` from (block keys, lookable) per request; a block's id is the digest the vault's
-    policy knows its key by (so the twin samples the keys the vault samples)."""
-    out = tuple((tuple(digest(k) for k in keys), look) for keys, look in requests)
-    return Stream(out, block_tokens, tokens)
+    policy knows its key by (so the twin samples the keys the vault samples), one int per distinct key
+    (a trace resends its prefixes: most blocks come again)."""
+    ids: dict[bytes, int] = {}
+    out = []
+    for keys, look in requests:
+        row = []
+        for k in keys:
+            d = ids.get(k)
+            if d is None:
+                d = ids[k] = digest(k)
+            row.append(d)
+        out.append((tuple(row), look))
+    return Stream(tuple(out), block_tokens, tokens)
 
 
 class Cache(Protocol):
