@@ -195,6 +195,22 @@ def test_belady_on_chains_never_beats_brute_force_and_never_loses_to_lru(bypass:
     assert equal >= 140  # the farthest-next-use rule is the optimum on nearly every small chain trace
 
 
+@pytest.mark.parametrize("bypass", [False, True])
+def test_belady_drops_stale_heap_entries_without_changing_a_hit(
+    bypass: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The optimum's heap is rebuilt from the live entries as stale ones pile up: the same hits whether it
+    is rebuilt at every chance or never."""
+    from tierkv.bench.trace import simulate
+
+    stream = work_stream(prepare(_chat(1500), _settings(block_tokens=16, blob_bytes=2048)))
+    for capacity in (20, 200):
+        monkeypatch.setattr(simulate._Farthest, "slack", 0)
+        eager = belady(stream, capacity, bypass=bypass)
+        monkeypatch.setattr(simulate._Farthest, "slack", 1 << 60)
+        assert eager == belady(stream, capacity, bypass=bypass) and sum(eager) > 0
+
+
 # -- generated shapes and the report ----------------------------------------------------------------------
 
 

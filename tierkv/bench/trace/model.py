@@ -17,8 +17,8 @@ A trace file (JSONL, UTF-8) holds an optional header line and then one request p
   length.
 - ``layout``: the prompt's chunks exactly as an application sends them to tierkv
   (:func:`tierkv.retention.parse_layout`, token spans only), each span inside the request.
-- ``timestamp`` (optional): when the request arrived, in milliseconds from any origin (non-decreasing
-  is not required; the replay keeps the file's order).
+- ``timestamp`` (optional): when the request arrived, in milliseconds from any origin (the file need
+  not be sorted: where every request has one, the reader replays them in timestamp order).
 
 Traces in the hash-id format of the public KV-reuse traces (:mod:`.hashids`) are read by the same
 reader (:mod:`.reader`): a line with ``hash_ids`` is one of those. A malformed line is a

@@ -182,10 +182,10 @@ class _Reading:
         if not late or untimed:
             return self.requests
         if self.options.keep_order:
-            notes.append(f"{late:,} requests come before an earlier timestamp; replayed in the file's order")
+            notes.append(f"{late:,} requests are earlier than the line before them; replayed in file order")
             return self.requests
         reading["order"] = "timestamp"
-        notes.append(f"{late:,} requests come before an earlier timestamp; replayed in timestamp order")
+        notes.append(f"{late:,} requests are earlier than the line before them; replayed in timestamp order")
         return sorted(self.requests, key=lambda r: r.timestamp or 0.0)
 
 

@@ -18,7 +18,6 @@ from tierkv.bench.record import RunMeta
 from tierkv.bench.trace import report
 from tierkv.bench.trace.conversations import ConversationSpec, generate_conversations
 from tierkv.bench.trace.generate import TraceSpec, generate
-from tierkv.bench.trace.hashids import DEFAULT_BLOCK_TOKENS
 from tierkv.bench.trace.model import Trace, summarize, write_trace
 from tierkv.bench.trace.prefetch import PrefetchRun, PrefetchSettings, replay_prefetch
 from tierkv.bench.trace.reader import ReadOptions, read_trace
@@ -50,8 +49,6 @@ class TraceSettings:
     """Generate a hash-id trace of this shape instead of the agent trace."""
     reading: ReadOptions = dataclasses.field(default_factory=ReadOptions)
     """How a trace file is read (its block size given or found, time unit, order, a cap on requests)."""
-    generated_block_tokens: int = DEFAULT_BLOCK_TOKENS
-    """Tokens per id of a generated hash-id trace (``--workload chat|docs|agents``)."""
     blob_bytes_given: bool = False
     """``--blob-bytes`` was given (else a hash-id trace gets the smallest blobs its capacities allow)."""
     in_process: bool = False

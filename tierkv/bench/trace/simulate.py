@@ -198,7 +198,12 @@ def next_uses(stream: Stream) -> list[list[int]]:
 
 
 class _Farthest:
-    """Held blocks by (next use, depth), farthest (then deepest) on top; stale heap entries skipped."""
+    """Held blocks by (next use, depth), farthest (then deepest) on top; stale heap entries skipped, and
+    dropped whenever they outnumber the live ones (every lookup re-sets its blocks, so a trace of millions
+    of blocks would otherwise leave the heap holding one entry per block ever looked up)."""
+
+    slack = 1024
+    """Stale entries tolerated beyond twice the live ones before the heap is rebuilt."""
 
     def __init__(self) -> None:
         self.held: dict[int, tuple[int, int]] = {}
@@ -207,6 +212,9 @@ class _Farthest:
     def set(self, block: int, when: int, depth: int) -> None:
         self.held[block] = (when, depth)
         heapq.heappush(self._heap, (-when, -depth, block))
+        if len(self._heap) > 2 * len(self.held) + self.slack:
+            self._heap = [(-w, -d, b) for b, (w, d) in self.held.items()]
+            heapq.heapify(self._heap)
 
     def top(self) -> tuple[int, tuple[int, int]]:
         while True:
