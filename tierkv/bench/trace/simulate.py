@@ -199,11 +199,12 @@ def next_uses(stream: Stream) -> list[list[int]]:
 
 class _Farthest:
     """Held blocks by (next use, depth), farthest (then deepest) on top; stale heap entries skipped, and
-    dropped whenever they outnumber the live ones (every lookup re-sets its blocks, so a trace of millions
-    of blocks would otherwise leave the heap holding one entry per block ever looked up)."""
+    dropped when they outnumber the live ones three to one (every lookup re-sets its blocks, so a trace
+    of millions of blocks would otherwise leave the heap with an entry per block ever looked up)."""
 
     slack = 1024
-    """Stale entries tolerated beyond twice the live ones before the heap is rebuilt."""
+    """Entries tolerated beyond four per live one before the heap is rebuilt (a rebuild costs a step per
+    live entry: a third of a step per push, amortized)."""
 
     def __init__(self) -> None:
         self.held: dict[int, tuple[int, int]] = {}
@@ -212,7 +213,7 @@ class _Farthest:
     def set(self, block: int, when: int, depth: int) -> None:
         self.held[block] = (when, depth)
         heapq.heappush(self._heap, (-when, -depth, block))
-        if len(self._heap) > 2 * len(self.held) + self.slack:
+        if len(self._heap) > 4 * len(self.held) + self.slack:
             self._heap = [(-w, -d, b) for b, (w, d) in self.held.items()]
             heapq.heapify(self._heap)
 
