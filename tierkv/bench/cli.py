@@ -195,7 +195,8 @@ def _run(
     try:
         result = measure(cfg, console)
     except (BenchError, TierKVError) as exc:
-        err().print(f"[red]bench error:[/red] {escape(str(exc))}")  # "[addr]:port" is text, not markup
+        # one line whatever the terminal's width; "[addr]:port" is text, not markup
+        err().print(f"[red]bench error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from exc
     render_result(result, console)
     if json_out:
@@ -529,8 +530,22 @@ def trace(
         str, typer.Option("--format", help="Trace lines: auto (by their fields), tierkv or hash-ids.")
     ] = "auto",
     trace_block_tokens: Annotated[
-        int, typer.Option(help="Tokens per id of a hash-id trace (Mooncake's: 512); its replay's block size.")
-    ] = 512,
+        str,
+        typer.Option(
+            help="Tokens per id of a hash-id trace, its replay's block size: auto (found from the lines; "
+            "Mooncake's 512, Bailian's 16) or N. Generated hash-id shapes: N, auto is 512."
+        ),
+    ] = "auto",
+    timestamp_unit: Annotated[
+        str,
+        typer.Option(help="Hash-id timestamps: auto (seconds for Bailian's fields, else ms), ms or s."),
+    ] = "auto",
+    max_requests: Annotated[
+        int | None, typer.Option(help="Read only the trace file's first N requests (bounds memory and time).")
+    ] = None,
+    keep_order: Annotated[
+        bool, typer.Option(help="Replay in the file's order even where its timestamps are out of order.")
+    ] = False,
     speedup: Annotated[
         float, typer.Option(help="Replay timestamps at this many times their pace (0: back to back).")
     ] = 0.0,
@@ -597,6 +612,9 @@ def trace(
             in_process=in_process,
             lease_ms=lease_ms,
             trace_format=trace_format,
+            timestamp_unit=timestamp_unit,
+            max_requests=max_requests,
+            keep_order=keep_order,
         )
         return run_trace(settings, console)
 

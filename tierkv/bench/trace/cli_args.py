@@ -8,11 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from tierkv.bench.runner import model_shape
+from tierkv.bench.trace.blocksize import MAX_BLOCK_TOKENS
 from tierkv.bench.trace.conversations import SHAPES, ConversationSpec
 from tierkv.bench.trace.generate import TraceSpec
 from tierkv.bench.trace.hashids import DEFAULT_BLOCK_TOKENS
-from tierkv.bench.trace.model import FORMATS
 from tierkv.bench.trace.prefetch import PrefetchSettings
+from tierkv.bench.trace.reader import ReadOptions
 from tierkv.bench.trace.replay import LEASE_MS, ReplaySettings
 from tierkv.bench.trace.run import TraceSettings
 from tierkv.config import parse_size
@@ -75,17 +76,21 @@ def trace_settings(
     min_turnover: int = 0,
     workload: str = "agent",
     requests: int = 4000,
-    trace_block_tokens: int = DEFAULT_BLOCK_TOKENS,
+    trace_block_tokens: str = "auto",
     speedup: float = 0.0,
     in_process: bool = False,
     lease_ms: int = LEASE_MS,
     trace_format: str = "auto",
+    timestamp_unit: str = "auto",
+    max_requests: int | None = None,
+    keep_order: bool = False,
 ) -> TraceSettings:
     model = model_shape(shape)
-    if trace_format not in FORMATS:
-        raise BenchError(f"--format: expected one of {', '.join(FORMATS)}, got {trace_format!r}")
-    if block_tokens < 1 or trace_block_tokens < 1:
-        raise BenchError("--block-tokens and --trace-block-tokens must be positive")
+    if block_tokens < 1:
+        raise BenchError("--block-tokens must be positive")
+    hash_block_tokens = parse_block_tokens(trace_block_tokens)
+    reading = ReadOptions(hash_block_tokens, trace_format, timestamp_unit, max_requests, keep_order)
+    generated = hash_block_tokens or DEFAULT_BLOCK_TOKENS
     replay = ReplaySettings(
         policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
         capacities=parse_fractions(capacities),
@@ -102,11 +107,10 @@ def trace_settings(
         lease_ms=lease_ms,
     )
     return TraceSettings(
-        conversations=_conversations(workload, spec.seed, requests, trace_block_tokens),
-        hash_block_tokens=trace_block_tokens,
+        conversations=_conversations(workload, spec.seed, requests, generated),
+        reading=reading,
         blob_bytes_given=blob_bytes is not None,
         in_process=in_process,
-        trace_format=trace_format,
         spec=spec,
         replay=replay,
         trace_file=_path(trace_file),
@@ -115,6 +119,19 @@ def trace_settings(
         prefetch=_prefetch(prefetch, prefetch_gap_ms, prefetch_only),
         prefetch_only=prefetch_only,
     )
+
+
+def parse_block_tokens(text: str) -> int | None:
+    """``--trace-block-tokens``: ``auto`` (None: found from the trace's lines) or a positive count."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise BenchError(f"--trace-block-tokens: expected auto or a token count, got {text!r}") from None
+    if not 1 <= value <= MAX_BLOCK_TOKENS:
+        raise BenchError(f"--trace-block-tokens: expected 1..{MAX_BLOCK_TOKENS} tokens, got {value}")
+    return value
 
 
 def _conversations(workload: str, seed: int, requests: int, block_tokens: int) -> ConversationSpec | None:
@@ -141,4 +158,4 @@ def _prefetch(size: str | None, gap_ms: float, only: bool) -> PrefetchSettings |
     return PrefetchSettings(buffer_bytes=buffer, gap_s=gap_ms / 1e3)
 
 
-__all__ = ["chart_path", "parse_fractions", "trace_settings"]
+__all__ = ["chart_path", "parse_block_tokens", "parse_fractions", "trace_settings"]

@@ -245,7 +245,7 @@ def generate_conversations(
         else:
             del sessions[sid]
     generator = {"name": "tierkv.bench.trace.conversations", **dataclasses.asdict(spec)}
-    return Trace(tuple(requests), generator, f"generated {spec.shape} (seed {spec.seed})")
+    return Trace(tuple(requests), generator, f"generated {spec.shape} (seed {spec.seed})", spec.block_tokens)
 
 
 __all__ = [

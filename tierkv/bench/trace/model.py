@@ -17,14 +17,12 @@ A trace file (JSONL, UTF-8) holds an optional header line and then one request p
   length.
 - ``layout``: the prompt's chunks exactly as an application sends them to tierkv
   (:func:`tierkv.retention.parse_layout`, token spans only), each span inside the request.
-- ``timestamp`` (optional): when the request arrived, in milliseconds from any origin (non-decreasing
-  is not required; the replay keeps the file's order).
+- ``timestamp`` (optional): when the request arrived, in milliseconds from any origin (the file need
+  not be sorted: where every request has one, the reader replays them in timestamp order).
 
-Traces in the hash-id format of Mooncake's FAST'25 release (:mod:`.hashids`) are read by the same
-functions: a line with ``hash_ids`` is one of those.
-
-Blank lines are skipped. Any other malformed line is a :class:`TraceError` naming the file, the line and
-the field, never a traceback.
+Traces in the hash-id format of the public KV-reuse traces (:mod:`.hashids`) are read by the same
+reader (:mod:`.reader`): a line with ``hash_ids`` is one of those. A malformed line is a
+:class:`TraceError` naming the file, the line and the field, never a traceback.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -135,6 +133,12 @@ class Trace:
     requests: tuple[Request, ...]
     generator: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     source: str = "generated"
+    block_tokens: int | None = None
+    """Tokens per id of the hash-id requests (None: the trace has none)."""
+    reading: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """What reading the file found and assumed (format, block size, time unit, order, ...)."""
+    notes: tuple[str, ...] = ()
+    """The same for a reader: what was assumed or left out, one sentence each."""
 
 
 def _name(doc: Mapping[str, Any], key: str, where: str, *, required: bool = False) -> str:
@@ -160,7 +164,7 @@ def _segments(value: object, where: str) -> tuple[tuple[str, int], ...]:
         if not ok or not item[0] or len(item[0]) > MAX_NAME_CHARS or not 0 <= item[1] <= MAX_REQUEST_TOKENS:
             raise TraceError(
                 f"{where}.segments[{i}]: expected [id, length] with a non-empty id of at most "
-                f"{MAX_NAME_CHARS} chars and 0 <= length <= {MAX_REQUEST_TOKENS}, got {_short(item)}"
+                f"{MAX_NAME_CHARS} chars and 0 <= length <= {MAX_REQUEST_TOKENS}, got {short(item)}"
             )
         total += item[1]
         out.append((item[0], item[1]))
@@ -174,7 +178,7 @@ def _tokens(value: object, where: str) -> tuple[int, ...]:
         raise TraceError(f"{where}.tokens: expected a list of at most {MAX_REQUEST_TOKENS} token ids")
     for i, t in enumerate(value):
         if not _is_int(t) or not 0 <= t <= MAX_TOKEN_ID:
-            raise TraceError(f"{where}.tokens[{i}]: expected an int in 0..{MAX_TOKEN_ID}, got {_short(t)}")
+            raise TraceError(f"{where}.tokens[{i}]: expected an int in 0..{MAX_TOKEN_ID}, got {short(t)}")
     return tuple(value)
 
 
@@ -218,74 +222,25 @@ def timestamp(doc: Mapping[str, Any], where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e15:
-        raise TraceError(f"{where}.timestamp: expected milliseconds, a number >= 0, got {_short(value)}")
+        raise TraceError(f"{where}.timestamp: expected milliseconds, a number >= 0, got {short(value)}")
     return float(value)
 
 
-def _short(value: object, limit: int = 60) -> str:
+def short(value: object, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _header(doc: object, where: str) -> Mapping[str, Any] | None:
+def header(doc: object, where: str) -> Mapping[str, Any] | None:
     """The generator settings of a header line, or None when ``doc`` is a request."""
     if not isinstance(doc, dict) or "format" not in doc:
         return None
     if doc.get("format") != FORMAT or doc.get("version") != VERSION:
-        raise TraceError(f"{where}: expected format {FORMAT!r} version {VERSION}, got {_short(doc)}")
+        raise TraceError(f"{where}: expected format {FORMAT!r} version {VERSION}, got {short(doc)}")
     generator = doc.get("generator", {})
     if not isinstance(generator, dict):
         raise TraceError(f"{where}.generator: expected an object")
     return generator
-
-
-FORMATS: Final = ("auto", "tierkv", "hash-ids")
-
-
-def parse_lines(
-    lines: Iterable[str], source: str = "<trace>", *, hash_block_tokens: int = 512, fmt: str = "auto"
-) -> Trace:
-    """A :class:`Trace` from JSONL text lines; the first line may be a header. Lines in the hash-id
-    format (:mod:`.hashids`, blocks of ``hash_block_tokens``) may stand among or instead of ours
-    (``fmt`` auto), or ``fmt`` says which every line must be."""
-    from tierkv.bench.trace import hashids  # it builds on this module's Request
-
-    requests: list[Request] = []
-    generator: Mapping[str, Any] = {}
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{source} line {number}"
-        try:
-            doc = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            raise TraceError(f"{where}: not a JSON value ({exc})") from None
-        header = _header(doc, where)
-        if header is not None:
-            if requests or generator:
-                raise TraceError(f"{where}: a header may only be the first line")
-            generator = header
-        elif hashids.is_hash_request(doc) if fmt == "auto" else fmt == "hash-ids":
-            if not isinstance(doc, dict) or "hash_ids" not in doc:
-                raise TraceError(f"{where}: not a hash-id request (no 'hash_ids'; --format hash-ids)")
-            requests.append(hashids.parse_hash_request(doc, where, hash_block_tokens))
-        else:
-            requests.append(parse_request(doc, where))
-    if not requests:
-        raise TraceError(f"{source}: no requests")
-    return Trace(tuple(requests), generator, source)
-
-
-def read_trace(path: str | Path, *, hash_block_tokens: int = 512, fmt: str = "auto") -> Trace:
-    """Read a trace file; a missing or unreadable file is a :class:`TraceError` too."""
-    target = Path(path).expanduser()
-    try:
-        with target.open(encoding="utf-8") as fh:
-            return parse_lines(fh, str(target), hash_block_tokens=hash_block_tokens, fmt=fmt)
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{target}: not UTF-8 text ({exc.reason})") from None
-    except OSError as exc:
-        raise TraceError(f"{target}: cannot read ({exc.strerror or exc})") from None
 
 
 def trace_lines(trace: Trace) -> Iterator[str]:
@@ -334,10 +289,10 @@ __all__ = [
     "Request",
     "Trace",
     "TraceError",
-    "parse_lines",
+    "header",
     "parse_request",
-    "read_trace",
     "segment_tokens",
+    "short",
     "summarize",
     "trace_lines",
     "write_trace",

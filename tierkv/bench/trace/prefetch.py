@@ -128,7 +128,8 @@ def _request(tier: ColdTier[Any], spec: StreamSpec, r: Prepared, blocks: _Blocks
         side.buffer_bytes += got.decoded_bytes * got.prefetched // max(1, len(got.decoded))
         hit = got.leading
     rest = [(k, blocks.array, blocks.tokens) for k in r.keys[hit:]]
-    tier.store(spec, rest, {k: r.metas[j] for j, k in enumerate(r.keys) if j >= hit})
+    metas = r.metas
+    tier.store(spec, rest, {k: metas[j] for j, k in enumerate(r.keys) if j >= hit})
 
 
 def replay_prefetch(

@@ -45,7 +45,7 @@ from tierkv.client.cluster import Cluster
 from tierkv.client.types import VaultStats
 from tierkv.errors import BenchError, VaultError
 from tierkv.keys import Namespace, block_keys
-from tierkv.retention import BlockMeta, tag_blocks, with_parents
+from tierkv.retention import UNTAGGED, BlockMeta, tag_blocks, with_parents
 from tierkv.roles import Role
 from tierkv.vault.launcher import VaultProcess
 
@@ -62,8 +62,11 @@ IMPORTANT: Final = 0.7
 """Blocks of at least this importance are the ones the context policy must keep better than LRU."""
 ALL, IMPORTANT_GROUP, PROTECTED = "all", "importance>=0.7", "protected"
 UNTAGGED_CLASS = "untagged"
+_UNTAGGED_GROUPS: Final = (ALL, UNTAGGED_CLASS)
 KV_COLD = Role.KV_COLD.value
 _HASH_ID_TAG: Final = b"tierkv/trace-hash-id/v1\x00"
+_ID_MASK: Final = (1 << 64) - 1
+"""A signed 64-bit id as its unsigned bits (ids 0..2**63-1 keep their bytes)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,20 +115,35 @@ class ReplaySettings:
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    """One request as blocks: keys and their metadata (parents set); ``lookable`` is how many leading
-    blocks may hit (those before the last token), ``ceiling`` how many an unbounded vault would hit."""
+    """One request as blocks: keys and the layout's metadata of each (``tags``, parents set; None for a
+    request without a layout, whose blocks are all untagged); ``lookable`` is how many leading blocks may
+    hit (those before the last token), ``ceiling`` how many an unbounded vault would hit."""
 
     namespace: bytes
     keys: list[bytes]
-    metas: list[BlockMeta]
+    tags: list[BlockMeta] | None
     lookable: int
     ceiling: int
     n_tokens: int = 0
     timestamp: float | None = None
 
+    @property
+    def tagged(self) -> bool:
+        return self.tags is not None and any(m.source for m in self.tags)
+
+    @property
+    def metas(self) -> list[BlockMeta]:
+        """Every block's metadata with its parent; an untagged request's is built when asked for (a
+        hash-id trace of millions of blocks would otherwise hold an object per block it never sends)."""
+        if self.tags is not None:
+            return self.tags
+        return with_parents([UNTAGGED] * len(self.keys), self.keys)
+
     def groups(self, i: int) -> tuple[str, ...]:
         """The tallies block ``i`` counts in: overall, its class, and the important / protected sets."""
-        meta = self.metas[i]
+        if self.tags is None:
+            return _UNTAGGED_GROUPS
+        meta = self.tags[i]
         found = [ALL, meta.source or UNTAGGED_CLASS]
         if meta.importance >= IMPORTANT:
             found.append(IMPORTANT_GROUP)
@@ -203,17 +221,34 @@ def tenant_namespace(tenant: str, model: str, block_tokens: int) -> Namespace:
     )
 
 
-def hash_keys(ids: Sequence[int], n_tokens: int, block_tokens: int, namespace: Namespace) -> list[bytes]:
+def hash_keys(
+    ids: Sequence[int],
+    n_tokens: int,
+    block_tokens: int,
+    namespace: Namespace,
+    memo: dict[int, bytes] | None = None,
+) -> list[bytes]:
     """Keys of a hash-id request's full blocks: its ids are chained already, so a key is the id hashed
-    into the tenant's namespace (a trailing partial block gets none, as with token ids)."""
+    into the tenant's namespace (a trailing partial block gets none, as with token ids). ``memo`` (one
+    per namespace) hands back the key computed for an id before: a trace resends its prefixes, so most
+    ids come again, and one key object each keeps a large trace's memory to its distinct blocks."""
     full = min(len(ids), n_tokens // block_tokens)
-    root = namespace.root_key
-    return [hashlib.sha256(_HASH_ID_TAG + root + i.to_bytes(8, "big")).digest() for i in ids[:full]]
+    head = _HASH_ID_TAG + namespace.root_key
+    memo = {} if memo is None else memo
+    out = []
+    for i in ids[:full]:
+        key = memo.get(i)
+        if key is None:
+            key = memo[i] = hashlib.sha256(head + (i & _ID_MASK).to_bytes(8, "big")).digest()
+        out.append(key)
+    return out
 
 
-def request_keys(request: Request, block_tokens: int, namespace: Namespace) -> list[bytes]:
+def request_keys(
+    request: Request, block_tokens: int, namespace: Namespace, memo: dict[int, bytes] | None = None
+) -> list[bytes]:
     if request.hash_ids is not None:
-        return hash_keys(request.hash_ids, request.n_tokens, block_tokens, namespace)
+        return hash_keys(request.hash_ids, request.n_tokens, block_tokens, namespace, memo)
     return block_keys(request.token_ids(), block_tokens, namespace=namespace)
 
 
@@ -221,18 +256,21 @@ def prepare(trace: Trace, settings: ReplaySettings) -> Workload:
     """Keys, metadata and ceiling of every request (computed once, replayed once per run)."""
     seen: set[bytes] = set()
     protected: set[bytes] = set()
-    spaces: dict[str, Namespace] = {}
+    spaces: dict[str, tuple[Namespace, dict[int, bytes]]] = {}
     out: list[Prepared] = []
     bt = settings.block_tokens
     for request in trace.requests:
-        ns = spaces.setdefault(request.tenant, tenant_namespace(request.tenant, settings.model, bt))
-        keys = request_keys(request, bt, ns)
-        metas = with_parents(tag_blocks(request.chunks(), len(keys), bt), keys)
+        ns, memo = spaces.get(request.tenant) or spaces.setdefault(
+            request.tenant, (tenant_namespace(request.tenant, settings.model, bt), {})
+        )
+        keys = request_keys(request, bt, ns, memo)
+        tags = with_parents(tag_blocks(request.chunks(), len(keys), bt), keys) if request.layout else None
         lookable = min(len(keys), max(0, request.n_tokens - 1) // bt)
         ceiling = next((i for i, k in enumerate(keys[:lookable]) if k not in seen), lookable)
         seen.update(keys)
-        protected.update(k for k, m in zip(keys, metas, strict=True) if m.protected)
-        out.append(Prepared(ns.digest, keys, metas, lookable, ceiling, request.n_tokens, request.timestamp))
+        if tags is not None:
+            protected.update(k for k, m in zip(keys, tags, strict=True) if m.protected)
+        out.append(Prepared(ns.digest, keys, tags, lookable, ceiling, request.n_tokens, request.timestamp))
     charge = settings.blob_bytes + 32 + 32  # namespace digest + key, as the vault charges an entry
     tokens = sum(r.n_tokens for r in trace.requests)
     return Workload(out, bt, charge, len(seen), len(protected), tokens)
@@ -242,6 +280,13 @@ def count(requests: Sequence[Prepared], hits: Sequence[int]) -> dict[str, Tally]
     """Tallies per group of ``requests`` given how many leading blocks of each hit."""
     tallies: dict[str, Tally] = {}
     for request, hit in zip(requests, hits, strict=True):
+        if request.tags is None:  # every block in the same groups: counted at once
+            n = len(request.keys)
+            for group in _UNTAGGED_GROUPS:
+                t = tallies.setdefault(group, Tally())
+                t.blocks, t.hits, t.stored = t.blocks + n, t.hits + hit, t.stored + n - hit
+                t.possible += request.ceiling
+            continue
         for i in range(len(request.keys)):
             for group in request.groups(i):
                 t = tallies.setdefault(group, Tally())
@@ -383,8 +428,9 @@ class Replayer:
         hit = self._read(r, found)
         if self.policy == "priority-lru":
             by_priority: dict[int, list[int]] = {}
+            metas = r.metas
             for i in range(hit, len(r.keys)):
-                by_priority.setdefault(round(r.metas[i].importance * 100), []).append(i)
+                by_priority.setdefault(round(metas[i].importance * 100), []).append(i)
             for priority, idx in by_priority.items():
                 self._store(r, idx, priority=priority)
         else:
@@ -402,7 +448,8 @@ class Replayer:
 
     def _store(self, r: Prepared, idx: Sequence[int], *, priority: int = 0) -> None:
         keys = [r.keys[i] for i in idx]
-        meta = {r.keys[i]: r.metas[i] for i in idx} if self.policy in TAGGED else None
+        all_metas = r.metas if self.policy in TAGGED else None
+        meta = None if all_metas is None else {r.keys[i]: all_metas[i] for i in idx}
         for batch in _batches(keys, self.per_batch):
             items = {k: self.blobs(k) for k in batch}
             metas = None if meta is None else {k: meta[k] for k in batch}

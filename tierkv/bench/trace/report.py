@@ -335,7 +335,7 @@ def write_chart(
     except ImportError:
         return "chart skipped: matplotlib is not installed (pip install 'tierkv[bench]')"
     ceiling = work.ceiling()
-    panels = PANELS if any(m.source for r in work.requests for m in r.metas) else PANELS[:1]
+    panels = PANELS if any(r.tagged for r in work.requests) else PANELS[:1]
     fig = Figure(figsize=(4.6 * len(panels) + 2.4, 4.4), layout="constrained")
     axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     for ax, (metric, label) in zip(axes, panels, strict=True):

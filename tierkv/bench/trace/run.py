@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import resource
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +18,9 @@ from tierkv.bench.record import RunMeta
 from tierkv.bench.trace import report
 from tierkv.bench.trace.conversations import ConversationSpec, generate_conversations
 from tierkv.bench.trace.generate import TraceSpec, generate
-from tierkv.bench.trace.hashids import DEFAULT_BLOCK_TOKENS
-from tierkv.bench.trace.model import Trace, read_trace, summarize, write_trace
+from tierkv.bench.trace.model import Trace, summarize, write_trace
 from tierkv.bench.trace.prefetch import PrefetchRun, PrefetchSettings, replay_prefetch
+from tierkv.bench.trace.reader import ReadOptions, read_trace
 from tierkv.bench.trace.reference import Reference, in_process_run, references, work_stream
 from tierkv.bench.trace.replay import (
     MIN_VAULT_BYTES,
@@ -31,6 +34,7 @@ from tierkv.bench.trace.replay import (
     state_base,
 )
 from tierkv.bench.trace.simulate import Stream
+from tierkv.config import human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +47,12 @@ class TraceSettings:
     replay: ReplaySettings = dataclasses.field(default_factory=ReplaySettings)
     conversations: ConversationSpec | None = None
     """Generate a hash-id trace of this shape instead of the agent trace."""
-    hash_block_tokens: int = DEFAULT_BLOCK_TOKENS
-    """Tokens per id of a hash-id trace (the replay's block size for one)."""
+    reading: ReadOptions = dataclasses.field(default_factory=ReadOptions)
+    """How a trace file is read (its block size given or found, time unit, order, a cap on requests)."""
     blob_bytes_given: bool = False
     """``--blob-bytes`` was given (else a hash-id trace gets the smallest blobs its capacities allow)."""
     in_process: bool = False
     """Replay each policy by its in-process twin instead of a vault."""
-    trace_format: str = "auto"
-    """``--format``: auto (each line by its fields), tierkv or hash-ids."""
     trace_file: Path | None = None
     write_trace: Path | None = None
     chart: Path | None = None
@@ -98,13 +100,23 @@ class TraceResult(BenchRun):
             f"[bold]tierkv bench trace[/bold] — {self.summary.get('source', '')}; blocks of {s.block_tokens} "
             f"tokens, blobs of {s.blob_bytes:,} bytes ({s.model}), prefill at {s.prefill_tps:,.0f} tok/s"
         )
+        for note in self.summary.get("notes", ()):
+            console.print(f"trace: {escape(note)}")
+        load = self.summary.get("load")
+        if load and "peak_rss_bytes" in load:
+            console.print(
+                f"trace: read in {load['read_s']:.1f} s, prepared in {load['prepare_s']:.1f} s "
+                f"({load['us_per_request']:,.0f} µs a request); peak RSS "
+                f"{human_bytes(load['peak_rss_after_prepare_bytes'])} then, "
+                f"{human_bytes(load['peak_rss_bytes'])} at the end"
+            )
         if self.workload is not None:
             report.render_workload(self.workload, self.summary, console)
         if self.references:
             report.render_references(self.references, self.runs, console)
         if self.runs and self.workload is not None:
             report.render_runs(self.runs, self.references, console)
-            if any(m.source for request in self.workload.requests for m in request.metas):
+            if any(request.tagged for request in self.workload.requests):
                 report.render_classes(self.runs, self.workload.ceiling(), console)
         report.render_targets(self.targets, console)
         if self.prefetch is not None:
@@ -120,9 +132,7 @@ class TraceResult(BenchRun):
 
 def load_trace(settings: TraceSettings) -> Trace:
     if settings.trace_file:
-        trace = read_trace(
-            settings.trace_file, hash_block_tokens=settings.hash_block_tokens, fmt=settings.trace_format
-        )
+        trace = read_trace(settings.trace_file, settings.reading)
     elif settings.conversations is not None:
         trace = generate_conversations(settings.conversations)
     else:
@@ -137,15 +147,31 @@ def for_trace(settings: TraceSettings, trace: Trace) -> ReplaySettings:
     ``--blob-bytes`` with the smallest blobs (a multiple of 1 KiB) at which every capacity is a budget a
     vault accepts, so a replay of a production trace moves megabytes, not terabytes."""
     s = settings.replay
-    if not any(r.hash_ids is not None for r in trace.requests):
+    if trace.block_tokens is None:
         return s
-    s = dataclasses.replace(s, block_tokens=settings.hash_block_tokens)
+    bt = trace.block_tokens
+    s = dataclasses.replace(s, block_tokens=bt)
     if settings.blob_bytes_given:
         return s
-    bt = settings.hash_block_tokens
     blocks = len({(r.tenant, i) for r in trace.requests for i in (r.hash_ids or ())[: r.n_tokens // bt]})
     need = MIN_VAULT_BYTES / (min(s.capacities) * max(1, blocks)) - 64
     return dataclasses.replace(s, blob_bytes=max(1024, -(-int(need) // 1024) * 1024 + 1024))
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set so far (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def load_costs(requests: int, read_s: float, prepare_s: float) -> dict[str, float]:
+    """What reading and preparing the trace took: seconds, microseconds per request, the peak RSS."""
+    return {
+        "read_s": round(read_s, 3),
+        "prepare_s": round(prepare_s, 3),
+        "us_per_request": round((read_s + prepare_s) / max(1, requests) * 1e6, 1),
+        "peak_rss_after_prepare_bytes": peak_rss_bytes(),
+    }
 
 
 def _verdict(result: TraceResult) -> str:
@@ -215,11 +241,16 @@ def run_trace(settings: TraceSettings, console: Console) -> TraceResult:
     """The whole bench; setting errors raise :class:`BenchError` before any vault starts."""
     meta = RunMeta("trace", {"replay": dataclasses.asdict(settings.replay)})
     result = TraceResult(meta, settings=settings)
+    started = time.perf_counter()
     trace = load_trace(settings)
+    read_s = time.perf_counter() - started
     settings = dataclasses.replace(settings, replay=for_trace(settings, trace))
     result.settings = settings
     result.summary = {"source": trace.source, "generator": dict(trace.generator), **summarize(trace.requests)}
+    result.summary |= {"reading": dict(trace.reading), "notes": list(trace.notes)}
+    started = time.perf_counter()
     work = prepare(trace, settings.replay)
+    result.summary["load"] = load_costs(len(trace.requests), read_s, time.perf_counter() - started)
     check_capacities(work, settings.replay)
     result.workload = work
     if not settings.prefetch_only:
@@ -238,6 +269,8 @@ def run_trace(settings: TraceSettings, console: Console) -> TraceResult:
         else:
             result.chart = str(settings.chart)
     result.verdict = _verdict(result)
+    if "load" in result.summary:
+        result.summary["load"]["peak_rss_bytes"] = peak_rss_bytes()
     return result
 
 

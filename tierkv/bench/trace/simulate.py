@@ -49,9 +49,19 @@ class Stream:
 
 def stream_of(requests: Sequence[tuple[Sequence[bytes], int]], block_tokens: int, tokens: int) -> Stream:
     """A :class:`Stream` from (block keys, lookable) per request; a block's id is the digest the vault's
-    policy knows its key by (so the twin samples the keys the vault samples)."""
-    out = tuple((tuple(digest(k) for k in keys), look) for keys, look in requests)
-    return Stream(out, block_tokens, tokens)
+    policy knows its key by (so the twin samples the keys the vault samples), one int per distinct key
+    (a trace resends its prefixes: most blocks come again)."""
+    ids: dict[bytes, int] = {}
+    out = []
+    for keys, look in requests:
+        row = []
+        for k in keys:
+            d = ids.get(k)
+            if d is None:
+                d = ids[k] = digest(k)
+            row.append(d)
+        out.append((tuple(row), look))
+    return Stream(tuple(out), block_tokens, tokens)
 
 
 class Cache(Protocol):
@@ -190,7 +200,13 @@ def next_uses(stream: Stream) -> list[list[int]]:
 
 
 class _Farthest:
-    """Held blocks by (next use, depth), farthest (then deepest) on top; stale heap entries skipped."""
+    """Held blocks by (next use, depth), farthest (then deepest) on top; stale heap entries skipped, and
+    dropped when they outnumber the live ones three to one (every lookup re-sets its blocks, so a trace
+    of millions of blocks would otherwise leave the heap with an entry per block ever looked up)."""
+
+    slack = 1024
+    """Entries tolerated beyond four per live one before the heap is rebuilt (a rebuild costs a step per
+    live entry: a third of a step per push, amortized)."""
 
     def __init__(self) -> None:
         self.held: dict[int, tuple[int, int]] = {}
@@ -199,6 +215,9 @@ class _Farthest:
     def set(self, block: int, when: int, depth: int) -> None:
         self.held[block] = (when, depth)
         heapq.heappush(self._heap, (-when, -depth, block))
+        if len(self._heap) > 4 * len(self.held) + self.slack:
+            self._heap = [(-w, -d, b) for b, (w, d) in self.held.items()]
+            heapq.heapify(self._heap)
 
     def top(self) -> tuple[int, tuple[int, int]]:
         while True:
