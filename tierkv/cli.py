@@ -106,7 +106,12 @@ app.add_typer(vault_app, name="vault")
 def vault(
     ctx: typer.Context,
     config: ConfigOpt = None,
-    host: Annotated[str | None, typer.Option(help=f"Bind address (default {_VAULT.host}).")] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Bind address (default {_VAULT.host}; with no token, loopback only unless allowed)."
+        ),
+    ] = None,
     port: Annotated[
         int | None, typer.Option(help=f"gRPC port (default {_VAULT.port}; 0 picks a free one).")
     ] = None,
