@@ -319,8 +319,8 @@ def is_loopback(host: str) -> bool | None:
         return ipaddress.ip_address(literal.split("%")[0]).is_loopback
     except ValueError:
         pass
-    try:
-        found = socket.getaddrinfo(literal, None)
+    try:  # resolved as a bind resolves it: "*" is every interface there, as gRPC reads it too
+        found = socket.getaddrinfo(literal, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (OSError, UnicodeError):
         return None
     return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in found)
