@@ -294,6 +294,23 @@ def test_a_truncated_gzip_names_the_line_it_stopped_at(tmp_path: Path) -> None:
         read_trace(path)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_line_longer_than_any_request_s_is_refused_before_it_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packed: bool
+) -> None:
+    """A file with no line breaks, or a gzip stream that inflates to one, is not read into memory whole (the
+    cap lowered here so that the test writes kilobytes, not the 64 MiB it is)."""
+    from tierkv.bench.trace import reader
+
+    monkeypatch.setattr(reader, "MAX_LINE_BYTES", 1000)
+    first = json.dumps(MOONCAKE[0]) + "\n"
+    body = (first + "[" + "1," * 600 + "1]\n").encode()
+    path = tmp_path / ("t.jsonl.gz" if packed else "t.jsonl")
+    path.write_bytes(gzip.compress(body, mtime=0) if packed else body)
+    with pytest.raises(TraceError, match=r"line 2: longer than 0 MiB"):
+        read_trace(path)
+
+
 def test_the_flags_are_checked() -> None:
     from tierkv.bench.trace.cli_args import parse_block_tokens
     from tierkv.errors import BenchError

@@ -33,6 +33,10 @@ FORMATS: Final = ("auto", "tierkv", "hash-ids")
 TIME_UNITS: Final = ("auto", "ms", "s")
 _GZIP_MAGIC: Final = b"\x1f\x8b"
 _BOM: Final = b"\xef\xbb\xbf"
+MAX_LINE_BYTES: Final = 64 << 20
+"""A request's line is at most this long: a million-token prompt in 16-token blocks is about 1 MB of ids,
+so a longer line is not a trace (a file with no line breaks, a decompression bomb) and is refused before
+it is read into memory whole."""
 _REFUSED_MAGIC: Final = {
     b"PAR1": "a Parquet file: convert it to JSONL first (pandas: read_parquet(...).to_json(..., "
     "orient='records', lines=True))",
@@ -214,7 +218,7 @@ def _numbered(fh: _ByteLines, source: str) -> Iterator[str]:
     number = 0
     while True:
         try:
-            raw = fh.readline()
+            raw = fh.readline(MAX_LINE_BYTES + 1)
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceError(
                 f"{source} line {number + 1}: unreadable ({exc or type(exc).__name__})"
@@ -222,6 +226,11 @@ def _numbered(fh: _ByteLines, source: str) -> Iterator[str]:
         if not raw:
             return
         number += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise TraceError(
+                f"{source} line {number}: longer than {MAX_LINE_BYTES >> 20} MiB, which no request's line is "
+                "(one JSON object per line expected)"
+            )
         try:
             yield (raw[3:] if number == 1 and raw.startswith(_BOM) else raw).decode("utf-8")
         except UnicodeDecodeError as exc:
