@@ -23,42 +23,21 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Final
 
-from tierkv.bench.trace.simulate import NEVER, Cache, LRUCache, Stream, next_uses, replay
+from tierkv.bench.trace.simulate import NEVER, Admission, Cache, LRUCache, Stream, next_uses, replay
 
 
-class OracleAdmission:
+class OracleAdmission(Admission):
     """``cache`` with an oracle for admission: a block is stored only if the trace looks it up again
-    within ``horizon`` requests (None: ever). Driven by :func:`~.simulate.replay`, which reads and then
-    stores once per request, so the stores count the requests."""
+    within ``horizon`` requests (None: ever)."""
 
     def __init__(self, cache: Cache, stream: Stream, horizon: int | None) -> None:
-        self.cache = cache
-        self._stream = stream
+        super().__init__(cache, stream)
         self._uses = next_uses(stream)
         self._horizon = NEVER - 1 if horizon is None else horizon
-        self._request = 0
 
-    @property
-    def evictions(self) -> int:
-        return self.cache.evictions
-
-    def __len__(self) -> int:
-        return len(self.cache)
-
-    def holds(self, block: int) -> bool:
-        return self.cache.holds(block)
-
-    def read(self, blocks: Sequence[int]) -> None:
-        self.cache.read(blocks)
-
-    def store(self, blocks: Sequence[int]) -> None:
-        t = self._request
-        self._request += 1
-        ids, _ = self._stream.requests[t]
-        first = len(ids) - len(blocks)
-        uses = self._uses[t]
-        kept = [b for i, b in enumerate(blocks, first) if uses[i] != NEVER and uses[i] - t <= self._horizon]
-        self.cache.store(kept)
+    def admits(self, request: int, position: int) -> bool:
+        use = self._uses[request][position]
+        return use != NEVER and use - request <= self._horizon
 
 
 def lru_lifetime(stream: Stream, capacity: int) -> int:

@@ -43,7 +43,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import Final, Protocol
 
 from tierkv.bench.trace.conversations import SessionState
-from tierkv.bench.trace.simulate import Cache, LRUCache, Stream, next_uses
+from tierkv.bench.trace.simulate import Admission, Cache, LRUCache, Stream, next_uses
 
 NEVER_USED: Final = ("never",)
 """The group of blocks no one will use again (a docs question, the tail of a finished prompt)."""
@@ -293,37 +293,20 @@ class HintedLRU(LRUCache):
                 self._order.move_to_end(block, last=False)
 
 
-class ForecastAdmission:
+class ForecastAdmission(Admission):
     """``cache`` storing only blocks whose next use is more likely than not within ``horizon`` (in the
     forecast's unit): for an exponential time to next use, an expectation under ``horizon / ln 2``."""
 
     def __init__(self, cache: Cache, stream: Stream, forecast: Forecast, horizon: float) -> None:
-        self.cache = cache
-        self._stream = stream
+        super().__init__(cache, stream)
         self._forecast = forecast
         self._limit = horizon / math.log(2)
-        self._request = 0
 
-    @property
-    def evictions(self) -> int:
-        return self.cache.evictions
+    def begin(self, request: int) -> None:
+        self._forecast.advance(request)
 
-    def __len__(self) -> int:
-        return len(self.cache)
-
-    def holds(self, block: int) -> bool:
-        return self.cache.holds(block)
-
-    def read(self, blocks: Sequence[int]) -> None:
-        self.cache.read(blocks)
-
-    def store(self, blocks: Sequence[int]) -> None:
-        t = self._request
-        self._request += 1
-        self._forecast.advance(t)
-        first = len(self._stream.requests[t][0]) - len(blocks)
-        expect, group = self._forecast.expected, self._forecast.group
-        self.cache.store([b for i, b in enumerate(blocks, first) if expect(group(t, i)) < self._limit])
+    def admits(self, request: int, position: int) -> bool:
+        return self._forecast.expected(self._forecast.group(request, position)) < self._limit
 
 
 __all__ = [

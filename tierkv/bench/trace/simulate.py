@@ -101,6 +101,45 @@ def replay(stream: Stream, cache: Cache) -> list[int]:
     return hits
 
 
+class Admission:
+    """``cache``, storing of each request's blocks only those :meth:`admits` says to (an admission policy
+    over any cache). Driven by :func:`replay`, which reads and then stores once per request, so the stores
+    count the requests."""
+
+    def __init__(self, cache: Cache, stream: Stream) -> None:
+        self.cache = cache
+        self._stream = stream
+        self._request = 0
+
+    @property
+    def evictions(self) -> int:
+        return self.cache.evictions
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def holds(self, block: int) -> bool:
+        return self.cache.holds(block)
+
+    def read(self, blocks: Sequence[int]) -> None:
+        self.cache.read(blocks)
+
+    def store(self, blocks: Sequence[int]) -> None:
+        t = self._request
+        self._request += 1
+        self.begin(t)
+        first = len(self._stream.requests[t][0]) - len(blocks)
+        admits = self.admits
+        self.cache.store([b for i, b in enumerate(blocks, first) if admits(t, i)])
+
+    def begin(self, request: int) -> None:
+        """Request ``request`` is about to store (nothing to do unless a subclass keeps time)."""
+
+    def admits(self, request: int, position: int) -> bool:
+        """Whether the block at ``position`` of request ``request`` is stored."""
+        raise NotImplementedError
+
+
 class LRUCache:
     """Least recently read or stored goes first: the reference for the vault's ``lru``."""
 
@@ -258,6 +297,7 @@ def belady(stream: Stream, capacity: int, *, bypass: bool) -> list[int]:
 __all__ = [
     "NEVER",
     "AdaptiveCache",
+    "Admission",
     "Cache",
     "LRUCache",
     "Stream",
