@@ -231,19 +231,21 @@ class Workload(Traffic):
         self.store.put_many(b"ns", [(k, self.data, 0) for k in keys])
 
 
-def _cpu_timed(fn: Callable[[], None], into: list[float]) -> Callable[[], None]:
-    """``fn``, also noting the CPU seconds of this process per call (what other tenants of a shared
-    machine take does not count; the warm-up call is noted too and dropped)."""
+def cpu_timed(
+    fn: Callable[[], None], into: list[float], clock: Callable[[], float] = time.process_time
+) -> Callable[[], None]:
+    """``fn``, also noting the CPU seconds per call by ``clock`` (this process's by default: what other
+    tenants of a shared machine take does not count; the warm-up call is noted too and dropped)."""
 
     def call() -> None:
-        start = time.process_time()
+        start = clock()
         fn()
-        into.append(max(time.process_time() - start, 1e-9))
+        into.append(max(clock() - start, 1e-9))
 
     return call
 
 
-def _paired_ratios(times: dict[str, list[float]]) -> dict[str, float]:
+def paired_ratios(times: dict[str, list[float]]) -> dict[str, float]:
     """Each contender's throughput over ``lru``'s: the median over rounds of the round's ratio."""
     if "lru" not in times:
         return {}
@@ -288,7 +290,7 @@ def measure(policies: list[str], budget: int, repeats: int, base: Path) -> dict[
                     w.batch()
             cpu: dict[str, list[float]] = {p: [] for p in loads}
             calls: dict[str, Callable[[], object]] = {
-                p: _cpu_timed(w.batches, cpu[p]) for p, w in loads.items()
+                p: cpu_timed(w.batches, cpu[p]) for p, w in loads.items()
             }
             times = rounds(calls, repeats)
             if isinstance(replayed := made.get(REPLAYED), _Replayed):
@@ -299,9 +301,9 @@ def measure(policies: list[str], budget: int, repeats: int, base: Path) -> dict[
             cpu_gbs = {p: statistics.median(nbytes / t / 1e9 for t in ts) for p, ts in cpu_times.items()}
             out[label] = {
                 "gb_per_s": gbs,
-                "ratio_to_lru": _paired_ratios(times),
+                "ratio_to_lru": paired_ratios(times),
                 "cpu_gb_per_s": cpu_gbs,
-                "cpu_ratio_to_lru": _paired_ratios(cpu_times),
+                "cpu_ratio_to_lru": paired_ratios(cpu_times),
                 "evictions": {p: s.stats().evictions for p, s in stores.items()},
                 "learning_alone_us_per_put": alone,
             }

@@ -15,6 +15,7 @@ ratios, as in ``policy_put``. Linux only (the vault's CPU time comes from ``/pro
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import tempfile
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from benchmarks.bulk_read import process_cpu
 from benchmarks.interleave import rounds
-from benchmarks.policy_put import BATCHES_PER_CALL, SIZES, Traffic
+from benchmarks.policy_put import BATCHES_PER_CALL, SIZES, Traffic, cpu_timed, paired_ratios
 from tierkv import VaultClient
 from tierkv.config import parse_size
 from tierkv.vault.launcher import VaultProcess
@@ -47,26 +48,6 @@ class VaultWorkload(Traffic):
             raise RuntimeError(f"{self.name}: {stored} of {len(keys)} stored")
 
 
-def _timed_by_vault(fn: Callable[[], None], pid: int, into: list[float]) -> Callable[[], None]:
-    """``fn``, also noting the vault's CPU seconds per call."""
-
-    def call() -> None:
-        start = process_cpu(pid)
-        fn()
-        into.append(max(process_cpu(pid) - start, 1e-9))
-
-    return call
-
-
-def _ratios(times: dict[str, list[float]]) -> dict[str, float]:
-    """Each contender's throughput over ``lru``'s: the median over rounds of the round's ratio."""
-    if "lru" not in times:
-        return {}
-    return {
-        p: statistics.median(b / t for b, t in zip(times["lru"], ts, strict=True)) for p, ts in times.items()
-    }
-
-
 def _one_size(
     vaults: dict[str, VaultProcess], blob: int, per_batch: int, budget: int, repeats: int
 ) -> dict[str, object]:
@@ -81,7 +62,7 @@ def _one_size(
         for p, w in loads.items():
             proc = vaults[p].proc
             assert proc is not None, "started before"
-            calls[p] = _timed_by_vault(w.batches, proc.pid, cpu[p])
+            calls[p] = cpu_timed(w.batches, cpu[p], clock=functools.partial(process_cpu, proc.pid))
         wall = rounds(calls, repeats)
         vault_cpu_times = {p: ts[1:] for p, ts in cpu.items()}  # without the warm-up call
         nbytes = blob * per_batch * BATCHES_PER_CALL
@@ -90,8 +71,8 @@ def _one_size(
             "policy": {p: s.policy for p, s in stats.items()},
             "evictions": {p: s.evictions for p, s in stats.items()},
             "gb_per_s": {p: statistics.median(nbytes / t / 1e9 for t in ts) for p, ts in wall.items()},
-            "ratio_to_lru": _ratios(wall),
-            "vault_cpu_ratio_to_lru": _ratios(vault_cpu_times),
+            "ratio_to_lru": paired_ratios(wall),
+            "vault_cpu_ratio_to_lru": paired_ratios(vault_cpu_times),
             "vault_cpu_us_per_put": {
                 p: statistics.median(ts) / (BATCHES_PER_CALL * per_batch) * 1e6
                 for p, ts in vault_cpu_times.items()
