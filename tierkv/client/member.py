@@ -81,30 +81,31 @@ class Member:
         if timeout is not None and timeout <= 0:
             self.metrics.expired.labels(self.address, method).inc()
             return FAILED
-        if not self.breaker.allow():
+        ticket = self.breaker.allow()
+        if ticket is None:
             self.metrics.skipped.labels(self.address).inc()
             return FAILED
         start = time.perf_counter()
         try:
             result = fn(self.client, timeout)
         except Partial as part:
-            self._fault(method, part.error)
+            self._fault(method, part.error, ticket)
             return cast("T", part.value)
         except VaultError as exc:
-            self._fault(method, exc)
+            self._fault(method, exc, ticket)
             return FAILED
         except BaseException:
-            self.breaker.failure()  # never leave a half-open probe out for good
+            self.breaker.failure(ticket)  # never leave a half-open probe out for good
             raise
         self._answered()
         self.metrics.latency.labels(self.address, method).observe(time.perf_counter() - start)
         return result
 
-    def _fault(self, method: str, exc: VaultError) -> None:
+    def _fault(self, method: str, exc: VaultError, ticket: int) -> None:
         if isinstance(exc, REFUSALS):
             self._refused(method, exc)
             return
-        self.breaker.failure()
+        self.breaker.failure(ticket)
         self.metrics.failures.labels(self.address, method).inc()
         log.warning("%s on %s failed, treating as miss: %s", method, self.address, exc)
 
